@@ -1,0 +1,146 @@
+"""Fault-tolerant collectives (layer 1): generation-scoped communicators with deadlines.
+
+Contract:
+- A `Communicator` belongs to exactly one generation. It is built over a
+  `PrefixStore` ("gen<g>/") of the coordinator's store, so a communicator of one
+  generation can never rendezvous with, or receive bytes meant for, another.
+  There is no module-global process group: a communicator is an object, dropped and
+  rebuilt mid-run.
+- Every operation has a deadline. A peer's crash, a hang, a broken link, or an abort
+  requested by the caller (the coordinator announced a new generation) surfaces as
+  one exception type, `CollectiveError`, and never leaves the caller blocked past
+  its deadline.
+- Why polling: measured on gloo, a SIGKILLed peer makes only its ring neighbours
+  fail fast ("Connection closed by peer"); the other ranks wait out the whole gloo
+  timeout, and abort() does not shorten it. So operations are issued with
+  async_op and the caller polls `is_completed()` together with an abort check
+  that is fed by the coordinator, which learns of a death from the first
+  detector (or from the dead process's closed control socket).
+- A failed or abandoned operation may still be running inside the backend and may
+  still write its tensor later; callers therefore reduce a fresh buffer, never
+  their accumulator (see `workload.py`), and drop the communicator.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+AbortCheck = Callable[[], Optional[str]]
+"""Returns a reason string when the caller wants the operation abandoned, else None."""
+
+POLL_SECONDS = 0.0005
+
+
+class CollectiveError(RuntimeError):
+    """A collective (or building a communicator) failed, timed out or was aborted."""
+
+    def __init__(self, generation: int, reason: str):
+        super().__init__(f"generation {generation}: {reason}")
+        self.generation = generation
+        self.reason = reason
+
+
+def _make_process_group(backend: str, store: dist.Store, rank: int, size: int, timeout: float):
+    td = timedelta(seconds=timeout)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, size, td)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = td
+        return dist.ProcessGroupNCCL(store, rank, size, opts)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+class Communicator:
+    """A process group for one generation's members, with deadline-bound operations."""
+
+    def __init__(self, pg, generation: int, rank: int, size: int, backend: str):
+        self.pg = pg
+        self.generation = generation
+        self.rank = rank
+        self.size = size
+        self.backend = backend
+
+    @classmethod
+    def build(
+        cls,
+        store: dist.Store,
+        generation: int,
+        rank: int,
+        size: int,
+        backend: str = "gloo",
+        timeout: float = 30.0,
+        should_abort: AbortCheck | None = None,
+        namespace: str = "",
+    ) -> "Communicator":
+        """Rendezvous the `size` members of `generation` under "<namespace>gen<g>/".
+
+        The backend's connect step blocks until every member arrives; it runs on a
+        helper thread so that a member dying mid-rendezvous (or an abort) cannot
+        hold the caller past `timeout`.
+        """
+        prefix = f"{namespace}gen{generation}/"
+        result: dict = {}
+
+        def connect() -> None:
+            try:
+                result["pg"] = _make_process_group(backend, dist.PrefixStore(prefix, store), rank, size, timeout)
+            except BaseException as e:  # noqa: BLE001 - reported to the caller below
+                result["error"] = e
+
+        t = threading.Thread(target=connect, name=f"connect-gen{generation}", daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        while t.is_alive():
+            t.join(POLL_SECONDS * 10)
+            if should_abort is not None and (reason := should_abort()):
+                raise CollectiveError(generation, f"rendezvous aborted: {reason}")
+            if time.monotonic() > deadline:
+                raise CollectiveError(generation, f"rendezvous timed out after {timeout:.1f}s")
+        if "error" in result:
+            raise CollectiveError(generation, f"rendezvous failed: {result['error']}")
+        return cls(result["pg"], generation, rank, size, backend)
+
+    def allreduce(
+        self,
+        tensor: torch.Tensor,
+        timeout: float,
+        should_abort: AbortCheck | None = None,
+        while_in_flight: Callable[[], None] | None = None,
+    ) -> None:
+        """Sum `tensor` in place across the members, or raise CollectiveError.
+
+        `while_in_flight` runs once right after the operation is issued (the fault
+        injector's "allreduce" point); whatever it raises counts as the collective
+        failing, as a broken link would make it.
+        """
+        try:
+            work = self.pg.allreduce([tensor])
+            if while_in_flight is not None:
+                while_in_flight()
+        except CollectiveError:
+            raise
+        except Exception as e:  # a backend error on issue, or an injected link failure
+            raise CollectiveError(self.generation, f"allreduce failed: {e}") from e
+        self._wait(work, "allreduce", timeout, should_abort)
+
+    def _wait(self, work, what: str, timeout: float, should_abort: AbortCheck | None) -> None:
+        deadline = time.monotonic() + timeout
+        spin_until = time.monotonic() + 0.002  # most local collectives finish within a few ms
+        while not work.is_completed():
+            if should_abort is not None and (reason := should_abort()):
+                raise CollectiveError(self.generation, f"{what} aborted: {reason}")
+            now = time.monotonic()
+            if now > deadline:
+                raise CollectiveError(self.generation, f"{what} timed out after {timeout:.1f}s")
+            if now > spin_until:
+                time.sleep(POLL_SECONDS)
+        try:
+            work.wait()
+        except Exception as e:
+            raise CollectiveError(self.generation, f"{what} failed: {e}") from e

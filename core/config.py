@@ -1,0 +1,185 @@
+"""Typed run configuration, its validation, and its CLI flags.
+
+Contract:
+- `TrainConfig` is the whole resolved configuration of one run; every field has a
+  one-line doc (its `help`) and becomes a `--flag` of `recover train` by
+  `add_dataclass_flags`, so the CLI and the config cannot drift apart.
+- `TrainConfig.validate()` raises `ConfigError(flag, message)` for the first bad
+  value, before any process starts; `str(error)` is one line naming the flag.
+- `to_json`/`from_json` round-trip exactly: a worker process reads the very config
+  the launcher resolved (DIR/config.json).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .model import MODEL_CONFIGS, GPTConfig, model_config
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; `flag` names the CLI flag to fix."""
+
+    def __init__(self, flag: str, message: str):
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+        self.message = message
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    """One training run, as `recover train` resolves it."""
+
+    system: str = _f("plain", "training system: plain (failure-free reference), recover, or a baseline")
+    model: str = _f("tiny", f"model size: {', '.join(MODEL_CONFIGS)}")
+    replicas: int = _f(4, "data-parallel replicas R (one worker process each)")
+    microbatches: int = _f(8, "microbatches M per iteration (the global batch), M >= R")
+    steps: int = _f(20, "iterations (optimizer steps) to run")
+    seed: int = _f(0, "seed for initial weights, data order and per-microbatch randomness")
+    out: str = _f("runs/latest", "output directory for config.json, metrics.jsonl, summary.json, logs/")
+    batch_size: int = _f(4, "sequences per microbatch")
+    block_size: int = _f(0, "context length in tokens (0 = the model's)")
+    vocab_size: int = _f(0, "vocabulary size (0 = the model's; raise it for .bin token files)")
+    dropout: float = _f(0.0, "dropout probability")
+    data: str = _f("", "training data: a text file, a uint16 .bin token file, or '' for the stdlib corpus")
+    corpus_bytes: int = _f(4_000_000, "bytes of the built-in stdlib corpus to use")
+    lr: float = _f(1e-3, "AdamW learning rate")
+    weight_decay: float = _f(0.1, "AdamW weight decay")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
+    backend: str = _f("auto", "collective backend: auto (nccl on GPUs, else gloo), gloo, nccl")
+    device: str = _f("auto", "device: auto (cuda if available), cpu, cuda")
+    threads: int = _f(1, "torch intra-op threads per worker process")
+    collective_timeout: float = _f(
+        30.0, "seconds a collective may take before it counts as failed (catches hangs)"
+    )
+    heartbeat_interval: float = _f(0.1, "seconds between a worker's heartbeats to the coordinator")
+    heartbeat_timeout: float = _f(
+        3.0, "seconds without a heartbeat after which a worker is declared dead (catches hangs)"
+    )
+    faults: str = _f("", "fault plan JSON file to inject (see README); '' = none")
+    progress: bool = _f(True, "show a progress bar on the terminal")
+    hooks: str = _f("", "module:function building worker hooks (set by the CLI; advanced)", cli=False)
+
+    # ---- derived -------------------------------------------------------------
+    def gpt_config(self) -> GPTConfig:
+        overrides: dict[str, Any] = {"dropout": self.dropout}
+        if self.block_size:
+            overrides["block_size"] = self.block_size
+        if self.vocab_size:
+            overrides["vocab_size"] = self.vocab_size
+        return model_config(self.model, **overrides)
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.resolved_device() == "cuda" else "gloo"
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    # ---- validation ------------------------------------------------------------
+    def validate(self, systems: tuple[str, ...] | None = None) -> None:
+        """Raise ConfigError for the first bad value (before any process starts)."""
+        if systems is not None and self.system not in systems:
+            raise ConfigError("--system", f"unknown system {self.system!r}; choose from {', '.join(systems)}")
+        if self.model not in MODEL_CONFIGS:
+            raise ConfigError("--model", f"unknown model {self.model!r}; choose from {', '.join(MODEL_CONFIGS)}")
+        positive = ["replicas", "microbatches", "steps", "batch_size", "threads", "corpus_bytes"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
+        if self.microbatches < self.replicas:
+            raise ConfigError(
+                "--microbatches",
+                f"M={self.microbatches} is less than --replicas R={self.replicas}; every replica needs work",
+            )
+        for name in ["block_size", "vocab_size", "seed"]:
+            if getattr(self, name) < 0:
+                raise ConfigError(flag_name(name), f"must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("--dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.lr <= 0:
+            raise ConfigError("--lr", f"must be > 0, got {self.lr}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            bad = "weight_decay" if self.weight_decay < 0 else "grad_clip"
+            raise ConfigError(flag_name(bad), f"must be >= 0, got {getattr(self, bad)}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError("--backend", f"unknown backend {self.backend!r}; choose from auto, gloo, nccl")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("--device", f"unknown device {self.device!r}; choose from auto, cpu, cuda")
+        for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout"]:
+            if getattr(self, name) <= 0:
+                raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
+            raise ConfigError("--heartbeat-timeout", "must exceed twice --heartbeat-interval")
+        if self.data:
+            if not Path(self.data).is_file():
+                raise ConfigError("--data", f"file not found: {self.data}")
+        if self.faults and not Path(self.faults).is_file():
+            raise ConfigError("--faults", f"file not found: {self.faults}")
+        if not self.out:
+            raise ConfigError("--out", "must name a directory")
+
+    # ---- serialisation -----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "TrainConfig":
+        """Read DIR/config.json (the `train` section, or a bare TrainConfig dict)."""
+        d = json.loads(Path(path).read_text())
+        return cls.from_dict(d.get("train", d))
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add one `--flag` per dataclass field, typed by its default, documented by its help."""
+    for f in fields(cls):
+        if f.name in skip or f.metadata.get("cli") is False:
+            continue
+        help_text = f.metadata.get("help", "")
+        default = f.default
+        if isinstance(default, bool):
+            parser.add_argument(
+                flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                default=None, help=f"{help_text} (default: {default})",
+            )
+        else:
+            parser.add_argument(
+                flag_name(f.name), dest=f.name, type=type(default), default=None, metavar=f.name.upper(),
+                help=f"{help_text} (default: {default!r})",
+            )
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace, **base: Any) -> Any:
+    """Build `cls` from parsed flags; flags left unset keep `base` or the field default."""
+    values = dict(base)
+    for f in fields(cls):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            values[f.name] = v
+    return cls(**values)

@@ -1,0 +1,69 @@
+"""The coordinator process: the rendezvous store, and (for `recover`) the membership.
+
+Contract:
+- It hosts the c10d `TCPStore` server that every communicator rendezvous over, and
+  it is never a worker: killing any worker, replica 0 included, leaves the store up.
+- Its first line on stdout is one JSON object {"host", "store_port",
+  "control_port"} (ports chosen by the OS: port 0), which the launcher - or, on a
+  cluster, the job script - hands to the workers.
+- `--mode store`: only the store; it runs until SIGTERM/SIGINT and exits 0.
+- `--mode recover`: also the membership service of `membership.py` (heartbeats,
+  generations, the commit vote, metrics.jsonl); it exits 0 when the run's last
+  iteration is committed and non-zero when it cannot go on (no replica left).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+def host_store(host: str, port: int = 0) -> dist.TCPStore:
+    """A TCPStore server on (host, port); port 0 lets the OS choose."""
+    return dist.TCPStore(
+        host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300), multi_tenant=True
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="recover coordinator", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="the run's config.json")
+    ap.add_argument("--mode", choices=["store", "recover"], default="store")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
+    ap.add_argument("--store-port", type=int, default=0)
+    ap.add_argument("--control-port", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    store = host_store(args.host, args.store_port)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    if args.mode == "store":
+        print(json.dumps({"host": args.host, "store_port": store.port, "control_port": 0}), flush=True)
+        while not stop.wait(0.5):
+            pass
+        return 0
+
+    from .config import TrainConfig
+    from .membership import MembershipService
+
+    cfg = TrainConfig.load(args.config)
+    service = MembershipService(cfg, host=args.host, port=args.control_port, stop=stop)
+    print(
+        json.dumps({"host": args.host, "store_port": store.port, "control_port": service.port}), flush=True
+    )
+    return service.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The hook interface through which code outside core/ reaches into a running worker.
+
+Contract:
+- core/ calls `WorkerHooks.at(step, phase, microbatch)` at every named point of an
+  iteration (`PHASES`), and `microbatch_done(step, microbatch, seconds)` after each
+  microbatch. The base class does nothing, so a run without hooks pays nothing.
+- A hook may do anything a real fault does: kill or freeze its own process, sleep
+  (a straggler), or raise (at "allreduce": the collective counts as failed, as a
+  broken link would make it).
+- core/ never imports the implementations (fault_injection/ does): they are named
+  by a "module:function" string in the config and loaded here by importlib, so the
+  import direction stays fault_injection -> core.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+PHASES = (
+    "forward",  # before the forward pass of a microbatch
+    "backward",  # after the forward pass, before the backward pass
+    "between_microbatches",  # after a microbatch's backward, before the next one
+    "allreduce",  # while the gradient all-reduce is in flight
+    "commit",  # after this replica's vote, before the commit is known
+    "optimizer_step",  # after the commit, before the optimizer step
+    "checkpoint_save",  # while a checkpoint is being written (checkpointing systems)
+)
+
+
+class WorkerHooks:
+    """No-op hooks; subclass and override what you need."""
+
+    def at(self, step: int, phase: str, microbatch: int | None = None) -> None:
+        """Called at `phase` of iteration `step` (`microbatch`: index within this replica's step)."""
+
+    def microbatch_done(self, step: int, microbatch: int, seconds: float) -> None:
+        """Called after the `microbatch`-th microbatch of `step` took `seconds`."""
+
+
+def load_hooks(spec: str, cfg: "TrainConfig", replica: int, rank: int = 0) -> WorkerHooks:
+    """Build hooks from "module:function" (called as function(cfg, replica, rank)); '' = none."""
+    if not spec:
+        return WorkerHooks()
+    module, _, func = spec.partition(":")
+    factory = getattr(importlib.import_module(module), func)
+    return factory(cfg, replica, rank)

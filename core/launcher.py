@@ -1,0 +1,268 @@
+"""The local launcher: one coordinator process and one worker process per replica.
+
+Contract:
+- The coordinator (store + membership) is its own process, never a worker, so no
+  worker's death takes the rendezvous store down.
+- Workers are started with `subprocess.Popen` (torch's `mp.spawn` SIGTERMs every
+  child when one dies, so it cannot host survivors), each in its own process
+  group (a replica's processes die together on a "lost node"), with its output
+  streamed to DIR/logs/replica<r>.log.
+- Every child is started with PR_SET_PDEATHSIG=SIGKILL and is killed, by PID,
+  when the launcher returns, is interrupted (Ctrl-C, SIGTERM) or fails: no orphan
+  process survives the launcher.
+- `run()` reports how every process exited (`ProcessExit`), and the launcher's
+  hooks (`LauncherHooks`) see the PIDs and a periodic tick, which is how the fault
+  injector fires wall-clock faults and ends timed hangs.
+- The job ends when the coordinator exits (its code is the job's verdict), or,
+  with `fail_fast`, as soon as any worker exits non-zero (a plain data-parallel
+  job cannot outlive a worker).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: have the kernel SIGKILL this child if the launcher dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: rely on the launcher's own cleanup
+        pass
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return "exited 0" if code == 0 else f"exited with code {code}"
+
+
+@dataclass
+class ProcessExit:
+    """How one child process ended."""
+
+    role: str  # "coordinator" or "worker"
+    replica: int  # -1 for the coordinator
+    pid: int
+    returncode: int | None
+    at: float  # seconds since launch
+    how: str
+
+
+class LauncherHooks(Protocol):
+    """What the launcher tells an observer (the fault injector, a progress bar)."""
+
+    def on_start(self, pids: dict[int, list[int]], t0: float) -> None: ...
+
+    def on_tick(self, elapsed: float) -> None: ...
+
+    def on_exit(self, exit: ProcessExit) -> None: ...
+
+
+@dataclass
+class LaunchResult:
+    """The verdict of one launch."""
+
+    returncode: int  # the coordinator's code, 1 if a fail_fast worker failed, 130 on interrupt
+    wall_time: float
+    exits: list[ProcessExit] = field(default_factory=list)
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Launcher:
+    """Start the coordinator and the workers; watch them; clean up everything."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        coordinator_argv: Sequence[str],
+        worker_argv: Callable[[int], Sequence[str]],
+        replicas: int,
+        env: dict[str, str] | None = None,
+        hooks: Sequence[LauncherHooks] = (),
+        fail_fast: bool = False,
+        tick_seconds: float = 0.02,
+        grace_seconds: float = 10.0,
+    ):
+        self.out = Path(out_dir)
+        self.coordinator_argv = list(coordinator_argv)
+        self.worker_argv = worker_argv
+        self.replicas = replicas
+        self.env = {**os.environ, **(env or {})}
+        self.hooks = list(hooks)
+        self.fail_fast = fail_fast
+        self.tick_seconds = tick_seconds
+        self.grace_seconds = grace_seconds
+        self.coordinator: subprocess.Popen | None = None
+        self.workers: dict[int, subprocess.Popen] = {}
+        self.exits: list[ProcessExit] = []
+        self._interrupted: str | None = None
+        self._logs: list = []
+
+    # ---- process start -------------------------------------------------------------
+    def _start_coordinator(self, timeout: float = 60.0) -> dict:
+        log = open(self.out / "logs" / "coordinator.log", "ab")
+        self._logs.append(log)
+        self.coordinator = subprocess.Popen(
+            self.coordinator_argv, stdout=subprocess.PIPE, stderr=log, env=self.env,
+            preexec_fn=_die_with_parent, start_new_session=True,
+        )
+        # The coordinator's first stdout line announces its ports.
+        box: dict = {}
+
+        def read_line() -> None:
+            box["line"] = self.coordinator.stdout.readline()
+
+        t = threading.Thread(target=read_line, daemon=True)
+        t.start()
+        t.join(timeout)
+        line = box.get("line", b"")
+        if not line:
+            code = self.coordinator.poll()
+            raise RuntimeError(
+                f"coordinator did not start ({describe_exit(code)}); see {self.out / 'logs' / 'coordinator.log'}"
+            )
+        info = json.loads(line)
+
+        # Keep draining its stdout into the log so it can never block on a full pipe.
+        def drain() -> None:
+            for chunk in iter(lambda: self.coordinator.stdout.read1(65536), b""):
+                log.write(chunk)
+                log.flush()
+
+        threading.Thread(target=drain, daemon=True).start()
+        return info
+
+    def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.out / "logs" / f"replica{replica}.log", "ab")
+        self._logs.append(log)
+        return subprocess.Popen(
+            list(self.worker_argv(replica)), stdout=log, stderr=subprocess.STDOUT,
+            env={**env, "RECOVER_REPLICA": str(replica)},
+            preexec_fn=_die_with_parent, process_group=0,
+        )
+
+    # ---- the watch loop ----------------------------------------------------------------
+    def run(self) -> LaunchResult:
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        old_handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            info = self._start_coordinator()
+            env = {
+                **self.env,
+                "RECOVER_STORE_ADDR": f"{info['host']}:{info['store_port']}",
+                "RECOVER_CONTROL_ADDR": f"{info['host']}:{info.get('control_port', 0)}",
+            }
+            for r in range(self.replicas):
+                self.workers[r] = self._start_worker(r, env)
+            pids = {r: [p.pid] for r, p in self.workers.items()}
+            (self.out / "pids.json").write_text(
+                json.dumps({"coordinator": self.coordinator.pid, "replicas": pids}, indent=1)
+            )
+            for h in self.hooks:
+                h.on_start(pids, t0)
+            return self._watch(t0)
+        finally:
+            self._cleanup(t0)
+            for sig, h in old_handlers.items():
+                signal.signal(sig, h)
+            for log in self._logs:
+                log.close()
+
+    def _on_signal(self, signum, frame) -> None:
+        self._interrupted = signal.Signals(signum).name
+
+    def _record(self, role: str, replica: int, proc: subprocess.Popen, t0: float) -> ProcessExit:
+        e = ProcessExit(role, replica, proc.pid, proc.returncode, time.monotonic() - t0, describe_exit(proc.returncode))
+        self.exits.append(e)
+        for h in self.hooks:
+            h.on_exit(e)
+        return e
+
+    def _watch(self, t0: float) -> LaunchResult:
+        live = dict(self.workers)
+        while True:
+            if self._interrupted:
+                return LaunchResult(130, time.monotonic() - t0, self.exits, f"interrupted by {self._interrupted}")
+            for r, p in list(live.items()):
+                if p.poll() is not None:
+                    del live[r]
+                    e = self._record("worker", r, p, t0)
+                    if self.fail_fast and p.returncode != 0:
+                        return LaunchResult(
+                            1, time.monotonic() - t0, self.exits, f"replica {r} (pid {p.pid}) {e.how}"
+                        )
+            if self.coordinator.poll() is not None:
+                self._record("coordinator", -1, self.coordinator, t0)
+                # Give the workers a moment to see the end and exit by themselves.
+                end = time.monotonic() + self.grace_seconds
+                while live and time.monotonic() < end:
+                    for r, p in list(live.items()):
+                        if p.poll() is not None:
+                            del live[r]
+                            self._record("worker", r, p, t0)
+                    time.sleep(self.tick_seconds)
+                code = self.coordinator.returncode
+                reason = "" if code == 0 else f"coordinator {describe_exit(code)}"
+                return LaunchResult(code, time.monotonic() - t0, self.exits, reason)
+            if not live and self.fail_fast:
+                # Every worker finished cleanly; the coordinator (a bare store
+                # host here) is stopped by the cleanup.
+                return LaunchResult(0, time.monotonic() - t0, self.exits, "")
+            for h in self.hooks:
+                h.on_tick(time.monotonic() - t0)
+            time.sleep(self.tick_seconds)
+
+    def _cleanup(self, t0: float) -> None:
+        """Kill, by PID, every child still running: SIGCONT+SIGTERM, then SIGKILL."""
+        procs = [(r, p) for r, p in self.workers.items()]
+        if self.coordinator is not None:
+            procs.append((-1, self.coordinator))
+        running = [(r, p) for r, p in procs if p.poll() is None]
+        for _, p in running:
+            for sig in (signal.SIGCONT, signal.SIGTERM):  # a frozen process must wake to die politely
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+        end = time.monotonic() + 2.0
+        for r, p in running:
+            try:
+                p.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            if not any(e.pid == p.pid for e in self.exits):
+                self._record("coordinator" if r < 0 else "worker", r, p, t0)
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    """argv to run `python -m module args...` with this interpreter."""
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,63 @@
+"""Quota policy (layer 3): which replica does which microbatch ids.
+
+Contract: `assign_quotas(ids, replicas, speeds)` is a pure function.
+- The quotas always partition `ids`: every id in exactly one quota, nothing added.
+- With equal (or absent) speeds, quota sizes differ by at most 1.
+- With unequal speeds (microbatches per second), the sizes minimise the makespan
+  max_r(size_r / speed_r); among optimal answers the one chosen is deterministic.
+- Quotas are contiguous runs of the sorted ids, handed out in sorted replica order,
+  so every process that evaluates the policy on the same inputs gets the same answer.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Mapping, Sequence
+
+
+def quota_sizes(n: int, replicas: Sequence[int], speeds: Mapping[int, float] | None = None) -> dict[int, int]:
+    """How many ids each replica gets: the makespan-optimal integer split of `n`.
+
+    Greedy: give the next id to the replica that would finish it first. For
+    identical jobs on machines of different speeds this is optimal (each
+    assignment keeps the running makespan as small as it can be), and with equal
+    speeds it deals ids round-robin, so sizes differ by at most 1.
+    """
+    reps = sorted(replicas)
+    if not reps:
+        raise ValueError("no live replicas to assign microbatches to")
+    if speeds is None:
+        speeds = {}
+    rate = {r: float(speeds.get(r, 1.0)) for r in reps}
+    for r, s in rate.items():
+        if not s > 0:
+            raise ValueError(f"replica {r} has non-positive speed {s}")
+    counts = {r: 0 for r in reps}
+    # Heap of (finish time if given one more id, replica order index).
+    heap = [(1.0 / rate[r], i) for i, r in enumerate(reps)]
+    heapq.heapify(heap)
+    for _ in range(n):
+        _, i = heapq.heappop(heap)
+        r = reps[i]
+        counts[r] += 1
+        heapq.heappush(heap, ((counts[r] + 1) / rate[r], i))
+    return counts
+
+
+def assign_quotas(
+    ids: Sequence[int], replicas: Sequence[int], speeds: Mapping[int, float] | None = None
+) -> dict[int, list[int]]:
+    """Partition `ids` over `replicas` by `quota_sizes`, as contiguous sorted runs."""
+    sizes = quota_sizes(len(ids), replicas, speeds)
+    todo = sorted(ids)
+    out: dict[int, list[int]] = {}
+    start = 0
+    for r in sorted(replicas):
+        out[r] = todo[start : start + sizes[r]]
+        start += sizes[r]
+    return out
+
+
+def makespan(sizes: Mapping[int, int], speeds: Mapping[int, float] | None = None) -> float:
+    """The iteration's duration under the model 'replica r does size_r ids at speed_r'."""
+    speeds = speeds or {}
+    return max((n / float(speeds.get(r, 1.0)) for r, n in sizes.items()), default=0.0)

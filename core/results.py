@@ -1,0 +1,85 @@
+"""The results contract every system writes, and experiment grids and figures read.
+
+Contract (DIR = the run's --out):
+- DIR/config.json: {"train": the full resolved TrainConfig, "model": the resolved
+  model shape, plus each system's own settings}.
+- DIR/metrics.jsonl: one JSON object per committed iteration, in step order, each
+  step at most once, with at least: step (from 0), loss (the iteration's mean
+  microbatch loss), tokens, microbatch_ids (sorted ids folded into that step's
+  gradient), generation, members (replica ids that took part), wall_time (seconds
+  since the run started).
+- DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
+- DIR/events.jsonl (systems that recover): one object per recovery or restart.
+Lines are appended and flushed one at a time, so a crash loses at most the line
+being written; readers skip a torn last line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+METRIC_FIELDS = ("step", "loss", "tokens", "microbatch_ids", "generation", "members", "wall_time")
+
+
+class JsonlWriter:
+    """Append-only JSON-lines file, one flushed line per record."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All whole records of a JSON-lines file ([] if it does not exist)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn final line from a killed writer
+            continue
+    return out
+
+
+def metric_record(
+    step: int, loss: float, tokens: int, ids: Iterable[int], generation: int, members: Iterable[int],
+    t0: float, **extra: Any,
+) -> dict[str, Any]:
+    """One metrics.jsonl line; `t0` is the run's start on the time.time() clock."""
+    return {
+        "step": step, "loss": loss, "tokens": tokens, "microbatch_ids": sorted(ids),
+        "generation": generation, "members": sorted(members), "wall_time": time.time() - t0, **extra,
+    }
+
+
+def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra: Any) -> dict[str, Any]:
+    """Write DIR/summary.json from DIR/metrics.jsonl; returns what it wrote."""
+    out = Path(out)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    summary = {
+        "status": status,
+        "steps": len(metrics),
+        "last_step": metrics[-1]["step"] if metrics else None,
+        "final_loss": metrics[-1]["loss"] if metrics else None,
+        "tokens": sum(m["tokens"] for m in metrics),
+        "wall_time": wall_time,
+        **extra,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

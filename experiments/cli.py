@@ -1,0 +1,134 @@
+"""The `recover` command line.
+
+Contract: every subcommand validates all of its input before it starts any process;
+a bad value ends the command at once with one line, `recover: error: --flag: why`,
+and exit code 2. Subcommands register themselves in `COMMANDS`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from recover.core.config import ConfigError, TrainConfig, add_dataclass_flags, dataclass_from_args
+from recover.core.launcher import Launcher, describe_exit, python_module_argv
+from recover.core.results import read_jsonl, write_summary
+
+from .progress import MetricsProgress
+from .systems import SYSTEMS
+
+# Files a run owns in its --out directory; a new run into the same directory
+# replaces them so results never mix two runs.
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "events.jsonl", "faults.jsonl",
+             "fault_plan.json", "pids.json")
+
+
+def fail(message: str) -> int:
+    print(f"recover: error: {message}", file=sys.stderr)
+    return 2
+
+
+# ---- train -------------------------------------------------------------------------
+def add_train_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="run one training job",
+        description="Train the workload with one system on this machine: a coordinator process and "
+        "one worker process per replica. Writes DIR/config.json, metrics.jsonl, summary.json, logs/.",
+    )
+    add_dataclass_flags(p, TrainConfig)
+    p.set_defaults(func=cmd_train)
+
+
+def resolved_config_dict(cfg: TrainConfig) -> dict:
+    import torch
+
+    from dataclasses import asdict
+
+    return {
+        "train": cfg.to_dict(),
+        "model": asdict(cfg.gpt_config()),
+        "system": {"name": cfg.system, "description": SYSTEMS[cfg.system].description},
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "backend": cfg.resolved_backend(), "device": cfg.resolved_device()},
+    }
+
+
+def run_training(cfg: TrainConfig, extra_hooks=()) -> dict:
+    """Launch `cfg` (already validated) and write its summary; returns the summary."""
+    system = SYSTEMS[cfg.system]
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    config_path = out / "config.json"
+    config_path.write_text(json.dumps(resolved_config_dict(cfg), indent=2))
+    progress = MetricsProgress(cfg.out, cfg.steps, enabled=cfg.progress and sys.stderr.isatty())
+    t0 = time.time()
+    launcher = Launcher(
+        out,
+        python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", system.coordinator_mode),
+        lambda r: python_module_argv(system.worker_module, "--config", str(config_path), "--replica", str(r)),
+        cfg.replicas,
+        env={"RECOVER_T0": repr(t0)},
+        hooks=[progress, *extra_hooks],
+        fail_fast=system.fail_fast,
+    )
+    result = launcher.run()
+    progress.close()
+    status = "ok" if result.returncode == 0 else "failed"
+    done = len(read_jsonl(out / "metrics.jsonl"))
+    if status == "ok" and done < cfg.steps:
+        status, result.reason = "failed", f"only {done} of {cfg.steps} steps committed"
+    return write_summary(
+        out, status, time.time() - t0, returncode=result.returncode, reason=result.reason,
+        processes=[e.__dict__ for e in result.exits],
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = dataclass_from_args(TrainConfig, args)
+    try:
+        cfg.validate(tuple(SYSTEMS))
+    except ConfigError as e:
+        return fail(str(e))
+    summary = run_training(cfg)
+    for e in summary["processes"]:
+        if e["returncode"] not in (0, None) and not (e["role"] == "coordinator" and summary["status"] == "ok"):
+            who = "coordinator" if e["replica"] < 0 else f"replica {e['replica']}"
+            print(f"  {who} (pid {e['pid']}) {e['how']} at {e['at']:.2f}s", file=sys.stderr)
+    loss = summary["final_loss"]
+    print(
+        f"{summary['status']}: {summary['steps']}/{cfg.steps} steps, final loss "
+        f"{'n/a' if loss is None else f'{loss:.4f}'}, {summary['tokens']} tokens, "
+        f"{summary['wall_time']:.1f}s -> {cfg.out}"
+        + (f" ({summary['reason']})" if summary["reason"] else "")
+    )
+    return 0 if summary["status"] == "ok" else 1
+
+
+COMMANDS: list[Callable] = [add_train_parser]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="recover",
+        description="ReCoVer: resilient LLM pre-training, its baselines, fault injection and experiments.",
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

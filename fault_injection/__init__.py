@@ -1,0 +1,1 @@
+"""recover.fault_injection"""

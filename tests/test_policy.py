@@ -1,0 +1,57 @@
+"""Quota policy (layer 3): partition, balance, makespan-optimality (hypothesis)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recover.core.policy import assign_quotas, makespan, quota_sizes
+
+replica_sets = st.lists(st.integers(0, 63), min_size=1, max_size=12, unique=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(0, 10**6), unique=True, max_size=200), replicas=replica_sets, data=st.data())
+def test_quotas_always_partition_the_ids(ids, replicas, data):
+    speeds = data.draw(st.one_of(st.none(), st.fixed_dictionaries(
+        {r: st.floats(0.05, 20.0) for r in replicas})))
+    q = assign_quotas(ids, replicas, speeds)
+    assert set(q) == set(replicas)
+    flat = [i for r in q for i in q[r]]
+    assert sorted(flat) == sorted(ids) and len(flat) == len(set(flat))
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 500), replicas=replica_sets)
+def test_equal_speeds_give_quotas_within_one(n, replicas):
+    sizes = quota_sizes(n, replicas, {r: 2.5 for r in replicas})
+    assert max(sizes.values()) - min(sizes.values()) <= 1
+    assert sum(sizes.values()) == n
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 9), speeds=st.lists(st.floats(0.1, 10.0), min_size=1, max_size=4))
+def test_unequal_speeds_minimise_makespan_exhaustively(n, speeds):
+    reps = list(range(len(speeds)))
+    sp = dict(zip(reps, speeds))
+    got = makespan(quota_sizes(n, reps, sp), sp)
+    best = min(
+        makespan(dict(zip(reps, split)), sp)
+        for split in itertools.product(range(n + 1), repeat=len(reps))
+        if sum(split) == n
+    )
+    assert got <= best * (1 + 1e-12)
+
+
+def test_slow_replica_gets_less():
+    sizes = quota_sizes(12, [0, 1, 2], {0: 1.0, 1: 1.0, 2: 0.25})
+    assert sizes[2] < sizes[0] and sum(sizes.values()) == 12
+
+
+def test_policy_refuses_no_replicas_or_bad_speed():
+    with pytest.raises(ValueError, match="no live replicas"):
+        assign_quotas([1, 2], [])
+    with pytest.raises(ValueError, match="non-positive speed"):
+        quota_sizes(3, [0, 1], {0: 1.0, 1: 0.0})
