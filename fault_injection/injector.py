@@ -1,0 +1,264 @@
+"""The injector: makes a plan's faults really happen, inside the workers and from the launcher.
+
+Contract:
+- `worker_hooks(cfg, replica, rank)` is the factory core loads by name
+  (`TrainConfig.hooks = WORKER_HOOKS`; core never imports this module). It reads
+  the run's saved plan, DIR/fault_plan.json, and returns a `FaultInjector` armed
+  with the faults that target this (replica, rank) and have not fired yet in this
+  run (DIR/faults.jsonl): a restarted worker that replays steps does not fire a
+  fault twice.
+- A point fault fires at the first hook call matching its (step, phase[,
+  microbatch]); it is recorded in DIR/faults.jsonl (fsync'd) *before* it takes
+  effect, and then it is real:
+    crash            SIGKILL of this process;
+    hang             SIGSTOP of this process (the launcher-side hooks SIGCONT it
+                     after `seconds`; without `seconds` it stays frozen);
+    slow             from then on every microbatch takes `factor` times as long
+                     (microbatch_done sleeps (factor-1) x the measured time);
+    collective_error the all-reduce in flight fails: `at(step, "allreduce")`
+                     raises `InjectedLinkError`, which core's Communicator turns
+                     into a CollectiveError, as a broken link would;
+    replica_loss     SIGKILL of the replica's whole process group at once (the
+                     launcher starts every replica in a group of its own).
+  The injector assumes nothing about the trainer beyond the hook calls, so the
+  plain trainer, the resilient one (which repeats a step's points on recovery)
+  and the baselines all get the same faults.
+- `FaultLauncherHooks` (a core.launcher.LauncherHooks) fires the wall-clock
+  crash/hang/replica_loss faults by PID when their time comes, and ends every
+  timed hang - whoever froze it - by SIGCONT once `seconds` have passed since
+  its record, and only once the process is really stopped (a SIGCONT that
+  overtook the SIGSTOP would leave it frozen for good).
+- Nothing here imports torch: the injector lives in every worker and in the
+  launcher, and costs them nothing when no plan is given.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from recover.core.hooks import WorkerHooks
+from recover.core.launcher import ProcessExit
+
+from .plan import Fault, FaultPlan, load_plan, validate_plan
+from .record import PLAN_FILE, FAULTS_FILE, append_record, fault_record, fired_indices, run_start_time
+
+WORKER_HOOKS = "recover.fault_injection.injector:worker_hooks"
+
+
+class InjectedLinkError(RuntimeError):
+    """The error an injected collective_error raises while the all-reduce is in flight."""
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state in /proc/<pid>/stat (R, S, T, Z, ...), or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def kill_own_replica() -> None:
+    """SIGKILL every process of this replica's process group, this one included."""
+    pgid = os.getpgid(0)
+    # The launcher gives each replica a group of its own. A group shared with our
+    # parent would be the launcher's (or a test runner's): never signal that one.
+    if pgid != os.getpgid(os.getppid()):
+        os.killpg(pgid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---- inside a worker ----------------------------------------------------------------------
+class FaultInjector(WorkerHooks):
+    """WorkerHooks that fire the faults planned for one (replica, rank)."""
+
+    def __init__(self, plan: FaultPlan, replica: int, rank: int, out_dir: str | os.PathLike, t0: float | None = None):
+        self.out = Path(out_dir)
+        self.replica = replica
+        self.rank = rank
+        self.t0 = run_start_time() if t0 is None else t0
+        fired = fired_indices(self.out)
+        mine = [
+            (i, f) for i, f in enumerate(plan.faults)
+            if f.replica == replica and f.rank == rank and not f.fired_by_launcher
+        ]
+        self.pending: list[tuple[int, Fault]] = [(i, f) for i, f in mine if i not in fired]
+        self.slow_factor = 1.0
+        # A straggler stays one across a restart of its worker: the fault fired
+        # once, but the slow device it stands for is still slow.
+        for i, f in mine:
+            if f.kind == "slow" and i in fired:
+                self.slow_factor = float(f.factor)
+
+    def _due(self, f: Fault, step: int, phase: str, microbatch: int | None) -> bool:
+        if f.wall_clock:
+            if f.kind == "collective_error" and phase != "allreduce":
+                return False  # armed: it breaks the first all-reduce after its time
+            return time.time() - self.t0 >= f.at_seconds
+        return f.step == step and f.phase == phase and (f.microbatch is None or f.microbatch == microbatch)
+
+    def at(self, step: int, phase: str, microbatch: int | None = None) -> None:
+        if not self.pending:
+            return
+        for entry in list(self.pending):
+            i, f = entry
+            if self._due(f, step, phase, microbatch):
+                self.pending.remove(entry)  # before firing: a raise must not leave it armed
+                self._fire(i, f, step, phase, microbatch)
+
+    def microbatch_done(self, step: int, microbatch: int, seconds: float) -> None:
+        if self.slow_factor > 1.0:
+            time.sleep((self.slow_factor - 1.0) * seconds)
+
+    def _fire(self, index: int, f: Fault, step: int, phase: str, microbatch: int | None) -> None:
+        pid = os.getpid()
+        append_record(self.out, fault_record(index, f, pid, self.t0, step, phase, microbatch))
+        if f.kind == "crash":
+            os.kill(pid, signal.SIGKILL)
+        elif f.kind == "hang":
+            os.kill(pid, signal.SIGSTOP)  # returns only once someone sends SIGCONT
+        elif f.kind == "slow":
+            self.slow_factor = float(f.factor)
+        elif f.kind == "collective_error":
+            raise InjectedLinkError(
+                f"injected collective_error (fault {index}): replica {self.replica} lost its link at step {step}"
+            )
+        elif f.kind == "replica_loss":
+            kill_own_replica()
+
+
+def plan_of_run(cfg: Any) -> FaultPlan | None:
+    """The plan a worker of `cfg` injects: DIR/fault_plan.json, else cfg.faults, else none."""
+    saved = Path(cfg.out) / PLAN_FILE
+    if saved.exists():
+        return load_plan(saved)
+    if getattr(cfg, "faults", ""):
+        return load_plan(cfg.faults)
+    return None
+
+
+def worker_hooks(cfg: Any, replica: int, rank: int = 0) -> WorkerHooks:
+    """The "module:function" factory named by WORKER_HOOKS (cfg needs only .out and .faults)."""
+    plan = plan_of_run(cfg)
+    if plan is None:
+        return WorkerHooks()
+    return FaultInjector(plan, replica, rank, cfg.out)
+
+
+# ---- in the launcher --------------------------------------------------------------------------
+class FaultLauncherHooks:
+    """Launcher-side half of the injector: wall-clock faults by PID, and the end of timed hangs."""
+
+    def __init__(self, plan: FaultPlan, out_dir: str | os.PathLike, t0: float | None = None):
+        self.plan = plan
+        self.out = Path(out_dir)
+        self.t0 = t0  # the run's start on the time.time() clock (None: when the launcher started)
+        self.pids: dict[int, list[int]] = {}
+        self.due: list[tuple[int, Fault]] = []
+        self.dead: set[int] = set()
+        self.resume_at: dict[int, float] = {}  # pid -> time.time() at which to SIGCONT it
+        self.skipped: list[tuple[int, str]] = []  # (index, why) of wall-clock faults that found no target
+        self._offset = 0  # how far faults.jsonl has been read
+
+    def on_start(self, pids: dict[int, list[int]], t0: float) -> None:
+        if self.t0 is None:
+            self.t0 = time.time() - (time.monotonic() - t0)
+        self.pids = {int(r): list(ps) for r, ps in pids.items()}
+        fired = fired_indices(self.out)
+        self.due = sorted(
+            ((i, f) for i, f in enumerate(self.plan.faults) if f.fired_by_launcher and i not in fired),
+            key=lambda e: (e[1].at_seconds, e[0]),
+        )
+
+    def on_tick(self, elapsed: float) -> None:
+        now = time.time() - self.t0
+        while self.due and self.due[0][1].at_seconds <= now:
+            self._fire(*self.due.pop(0))
+        self._scan_hangs()
+        self._resume_due()
+
+    def on_exit(self, exit: ProcessExit) -> None:
+        self.dead.add(exit.pid)
+        self.resume_at.pop(exit.pid, None)
+
+    def _fire(self, index: int, f: Fault) -> None:
+        pids = self.pids.get(f.replica, [])
+        if f.rank >= len(pids):
+            self.skipped.append((index, f"replica {f.replica} has no rank {f.rank} known to the launcher"))
+            return
+        pid = pids[f.rank]
+        if pid in self.dead or process_state(pid) in (None, "Z"):
+            self.skipped.append((index, f"replica {f.replica} rank {f.rank} (pid {pid}) had already exited"))
+            return
+        append_record(self.out, fault_record(index, f, pid, self.t0, fired_by="launcher"))
+        try:
+            if f.kind == "crash":
+                os.kill(pid, signal.SIGKILL)
+            elif f.kind == "hang":
+                os.kill(pid, signal.SIGSTOP)
+            elif f.kind == "replica_loss":
+                pgid = os.getpgid(pid)
+                if pgid != os.getpgrp():
+                    os.killpg(pgid, signal.SIGKILL)
+                else:  # not a group of its own: kill what the launcher knows of the replica
+                    for p in pids:
+                        os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:  # it exited between the check and the signal
+            pass
+
+    def _scan_hangs(self) -> None:
+        """Schedule the SIGCONT of every timed hang recorded since the last look."""
+        path = self.out / FAULTS_FILE
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1  # only whole lines; a partial one is read next time
+        self._offset += end
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("kind") == "hang" and rec.get("seconds") is not None and rec.get("pid") not in self.dead:
+                self.resume_at[int(rec["pid"])] = float(rec["time"]) + float(rec["seconds"])
+
+    def _resume_due(self) -> None:
+        now = time.time()
+        for pid, when in list(self.resume_at.items()):
+            if now < when:
+                continue
+            state = process_state(pid)
+            if state in (None, "Z"):
+                del self.resume_at[pid]
+            elif state in ("T", "t") or not Path("/proc").is_dir():
+                os.kill(pid, signal.SIGCONT)
+                del self.resume_at[pid]
+            # else: it wrote its record but has not stopped itself yet; next tick
+
+
+# ---- wiring a run ----------------------------------------------------------------------------
+def attach_plan(cfg: Any) -> FaultPlan | None:
+    """Load and validate cfg.faults for this run, and point cfg.hooks at the injector.
+
+    Returns None (and changes nothing) when the run has no plan; raises PlanError
+    for a bad one, before anything starts.
+    """
+    if not cfg.faults:
+        return None
+    plan = load_plan(cfg.faults)
+    validate_plan(plan, cfg.replicas, cfg.steps, cfg.microbatches)
+    cfg.hooks = WORKER_HOOKS
+    return plan
+
+
+def launcher_hooks(plan: FaultPlan, out_dir: str | os.PathLike, t0: float | None = None) -> FaultLauncherHooks:
+    """Save the plan as DIR/fault_plan.json (the workers read it there) and return the launcher's hooks."""
+    plan.save(Path(out_dir) / PLAN_FILE)
+    return FaultLauncherHooks(plan, out_dir, t0)
