@@ -17,6 +17,8 @@ from typing import Callable
 from recover.core.config import ConfigError, TrainConfig, add_dataclass_flags, dataclass_from_args
 from recover.core.launcher import Launcher, describe_exit, python_module_argv
 from recover.core.results import read_jsonl, write_summary
+from recover.fault_injection.injector import attach_plan, launcher_hooks
+from recover.fault_injection.plan import FaultPlan, PlanError
 
 from .progress import MetricsProgress
 from .systems import SYSTEMS
@@ -57,8 +59,12 @@ def resolved_config_dict(cfg: TrainConfig) -> dict:
     }
 
 
-def run_training(cfg: TrainConfig, extra_hooks=()) -> dict:
-    """Launch `cfg` (already validated) and write its summary; returns the summary."""
+def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None) -> dict:
+    """Launch `cfg` (already validated) and write its summary; returns the summary.
+
+    With a fault `plan` (from `attach_plan(cfg)`), it is saved as DIR/fault_plan.json
+    before any worker starts, and its launcher-side hooks join `extra_hooks`.
+    """
     system = SYSTEMS[cfg.system]
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -68,6 +74,8 @@ def run_training(cfg: TrainConfig, extra_hooks=()) -> dict:
     config_path.write_text(json.dumps(resolved_config_dict(cfg), indent=2))
     progress = MetricsProgress(cfg.out, cfg.steps, enabled=cfg.progress and sys.stderr.isatty())
     t0 = time.time()
+    if plan is not None:
+        extra_hooks = [*extra_hooks, launcher_hooks(plan, out, t0)]
     launcher = Launcher(
         out,
         python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", system.coordinator_mode),
@@ -95,7 +103,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.validate(tuple(SYSTEMS))
     except ConfigError as e:
         return fail(str(e))
-    summary = run_training(cfg)
+    try:
+        plan = attach_plan(cfg)  # validated against this run before anything starts
+    except PlanError as e:
+        return fail(f"--faults: {e}")
+    summary = run_training(cfg, plan=plan)
     for e in summary["processes"]:
         if e["returncode"] not in (0, None) and not (e["role"] == "coordinator" and summary["status"] == "ok"):
             who = "coordinator" if e["replica"] < 0 else f"replica {e['replica']}"
@@ -111,6 +123,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 COMMANDS: list[Callable] = [add_train_parser]
+
+from .cli_faults import add_faults_parser  # noqa: E402 - its own module; registered here
+
+COMMANDS.append(add_faults_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
