@@ -18,10 +18,15 @@ Contract:
   detector (or from the dead process's closed control socket).
 - A failed or abandoned operation may still be running inside the backend and may
   still write its tensor later; callers therefore reduce a fresh buffer, never
-  their accumulator (see `workload.py`), and drop the communicator.
+  their accumulator (see `accumulator.py`), and hand the communicator to a
+  `Graveyard`: measured here, dropping the last reference to a gloo process group
+  with an operation in flight blocks the dropping thread until that operation's
+  backend timeout (28 s of a 30 s timeout, in the middle of a recovery), so the
+  training thread must never be the one that drops it.
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -144,3 +149,30 @@ class Communicator:
             work.wait()
         except Exception as e:
             raise CollectiveError(self.generation, f"{what} failed: {e}") from e
+
+
+class Graveyard:
+    """Holds abandoned communicators and destroys them on a thread of its own.
+
+    A process group's destructor waits for its in-flight operations, which after
+    a peer's death means waiting out the backend timeout; here that wait happens
+    off the training thread, one communicator at a time.
+    """
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue[Communicator]" = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def bury(self, comm: "Communicator | None") -> None:
+        if comm is None:
+            return
+        self._queue.put(comm)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._reap, name="comm-graveyard", daemon=True)
+            self._thread.start()
+
+    def _reap(self) -> None:
+        while True:
+            comm = self._queue.get()
+            comm.pg = None  # the destructor (and its wait) runs here
+            del comm

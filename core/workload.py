@@ -1,19 +1,14 @@
-"""One replica's training state: model, optimizer, local gradient accumulator, ledger.
+"""One replica's training state: the model, its optimizer, and its accumulator + ledger.
 
 Contract:
 - `fold(id)` runs forward and backward of microbatch `id` into the local gradient
-  accumulator and appends `id` to the ledger; nothing else ever changes the
-  accumulator except `apply` (which consumes it) and `discard` (which empties it).
-- The accumulator is one flat fp32 tensor, and each parameter's `.grad` is a view
-  into it, so `backward()` accumulates in place and `pack()` is a single copy.
-  Its last slot holds the sum of the folded microbatches' losses, so one
-  all-reduce carries both the gradient and the iteration's loss.
-- `pack()` returns a *fresh* communication buffer: an abandoned reduction that is
-  still running inside the backend can only ever write into that copy, never into
-  the accumulator (layer 2's "a failed reduction never touches the accumulator").
+  accumulator (`accumulator.py`) and records `id` in the ledger; nothing else
+  changes the accumulator except `apply` (which consumes it) and `discard`.
+- `pack()` returns a fresh communication buffer (never the accumulator itself).
 - `apply(reduced, M)` divides the summed gradient by M (the iteration's fixed
   microbatch count, whatever failed), clips, steps AdamW, and empties the
   accumulator and ledger. It returns the iteration's mean microbatch loss.
+- Every replica built from the same config holds identical weights at step 0.
 """
 from __future__ import annotations
 
@@ -21,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from .accumulator import GradAccumulator
 from .config import TrainConfig
 from .data import MicrobatchSource, load_tokens, microbatch_seed
 from .model import GPT
@@ -46,26 +42,32 @@ class Workload:
         torch.manual_seed(cfg.seed)
         self.model = GPT(gcfg).to(self.device)
         self.model.train()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        n = sum(p.numel() for p in self.params)
-        self.n_grad = n
-        self.accumulator = torch.zeros(n + 1, dtype=torch.float32, device=self.device)
-        offset = 0
-        for p in self.params:
-            p.grad = self.accumulator[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
+        self.acc = GradAccumulator(self.model.parameters())
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
+            self.acc.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
         )
-        self.ledger: list[int] = []
+
+    @property
+    def ledger(self) -> list[int]:
+        return self.acc.ledger
+
+    @property
+    def accumulator(self) -> torch.Tensor:
+        return self.acc.buffer
 
     @property
     def tokens_per_microbatch(self) -> int:
         return self.source.tokens_per_microbatch
 
     def fold(self, mb_id: int, hook: PhaseHook | None = None) -> float:
-        """Forward+backward of microbatch `mb_id` into the accumulator; returns its loss."""
-        k = len(self.ledger)
+        """Forward+backward of microbatch `mb_id` into the accumulator and ledger; returns its loss."""
+        loss = self.forward_backward(mb_id, hook)
+        self.acc.fold(mb_id, loss)
+        return loss
+
+    def forward_backward(self, mb_id: int, hook: PhaseHook | None = None) -> float:
+        """Forward+backward of microbatch `mb_id` into the gradients, without the ledger entry."""
+        k = len(self.acc.ledger)
         x, y = self.source.get(mb_id)
         x, y = x.to(self.device), y.to(self.device)
         # Per-microbatch randomness (dropout) is a function of (seed, id) only.
@@ -76,30 +78,24 @@ class Workload:
         if hook:
             hook("backward", k)
         loss.backward()
-        value = float(loss.detach())
-        self.accumulator[-1] += value
-        self.ledger.append(mb_id)
-        return value
+        return float(loss.detach())
 
     def pack(self) -> torch.Tensor:
         """A fresh communication buffer: [gradient sum ..., loss sum]."""
-        return self.accumulator.clone()
+        return self.acc.pack()
 
     def apply(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Step the optimizer with reduced/M; empty accumulator and ledger; return mean loss."""
-        mean_loss = float(reduced[-1]) / microbatches
-        self.accumulator.copy_(reduced)
-        self.accumulator.div_(microbatches)
+        mean_loss = self.acc.load_mean(reduced, microbatches)
         if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.acc.params, self.cfg.grad_clip)
         self.optimizer.step()
-        self.discard()
+        self.acc.clear()
         return mean_loss
 
     def discard(self) -> None:
         """Empty the accumulator and ledger (a new iteration starts)."""
-        self.accumulator.zero_()
-        self.ledger.clear()
+        self.acc.clear()
 
     def state_checksum(self) -> float:
         """A cheap fingerprint of the weights, for tests comparing replicas."""

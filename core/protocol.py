@@ -1,0 +1,236 @@
+"""The membership and commit protocol, as a pure state machine (no I/O, no clocks).
+
+This is the coordinator's brain. `membership.py` feeds it what arrives on the
+wire (and the time); it answers with `Out` actions to carry out. Because it is
+pure, the property tests drive it through arbitrary interleavings of failures
+with an in-process fake transport.
+
+Invariants it keeps:
+- An iteration t commits only when every member of the current generation has
+  voted ok for (t, generation) and the members' ledgers are disjoint and their
+  union is exactly `iteration_ids(t, M)`. So every committed gradient is the sum
+  over exactly the M ids of iteration t, each once, whatever failed.
+- Every membership change (a death, a failed collective, a missed rejoin) bumps
+  the generation. Messages carrying another generation are ignored, and a
+  replica declared dead is closed and never readmitted: a frozen replica that
+  wakes up is fenced out of every later reduction and vote.
+- After a failure the survivors keep their ledgers; the new generation's quotas
+  cover exactly the ids that no survivor's ledger holds (the work that died),
+  split by the quota policy over the survivors' measured speeds.
+
+Messages, coordinator -> worker ("t" is the type):
+  gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
+  commit {gen, step, loss, quota}          step committed; `quota` is for step+1
+  abort  {gen, next, reason}               gen failed; rejoin `next` with your ledger
+  done   {}                                the last step is committed; exit 0
+  stop   {reason}                          the run cannot go on; exit non-zero
+worker -> coordinator:
+  hello  {replica, pid, tokens_per_mb}     first message; also the join of generation 0
+  join   {gen, step, ledger}               rejoin after an abort
+  vote   {gen, step, ok, ledger, loss_sum, mb_seconds}
+  fail   {gen, step, reason}               my collective failed
+  hb     {}                                heartbeat (handled by the service)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .data import iteration_ids
+from .policy import assign_quotas
+
+
+@dataclass
+class Out:
+    """One action for the service to carry out."""
+
+    kind: str  # "send" | "close" | "commit" | "recovery" | "finish"
+    replica: int = -1  # for send/close
+    msg: dict[str, Any] = field(default_factory=dict)  # send: the message; commit/recovery: the record
+    code: int = 0  # finish: exit code
+    reason: str = ""  # close/finish
+
+
+class ProtocolError(RuntimeError):
+    """The protocol's own invariant was about to be broken (a bug, never a fault)."""
+
+
+class Membership:
+    """Generations, rejoin, the commit vote and the recovery records of one run."""
+
+    def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float):
+        self.R, self.M, self.S = replicas, microbatches, steps
+        self.join_timeout = join_timeout
+        self.alive: set[int] = set()  # connected, not declared dead
+        self.dead: set[int] = set()
+        self.gen = -1  # generation in force (-1: none yet)
+        self.members: list[int] = []
+        self.step = 0
+        self.state = "forming"  # forming | running | finished
+        self.next_gen = 0
+        self.expected: set[int] = set(range(replicas))  # forming: who must (re)join
+        self.joins: dict[int, list[int]] = {}
+        self.deadline = now + max(join_timeout, 300.0)  # the first start-up is slow
+        self.votes: dict[int, dict] = {}
+        self.speeds: dict[int, float] = {}
+        self.tokens_per_mb = 0
+        self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
+        self.gen_started = now
+
+    # ---- inputs --------------------------------------------------------------------
+    def on_hello(self, r: int, msg: dict, now: float) -> list[Out]:
+        if r in self.dead or r in self.alive or not 0 <= r < self.R:
+            return [Out("close", r, reason="unknown, duplicate or dead replica")]
+        self.alive.add(r)
+        self.tokens_per_mb = int(msg.get("tokens_per_mb", self.tokens_per_mb))
+        if self.state == "forming" and self.next_gen == 0:
+            return self._joined(r, [], now)
+        # A late start-up hello after generation 0 formed: it was dropped from the run.
+        self.alive.discard(r)
+        self.dead.add(r)
+        return [Out("close", r, reason="arrived after the run started")]
+
+    def on_join(self, r: int, msg: dict, now: float) -> list[Out]:
+        if self.state != "forming" or msg.get("gen") != self.next_gen or r not in self.expected:
+            return []  # stale or fenced
+        if msg.get("step") != self.step:
+            raise ProtocolError(f"replica {r} rejoined at step {msg.get('step')}, run is at {self.step}")
+        return self._joined(r, list(msg.get("ledger", [])), now)
+
+    def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
+        if self.state != "running" or msg.get("gen") != self.gen or r not in self.members:
+            return []
+        if msg.get("step") != self.step:
+            raise ProtocolError(f"replica {r} voted for step {msg.get('step')}, run is at {self.step}")
+        if not msg.get("ok", False):
+            return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
+        self.votes[r] = msg
+        if set(self.votes) == set(self.members):
+            return self._commit(now)
+        return []
+
+    def on_fail(self, r: int, msg: dict, now: float) -> list[Out]:
+        if self.state != "running" or msg.get("gen") != self.gen or r not in self.members:
+            return []
+        return self._fail(f"replica {r} reported: {msg.get('reason', 'collective failed')}", now)
+
+    def on_lost(self, r: int, reason: str, now: float) -> list[Out]:
+        if r not in self.alive:
+            return []
+        self.alive.discard(r)
+        self.dead.add(r)
+        out = [Out("close", r, reason=reason)]
+        if self.state == "running" and r in self.members:
+            out += self._fail(f"replica {r} lost: {reason}", now)
+        elif self.state == "forming" and r in self.expected:
+            self._record_failure(f"replica {r} lost: {reason}", now)
+            self.expected.discard(r)
+            self.joins.pop(r, None)
+            out += self._maybe_publish(now)
+        return out
+
+    def on_tick(self, now: float) -> list[Out]:
+        if self.state != "forming" or now < self.deadline:
+            return []
+        out: list[Out] = []
+        for r in sorted(self.expected - set(self.joins)):
+            if r in self.alive:
+                out += self.on_lost(r, "did not rejoin before the deadline", now)
+            else:  # never connected at all (died during start-up)
+                self.dead.add(r)
+                self._record_failure(f"replica {r} never connected", now)
+                self.expected.discard(r)
+        return out + self._maybe_publish(now)
+
+    # ---- transitions ---------------------------------------------------------------------
+    def _record_failure(self, reason: str, now: float) -> None:
+        self.pending.append({"fault": reason, "detected_at": now, "step": self.step, "from_generation": self.gen})
+
+    def _fail(self, reason: str, now: float) -> list[Out]:
+        """The running generation failed: abort it, collect the survivors' ledgers."""
+        self._record_failure(reason, now)
+        self.state = "forming"
+        self.next_gen = self.gen + 1
+        self.expected = set(self.members) & self.alive
+        self.joins = {}
+        self.votes = {}
+        self.deadline = now + self.join_timeout
+        out = [
+            Out("send", r, {"t": "abort", "gen": self.gen, "next": self.next_gen, "reason": reason})
+            for r in sorted(self.expected)
+        ]
+        return out + self._maybe_publish(now)
+
+    def _joined(self, r: int, ledger: list[int], now: float) -> list[Out]:
+        self.joins[r] = ledger
+        return self._maybe_publish(now)
+
+    def _maybe_publish(self, now: float) -> list[Out]:
+        if self.state != "forming":
+            return []
+        if not self.expected:
+            return self._finish(1, "no replica left: every replica of the run has failed", now)
+        if set(self.joins) != self.expected:
+            return []
+        want = iteration_ids(self.step, self.M)
+        done = [i for r in sorted(self.joins) for i in self.joins[r]]
+        if len(done) != len(set(done)) or not set(done) <= set(want):
+            raise ProtocolError(f"survivor ledgers overlap or stray outside step {self.step}: {self.joins}")
+        todo = sorted(set(want) - set(done))
+        self.gen = self.next_gen
+        self.members = sorted(self.expected)
+        self.state = "running"
+        self.votes = {}
+        self.gen_started = now
+        quotas = assign_quotas(todo, self.members, self.speeds)
+        for rec in self.pending:
+            if "generation" not in rec:
+                rec.update(generation=self.gen, survivors=list(self.members), redone=todo, formed_at=now)
+            else:  # a later failure re-formed again: keep the latest view
+                rec.update(generation=self.gen, survivors=list(self.members), formed_at=now)
+        return [
+            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.members,
+                            "quota": quotas[r], "microbatches": self.M, "steps": self.S})
+            for r in self.members
+        ]
+
+    def _commit(self, now: float) -> list[Out]:
+        want = iteration_ids(self.step, self.M)
+        ledgers = [i for r in self.members for i in self.votes[r]["ledger"]]
+        if len(ledgers) != len(set(ledgers)) or sorted(ledgers) != want:
+            # Never commit a gradient that is not exactly the M ids, each once.
+            raise ProtocolError(f"step {self.step}: ledgers {sorted(ledgers)} are not exactly {want}")
+        for r in self.members:
+            s = self.votes[r].get("mb_seconds")
+            if s and s > 0:
+                # Smoothed speed (microbatches/s) so one noisy step does not reshuffle quotas.
+                self.speeds[r] = 0.5 * self.speeds.get(r, 1.0 / s) + 0.5 / s
+        loss = self.votes[self.members[0]]["loss_sum"] / self.M
+        out = [Out("commit", msg={
+            "step": self.step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
+            "microbatch_ids": want, "generation": self.gen, "members": list(self.members),
+            "recoveries": len(self.pending),
+        })]
+        for rec in self.pending:
+            rec["committed_at"] = now
+            rec["recovery_seconds"] = now - rec["detected_at"]
+            out.append(Out("recovery", msg=rec))
+        self.pending = []
+        committed = self.step
+        self.step += 1
+        self.votes = {}
+        if self.step >= self.S:
+            out += [Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": []})
+                    for r in self.members]
+            return out + self._finish(0, "all steps committed", now)
+        quotas = assign_quotas(iteration_ids(self.step, self.M), self.members, self.speeds)
+        out += [
+            Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": quotas[r]})
+            for r in self.members
+        ]
+        return out
+
+    def _finish(self, code: int, reason: str, now: float) -> list[Out]:
+        self.state = "finished"
+        msg = {"t": "done"} if code == 0 else {"t": "stop", "reason": reason}
+        return [Out("send", r, msg) for r in sorted(self.alive)] + [Out("finish", code=code, reason=reason)]

@@ -1,0 +1,230 @@
+"""The public API: this process's replica of a resilient job, for any training loop.
+
+    replica = Replica.from_env(model, optimizer)     # under `recover launch` / `recover train`
+    while not replica.done:
+        for mb in replica.quota():                    # global microbatch ids to fold now
+            loss = loss_fn(model, batch(mb)); loss.backward()
+            replica.fold(mb, loss.item())
+        replica.commit()                              # False: a replica died; loop for the redo ids
+
+Contract:
+- `quota()` gives the ids this replica must fold before `commit()`. After a
+  failure it gives only ids that no survivor had folded (the dead replica's work);
+  what this replica folded before the failure stays in its accumulator.
+- `commit()` does the fault-tolerant all-reduce of a fresh copy of the
+  accumulator (so a failed reduction never touches it), votes, and - once the
+  coordinator has seen every member vote for exactly the iteration's M ids -
+  divides by M, clips (optional) and steps the optimizer. It returns True when
+  the iteration committed, False when recovery needs more work from `quota()`.
+- Gradients live in a flat accumulator that the parameters' `.grad` tensors view:
+  call `backward()` as usual, but neither `zero_grad()` nor replace `.grad`
+  (commit clears the accumulator itself).
+- Every failure the replica sees is a `CollectiveError` internally; the exceptions
+  that reach the caller are `RunEnded` (the run cannot go on, or this replica was
+  declared dead - fenced - and must exit).
+"""
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+from .accumulator import GradAccumulator
+from .comm import CollectiveError, Communicator, Graveyard
+from .control import ControlClient
+from .hooks import WorkerHooks
+
+
+class RunEnded(RuntimeError):
+    """The job ended for this replica: the run failed, or this replica was fenced out."""
+
+    def __init__(self, reason: str, fenced: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.fenced = fenced
+
+
+def _addr(var: str) -> tuple[str, int]:
+    host, port = os.environ[var].rsplit(":", 1)
+    return host, int(port)
+
+
+class Replica:
+    """One replica's handle on the resilient job (quota, fold, commit)."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter] | GradAccumulator,
+        optimizer: torch.optim.Optimizer,
+        *,
+        replica: int,
+        control_addr: tuple[str, int],
+        store_addr: tuple[str, int],
+        backend: str = "gloo",
+        collective_timeout: float = 30.0,
+        heartbeat_interval: float = 0.1,
+        grad_clip: float = 0.0,
+        tokens_per_microbatch: int = 0,
+        hooks: WorkerHooks | None = None,
+    ):
+        self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
+        self.optimizer = optimizer
+        self.replica = replica
+        self.backend = backend
+        self.timeout = collective_timeout
+        self.grad_clip = grad_clip
+        self.hooks = hooks or WorkerHooks()
+        self.store = dist.TCPStore(store_addr[0], store_addr[1], is_master=False,
+                                   timeout=timedelta(seconds=max(60.0, collective_timeout)))
+        self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
+        self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
+                           "tokens_per_mb": tokens_per_microbatch})
+        self.comm: Communicator | None = None
+        self.graveyard = Graveyard()
+        self.generation = -1
+        self.members: list[int] = []
+        self.step = 0
+        self.microbatches = 0
+        self.steps = 0
+        self._quota: list[int] = []
+        self._work_started = time.perf_counter()
+        self._work_seconds = 0.0
+        self._wait_generation(0)
+
+    @classmethod
+    def from_env(cls, model_or_params, optimizer, **kw) -> "Replica":
+        """Join the job the launcher set up (RECOVER_REPLICA, RECOVER_CONTROL_ADDR, RECOVER_STORE_ADDR)."""
+        params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
+        return cls(params, optimizer, replica=int(os.environ["RECOVER_REPLICA"]),
+                   control_addr=_addr("RECOVER_CONTROL_ADDR"), store_addr=_addr("RECOVER_STORE_ADDR"), **kw)
+
+    # ---- the loop's view ---------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once every step of the run is committed."""
+        return self.step >= self.steps
+
+    @property
+    def ledger(self) -> list[int]:
+        return self.acc.ledger
+
+    def quota(self) -> list[int]:
+        """The ids still to fold before `commit()` (global microbatch ids)."""
+        folded = set(self.acc.ledger)
+        return [i for i in self._quota if i not in folded]
+
+    def fold(self, mb_id: int, loss: float) -> None:
+        """Record that microbatch `mb_id`'s backward (with loss `loss`) is in the gradients."""
+        if mb_id not in self._quota:
+            raise ValueError(f"microbatch {mb_id} is not in this replica's quota {self._quota}")
+        self.acc.fold(mb_id, loss)
+        self._work_seconds = time.perf_counter() - self._work_started
+
+    def commit(self) -> bool:
+        """Reduce, vote, and step the optimizer; False if recovery needs more work."""
+        if missing := self.quota():
+            raise RuntimeError(f"commit() before folding the whole quota; still to fold: {missing}")
+        if (msg := self._pending_abort()) is not None:
+            return self._recover(msg)
+        g, step = self.generation, self.step
+        should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
+        try:
+            if self.comm is None or self.comm.generation != g:
+                rank = self.members.index(self.replica)
+                self.comm = Communicator.build(self.store, g, rank, len(self.members), self.backend,
+                                               self.timeout, should_abort)
+            buf = self.acc.pack()
+            self.comm.allreduce(buf, self.timeout, should_abort,
+                                while_in_flight=lambda: self.hooks.at(step, "allreduce"))
+        except CollectiveError as e:
+            self._abandon_comm()  # never reuse a communicator that failed
+            if self.control.abort_reason(g) is None:
+                self.control.send({"t": "fail", "gen": g, "step": step, "reason": e.reason})
+            return self._recover(self._wait_for({"abort"}))
+        n = len(self.acc.ledger)
+        self.control.send({
+            "t": "vote", "gen": g, "step": step, "ok": True, "ledger": list(self.acc.ledger),
+            "loss_sum": float(buf[-1]), "mb_seconds": self._work_seconds / n if n else 0.0,
+        })
+        self.hooks.at(step, "commit")
+        msg = self._wait_for({"commit", "abort"})
+        if msg["t"] == "abort":
+            return self._recover(msg)
+        self.hooks.at(step, "optimizer_step")
+        self.acc.load_mean(buf, self.microbatches)
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.acc.params, self.grad_clip)
+        self.optimizer.step()
+        self.acc.clear()
+        self.step = step + 1
+        self._set_quota(msg["quota"])
+        return True
+
+    def close(self) -> None:
+        self.control.close()
+
+    # ---- recovery ------------------------------------------------------------------------
+    def _recover(self, abort: dict) -> bool:
+        """Rejoin the next generation with the ledger kept; take the redo quota."""
+        self._abandon_comm()
+        self.control.send({"t": "join", "gen": abort["next"], "step": self.step, "ledger": list(self.acc.ledger)})
+        self._wait_generation(abort["next"])
+        return False
+
+    def _abandon_comm(self) -> None:
+        self.graveyard.bury(self.comm)
+        self.comm = None
+
+    def _wait_generation(self, gen: int) -> None:
+        msg = self._wait_for({"gen"}, min_gen=gen)
+        self.generation = msg["gen"]
+        self.members = list(msg["members"])
+        self.step = msg["step"]
+        self.microbatches = msg["microbatches"]
+        self.steps = msg["steps"]
+        self._set_quota(msg["quota"])
+
+    def _set_quota(self, quota: list[int]) -> None:
+        self._quota = list(quota)
+        self._work_started = time.perf_counter()
+        self._work_seconds = 0.0
+
+    def _pending_abort(self) -> dict | None:
+        while (msg := self.control.recv(0)) is not None:
+            if self._terminal(msg):
+                continue
+            if msg["t"] == "abort" and msg["gen"] >= self.generation:
+                return msg
+        return None
+
+    def _terminal(self, msg: dict) -> bool:
+        """Raise RunEnded for messages that end this replica's run."""
+        kind = msg["t"]
+        if kind == "done":
+            self.step = max(self.step, self.steps)
+            raise RunEnded("run complete")
+        if kind == "stop":
+            raise RunEnded(f"run stopped by the coordinator: {msg['reason']}")
+        if kind == "closed":
+            raise RunEnded("fenced: the coordinator closed this replica's connection "
+                           "(declared dead, e.g. after a freeze)", fenced=True)
+        return False
+
+    def _wait_for(self, kinds: set[str], min_gen: int = -1) -> dict:
+        # The coordinator answers within a collective deadline plus a rejoin
+        # deadline even in the worst case; past that it is gone.
+        deadline = time.monotonic() + 3 * self.timeout + 60
+        while True:
+            msg = self.control.recv(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                raise RunEnded("no word from the coordinator")
+            if self._terminal(msg):
+                continue
+            if msg["t"] in kinds and msg.get("gen", min_gen) >= min_gen:
+                if msg["t"] == "abort" and msg["gen"] < self.generation:
+                    continue
+                return msg

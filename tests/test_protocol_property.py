@@ -1,0 +1,332 @@
+"""The membership/commit protocol under hypothesis-chosen interleavings of failures.
+
+The coordinator's real state machine (`core.protocol.Membership`) runs against an
+in-process fake transport: per-worker FIFO channels both ways, and fake workers
+that follow the same rules as `core.replica.Replica` (keep the accumulator and
+ledger across an abort, rejoin with the ledger, fold only the quota handed out).
+Each microbatch id contributes a distinct power-of-two-free integer, so a wrong
+or double-counted gradient can never sum to the right one by accident.
+
+Hypothesis picks, step by step, which message is delivered next, which worker
+computes, and when workers crash, freeze, wake, time out or are declared dead.
+Then a fair scheduler drains the system. Invariants checked on every run:
+- every commit any worker applies carries exactly the failure-free gradient
+  sum_{id in iteration t} g(id) (nothing dropped, nothing counted twice);
+- the coordinator commits steps 0, 1, 2, ... in order, each once, with
+  microbatch_ids == the iteration's M ids;
+- the run ends: all S steps committed if any worker survives, else a clean stop;
+- a worker declared dead never has a vote or join accepted again (fencing).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from recover.core.data import iteration_ids
+from recover.core.protocol import Membership
+
+
+def g(mb_id: int) -> int:
+    # distinct, large, and not summable to each other by small coincidences
+    return (mb_id + 1) * 1_000_003 + mb_id * mb_id
+
+
+@dataclass
+class FakeWorker:
+    r: int
+    state: str = "starting"  # starting computing reducing voted waiting_abort waiting_gen finished dead
+    frozen: bool = False
+    gen: int = -1
+    step: int = 0
+    members: list = field(default_factory=list)
+    quota: list = field(default_factory=list)
+    ledger: list = field(default_factory=list)
+    acc: int = 0
+    pending_abort: dict | None = None
+    result: int | None = None
+    inbox: list = field(default_factory=list)  # coordinator -> worker
+    outbox: list = field(default_factory=list)  # worker -> coordinator
+    fenced: bool = False
+
+
+class World:
+    def __init__(self, R: int, M: int, S: int):
+        self.R, self.M, self.S = R, M, S
+        self.proto = Membership(R, M, S, join_timeout=1e9, now=0.0)
+        self.workers = [FakeWorker(r) for r in range(R)]
+        self.reductions: dict[tuple[int, int], dict[int, int]] = {}
+        self.commits: list[dict] = []
+        self.recoveries: list[dict] = []
+        self.applied: list[tuple[int, int, int]] = []  # (replica, step, reduced value)
+        self.finished: tuple[int, str] | None = None
+        self.declared_dead: set[int] = set()
+        for w in self.workers:
+            w.outbox.append({"t": "hello", "replica": w.r, "tokens_per_mb": 1})
+
+    # ---- coordinator side ---------------------------------------------------------
+    def apply(self, outs) -> None:
+        for a in outs:
+            if a.kind == "send":
+                self.workers[a.replica].inbox.append(a.msg)
+            elif a.kind == "close":
+                w = self.workers[a.replica]
+                self.declared_dead.add(a.replica)
+                w.inbox.append({"t": "closed"})
+                w.outbox.clear()  # the connection is gone: nothing more reaches the coordinator
+            elif a.kind == "commit":
+                self.commits.append(a.msg)
+            elif a.kind == "recovery":
+                self.recoveries.append(a.msg)
+            elif a.kind == "finish":
+                self.finished = (a.code, a.reason)
+
+    def coordinator_receive(self, r: int) -> None:
+        w = self.workers[r]
+        msg = w.outbox.pop(0)
+        if r in self.declared_dead:
+            return
+        handler = {"hello": lambda: self.proto.on_hello(r, msg, 0.0), "join": lambda: self.proto.on_join(r, msg, 0.0),
+                   "vote": lambda: self.proto.on_vote(r, msg, 0.0), "fail": lambda: self.proto.on_fail(r, msg, 0.0)}
+        self.apply(handler[msg["t"]]())
+
+    def declare_lost(self, r: int) -> None:
+        self.apply(self.proto.on_lost(r, "detected", 0.0))
+
+    # ---- worker side (the rules of core.replica.Replica) -----------------------------
+    def worker_receive(self, r: int) -> None:
+        w = self.workers[r]
+        msg = w.inbox.pop(0)
+        t = msg["t"]
+        if t in ("done", "stop", "closed"):
+            w.fenced = t == "closed"
+            w.state = "finished"
+            return
+        if t == "abort":
+            if msg["gen"] < w.gen:
+                return
+            if w.state in ("reducing", "voted", "waiting_abort"):
+                self._rejoin(w, msg)
+            else:  # computing: noticed at commit time, as the real replica does
+                w.pending_abort = msg
+            return
+        if t == "gen":
+            assert w.state in ("starting", "waiting_gen"), (w.state, msg)
+            w.gen, w.step, w.members, w.quota = msg["gen"], msg["step"], msg["members"], list(msg["quota"])
+            w.state = "computing"
+            return
+        if t == "commit":
+            assert w.state == "voted" and msg["step"] == w.step, (w.state, msg, w.step)
+            expected = sum(g(i) for i in iteration_ids(w.step, self.M))
+            assert w.result == expected, f"replica {r} committed a wrong gradient at step {w.step}"
+            self.applied.append((r, w.step, w.result))
+            w.step += 1
+            w.ledger, w.acc, w.result = [], 0, None
+            w.quota = list(msg["quota"])
+            w.state = "computing"
+            return
+        raise AssertionError(msg)
+
+    def _rejoin(self, w: FakeWorker, abort: dict) -> None:
+        w.pending_abort = None
+        w.outbox.append({"t": "join", "gen": abort["next"], "step": w.step, "ledger": list(w.ledger)})
+        w.state = "waiting_gen"
+
+    def worker_work(self, r: int) -> None:
+        """One unit of progress: fold a microbatch, or start/finish the reduction."""
+        w = self.workers[r]
+        todo = [i for i in w.quota if i not in w.ledger]
+        if w.state == "computing" and todo:
+            w.ledger.append(todo[0])
+            w.acc += g(todo[0])
+        elif w.state == "computing":
+            if w.pending_abort is not None:
+                self._rejoin(w, w.pending_abort)
+                return
+            self.reductions.setdefault((w.gen, w.step), {})[r] = w.acc  # a copy: the accumulator stays
+            w.state = "reducing"
+        elif w.state == "reducing":
+            red = self.reductions.get((w.gen, w.step), {})
+            assert set(red) == set(w.members)
+            w.result = sum(red.values())
+            w.outbox.append({"t": "vote", "gen": w.gen, "step": w.step, "ok": True, "ledger": list(w.ledger),
+                             "loss_sum": 0.0, "mb_seconds": 0.01})
+            w.state = "voted"
+
+    def worker_timeout(self, r: int) -> None:
+        w = self.workers[r]
+        w.outbox.append({"t": "fail", "gen": w.gen, "step": w.step, "reason": "timeout"})
+        w.state = "waiting_abort"
+
+    # ---- what may happen next ------------------------------------------------------------
+    def enabled(self, faults: bool, stuck: bool = False) -> list[tuple]:
+        """Possible next events; `stuck`: nothing else can happen, so deadlines expire."""
+        acts = []
+        for w in self.workers:
+            alive = w.state not in ("dead", "finished")
+            if w.outbox and not w.frozen and w.state != "dead":
+                acts.append(("to_coord", w.r))
+            if w.inbox and alive and not w.frozen:
+                acts.append(("to_worker", w.r))
+            if alive and not w.frozen:
+                if w.state == "computing":
+                    acts.append(("work", w.r))
+                elif w.state == "reducing":
+                    red = self.reductions.get((w.gen, w.step), {})
+                    if set(red) == set(w.members):
+                        acts.append(("work", w.r))
+                    elif not w.inbox and (faults or stuck):  # waiting on a peer: the deadline fires
+                        acts.append(("timeout", w.r))
+            if (w.state == "dead" or w.frozen) and w.r not in self.declared_dead and w.r in self.proto.alive:
+                acts.append(("declare_lost", w.r))
+            if faults and alive:
+                acts.append(("crash", w.r))
+                acts.append(("wake", w.r) if w.frozen else ("freeze", w.r))
+        if not acts and not stuck:
+            return self.enabled(faults, stuck=True)
+        if not acts and self.proto.state == "forming":
+            acts.append(("deadline", -1))  # the rejoin / start-up deadline passes
+        return acts
+
+    def do(self, act: tuple) -> None:
+        kind, r = act
+        w = self.workers[r]
+        if kind == "deadline":
+            self.apply(self.proto.on_tick(float("inf")))
+        elif kind == "to_coord":
+            self.coordinator_receive(r)
+        elif kind == "to_worker":
+            self.worker_receive(r)
+        elif kind == "work":
+            self.worker_work(r)
+        elif kind == "timeout":
+            self.worker_timeout(r)
+        elif kind == "declare_lost":
+            self.declare_lost(r)
+        elif kind == "crash":
+            w.state, w.frozen = "dead", False
+            w.outbox.clear()  # what it had not yet sent dies with it
+        elif kind == "freeze":
+            w.frozen = True
+        elif kind == "wake":
+            w.frozen = False
+
+
+def drain(world: World, rng: random.Random, limit: int = 20_000) -> None:
+    """Fair, fault-free scheduling until the run ends."""
+    for _ in range(limit):
+        acts = world.enabled(faults=False)
+        if world.finished is not None:
+            # let the workers read what the coordinator last said (commit, done)
+            acts = [a for a in acts if a[0] == "to_worker"]
+            if not acts:
+                return
+            world.do(acts[0])
+            continue
+        # Frozen workers stay frozen: the coordinator must get rid of them.
+        assert acts, "deadlock: nothing can happen and the run has not ended"
+        world.do(rng.choice(acts))
+    raise AssertionError("the run did not end")
+
+
+def check(world: World) -> None:
+    code, reason = world.finished
+    steps = [c["step"] for c in world.commits]
+    assert steps == list(range(len(steps))), steps
+    for c in world.commits:
+        assert c["microbatch_ids"] == iteration_ids(c["step"], world.M)
+    survivors = [w for w in world.workers if w.r not in world.proto.dead and w.state != "dead"]
+    if code == 0:
+        assert len(steps) == world.S
+        for w in survivors:  # every survivor applied every step, in order, exactly once
+            assert [st for r, st, _ in world.applied if r == w.r] == list(range(world.S)), w
+    else:
+        assert code == 1 and "no replica left" in reason, reason
+        assert not survivors
+    for r, step, value in world.applied:
+        assert value == sum(g(i) for i in iteration_ids(step, world.M))
+
+
+fault_events = st.lists(
+    st.tuples(st.integers(0, 150), st.sampled_from(["crash", "freeze", "wake", "timeout"]), st.integers(0, 3)),
+    max_size=6,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(R=st.integers(1, 4), M_extra=st.integers(0, 5), S=st.integers(1, 4), faults=fault_events,
+       seed=st.integers(0, 2**32 - 1))
+def test_protocol_invariants_under_any_interleaving_of_failures(R, M_extra, S, faults, seed):
+    """Random fair scheduling with faults injected at hypothesis-chosen points."""
+    world = World(R, R + M_extra, S)
+    rng = random.Random(seed)
+    schedule: dict[int, list[tuple[str, int]]] = {}
+    for at, kind, r in faults:
+        schedule.setdefault(at, []).append((kind, r % R))
+    for i in range(151):
+        for kind, r in schedule.get(i, []):
+            w = world.workers[r]
+            if w.state in ("dead", "finished"):
+                continue
+            if kind == "timeout":  # a spurious deadline (a slow peer): only where one can fire
+                if w.state == "reducing" and not w.frozen:
+                    world.do(("timeout", r))
+            elif kind == "wake":
+                world.do(("wake", r))
+            else:
+                world.do((kind, r))
+        if world.finished is not None:
+            break
+        acts = world.enabled(faults=False)
+        if acts:
+            world.do(rng.choice(acts))
+    drain(world, rng)
+    check(world)
+
+
+def test_fault_free_run_commits_every_step_with_equal_quotas():
+    world = World(4, 8, 3)
+    drain(world, random.Random(0))
+    check(world)
+    assert world.finished[0] == 0 and len(world.commits) == 3
+    assert all(c["members"] == [0, 1, 2, 3] and c["generation"] == 0 for c in world.commits)
+
+
+def test_a_crash_mid_iteration_redoes_only_the_lost_ids():
+    world = World(3, 6, 1)
+    for r in range(3):  # everyone says hello; generation 0 forms
+        world.do(("to_coord", r))
+    for r in range(3):
+        world.do(("to_worker", r))
+    for r in range(3):  # each folds one of its two microbatches
+        world.do(("work", r))
+    kept = {r: list(world.workers[r].ledger) for r in (0, 2)}
+    lost_quota = list(world.workers[1].quota)
+    world.do(("crash", 1))
+    world.do(("declare_lost", 1))
+    drain(world, random.Random(1))
+    check(world)
+    assert world.finished[0] == 0
+    assert world.commits[0]["members"] == [0, 2] and world.commits[0]["generation"] == 1
+    # the dead replica's whole quota (its folded microbatch died with it) is redone, nothing else
+    assert world.recoveries[0]["redone"] == lost_quota
+    assert world.recoveries[0]["survivors"] == [0, 2]
+    # what the survivors had folded before the crash was kept, not redone
+    assert not set(world.recoveries[0]["redone"]) & set(kept[0] + kept[2])
+    assert world.applied and all(value == sum(g(i) for i in iteration_ids(0, 6)) for _, _, value in world.applied)
+
+
+def test_every_replica_dying_stops_the_run_cleanly():
+    world = World(2, 4, 5)
+    drain_steps = 0
+    while len(world.commits) < 1 and drain_steps < 1000:
+        acts = world.enabled(faults=False)
+        world.do(acts[0])
+        drain_steps += 1
+    for r in range(2):
+        world.do(("crash", r))
+        world.do(("declare_lost", r))
+    assert world.finished == (1, "no replica left: every replica of the run has failed")
+    check(world)
