@@ -244,7 +244,10 @@ class Launcher:
             procs.append((-1, self.coordinator))
         running = [(r, p) for r, p in procs if p.poll() is None]
         for _, p in running:
-            for sig in (signal.SIGCONT, signal.SIGTERM):  # a frozen process must wake to die politely
+            # A frozen process must wake to die politely; SIGTERM goes first so that it is
+            # pending when SIGCONT wakes the process, which then dies without running
+            # another line of its own code (a frozen-for-good worker stays fenced).
+            for sig in (signal.SIGTERM, signal.SIGCONT):
                 try:
                     os.kill(p.pid, sig)
                 except ProcessLookupError:
