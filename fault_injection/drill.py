@@ -76,8 +76,14 @@ def worker(config: str, replica: int) -> int:
     trace = _Trace(trace_path(cfg.out, replica))
     # The sidecar shares our process group (Popen keeps it), as a replica's other ranks would.
     sidecar = subprocess.Popen(
-        python_module_argv(MODULE, "sidecar", "--trace", str(trace_path(cfg.out, replica)) + ".sidecar")
+        python_module_argv(MODULE, "sidecar", "--trace", str(trace_path(cfg.out, replica)) + ".sidecar",
+                           "--parent", str(os.getpid()))
     )
+    # Like a replica's ranks meeting before training: walk only once the sidecar is up.
+    up = Path(str(trace_path(cfg.out, replica)) + ".sidecar")
+    deadline = time.monotonic() + 60
+    while not (up.exists() and up.read_text()) and sidecar.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
     trace.write(event="start", pid=os.getpid(), sidecar_pid=sidecar.pid)
     hooks = load_hooks(cfg.hooks, cfg, replica)
 
@@ -112,9 +118,8 @@ def worker(config: str, replica: int) -> int:
     return 0
 
 
-def sidecar(trace: str, max_seconds: float = 120.0) -> int:
-    """Stand for another rank of the replica: live while the worker lives."""
-    parent = os.getppid()
+def sidecar(trace: str, parent: int, max_seconds: float = 120.0) -> int:
+    """Stand for another rank of the replica: live while the worker `parent` lives."""
     log = _Trace(Path(trace))
     log.write(event="start", pid=os.getpid())
     end = time.monotonic() + max_seconds
@@ -203,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--replica", type=int, required=True)
     s = sub.add_parser("sidecar")
     s.add_argument("--trace", required=True)
+    s.add_argument("--parent", type=int, required=True)  # its worker may be gone before it starts
     c = sub.add_parser("coordinator")
     c.add_argument("--out", required=True)
     c.add_argument("--replicas", type=int, required=True)
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "worker":
         return worker(a.config, a.replica)
     if a.what == "sidecar":
-        return sidecar(a.trace)
+        return sidecar(a.trace, a.parent)
     if a.what == "coordinator":
         return coordinator(a.out, a.replicas, a.linger, a.max_seconds)
     from .plan import load_plan
