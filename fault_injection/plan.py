@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,7 @@ class FaultPlan:
     """A run's faults, in plan order (a fault's index is its position)."""
 
     faults: tuple[Fault, ...] = ()  # the faults; index i is faults[i]
-    generator: dict[str, Any] | None = field(default=None, compare=True)  # how a generated plan was drawn
+    generator: dict[str, Any] | None = None  # how a generated plan was drawn (generated plans)
     description: str | None = None  # free text for the reader
 
     def __post_init__(self) -> None:
