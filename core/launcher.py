@@ -97,7 +97,7 @@ class Launcher:
         out_dir: str | os.PathLike,
         coordinator_argv: Sequence[str],
         worker_argv: Callable[[int], Sequence[str]],
-        replicas: int,
+        replicas: int | Sequence[int],
         env: dict[str, str] | None = None,
         hooks: Sequence[LauncherHooks] = (),
         fail_fast: bool = False,
@@ -107,7 +107,10 @@ class Launcher:
         self.out = Path(out_dir)
         self.coordinator_argv = list(coordinator_argv)
         self.worker_argv = worker_argv
-        self.replicas = replicas
+        # A count R means replicas 0..R-1; a list names them (a job restarted
+        # with survivors keeps their ids).
+        self.replica_ids = list(range(replicas)) if isinstance(replicas, int) else list(replicas)
+        self.replicas = len(self.replica_ids)
         self.env = {**os.environ, **(env or {})}
         self.hooks = list(hooks)
         self.fail_fast = fail_fast
@@ -177,7 +180,7 @@ class Launcher:
                 "RECOVER_STORE_ADDR": f"{info['host']}:{info['store_port']}",
                 "RECOVER_CONTROL_ADDR": f"{info['host']}:{info.get('control_port', 0)}",
             }
-            for r in range(self.replicas):
+            for r in self.replica_ids:
                 self.workers[r] = self._start_worker(r, env)
             pids = {r: [p.pid] for r, p in self.workers.items()}
             (self.out / "pids.json").write_text(
@@ -225,6 +228,8 @@ class Launcher:
                         if p.poll() is not None:
                             del live[r]
                             self._record("worker", r, p, t0)
+                    for h in self.hooks:  # e.g. a timed hang ends and its process leaves
+                        h.on_tick(time.monotonic() - t0)
                     time.sleep(self.tick_seconds)
                 code = self.coordinator.returncode
                 reason = "" if code == 0 else f"coordinator {describe_exit(code)}"

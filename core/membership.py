@@ -12,7 +12,8 @@ Contract:
 - Times in the records are seconds since the run started (RECOVER_T0), on the
   same clock as the fault injector's DIR/faults.jsonl.
 - `serve()` returns 0 when the last step is committed, 1 when no replica is left
-  (everything committed so far is already on disk), 130 when stopped by a signal.
+  (everything committed so far is already on disk), 130 when stopped by a signal;
+  its verdict and reason are the last line of events.jsonl ("kind": "run_end").
 """
 from __future__ import annotations
 
@@ -92,6 +93,9 @@ class MembershipService:
             self.log(f"PROTOCOL ERROR (nothing was committed for this step): {e}")
             self.result = (3, str(e))
         finally:
+            if self.result is not None:
+                code, reason = self.result
+                self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now()})
             self.metrics.close()
             self.events.close()
             for conn in list(self.by_replica.values()):

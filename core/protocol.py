@@ -144,7 +144,13 @@ class Membership:
 
     # ---- transitions ---------------------------------------------------------------------
     def _record_failure(self, reason: str, now: float) -> None:
-        self.pending.append({"fault": reason, "detected_at": now, "step": self.step, "from_generation": self.gen})
+        """One record per recovery (per generation formed): failures seen while the
+        next generation is still forming are part of the same recovery."""
+        if self.pending and "generation" not in self.pending[-1]:
+            self.pending[-1]["faults"].append(reason)
+            return
+        self.pending.append({"fault": reason, "faults": [reason], "detected_at": now, "step": self.step,
+                             "from_generation": self.gen})
 
     def _fail(self, reason: str, now: float) -> list[Out]:
         """The running generation failed: abort it, collect the survivors' ledgers."""
@@ -183,11 +189,8 @@ class Membership:
         self.votes = {}
         self.gen_started = now
         quotas = assign_quotas(todo, self.members, self.speeds)
-        for rec in self.pending:
-            if "generation" not in rec:
-                rec.update(generation=self.gen, survivors=list(self.members), redone=todo, formed_at=now)
-            else:  # a later failure re-formed again: keep the latest view
-                rec.update(generation=self.gen, survivors=list(self.members), formed_at=now)
+        if self.pending and "generation" not in self.pending[-1]:
+            self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=todo, formed_at=now)
         return [
             Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.members,
                             "quota": quotas[r], "microbatches": self.M, "steps": self.S})

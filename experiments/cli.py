@@ -88,6 +88,9 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     result = launcher.run()
     progress.close()
     status = "ok" if result.returncode == 0 else "failed"
+    ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]
+    if status == "failed" and ends and ends[-1]["code"] != 0:
+        result.reason = ends[-1]["reason"]  # the coordinator's own words beat its exit code
     done = len(read_jsonl(out / "metrics.jsonl"))
     if status == "ok" and done < cfg.steps:
         status, result.reason = "failed", f"only {done} of {cfg.steps} steps committed"

@@ -26,5 +26,7 @@ SYSTEMS: dict[str, System] = {
     for s in [
         System("plain", "recover.core.plain", "store", True,
                "plain data parallel: the failure-free reference; any fault ends the job"),
+        System("recover", "recover.core.resilient", "recover", False,
+               "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept"),
     ]
 }

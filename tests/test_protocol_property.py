@@ -219,6 +219,9 @@ def drain(world: World, rng: random.Random, limit: int = 20_000) -> None:
     for _ in range(limit):
         acts = world.enabled(faults=False)
         if world.finished is not None:
+            for w in world.workers:  # a freeze ends some time; the woken read their mail
+                w.frozen = False
+            acts = world.enabled(faults=False)
             # let the workers read what the coordinator last said (commit, done)
             acts = [a for a in acts if a[0] == "to_worker"]
             if not acts:
@@ -255,7 +258,7 @@ fault_events = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(R=st.integers(1, 4), M_extra=st.integers(0, 5), S=st.integers(1, 4), faults=fault_events,
        seed=st.integers(0, 2**32 - 1))
 def test_protocol_invariants_under_any_interleaving_of_failures(R, M_extra, S, faults, seed):
