@@ -61,6 +61,9 @@ class MembershipService:
         self.metrics = JsonlWriter(out / "metrics.jsonl")
         self.events = JsonlWriter(out / "events.jsonl")
         self.result: tuple[int, str] | None = None
+        # Largest silence seen from a live worker: the evidence for how tight the
+        # heartbeat timeout can be without false alarms.
+        self.max_gap = 0.0
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -95,7 +98,8 @@ class MembershipService:
         finally:
             if self.result is not None:
                 code, reason = self.result
-                self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now()})
+                self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now(),
+                                  "max_heartbeat_gap": self.max_gap})
             self.metrics.close()
             self.events.close()
             for conn in list(self.by_replica.values()):
@@ -130,6 +134,8 @@ class MembershipService:
             if conn.replica is not None:
                 self._apply(self.proto.on_lost(conn.replica, "control connection closed (process gone)", now))
             return
+        if conn.replica is not None:
+            self.max_gap = max(self.max_gap, now - conn.last_seen)
         conn.last_seen = now
         conn.buf += chunk
         *lines, conn.buf = conn.buf.split(b"\n")

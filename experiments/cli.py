@@ -131,6 +131,14 @@ from .cli_faults import add_faults_parser  # noqa: E402 - its own module; regist
 
 COMMANDS.append(add_faults_parser)
 
+from .bench import add_bench_parser  # noqa: E402
+
+COMMANDS.append(add_bench_parser)
+
+from .launch_cmd import add_launch_parser  # noqa: E402
+
+COMMANDS.append(add_launch_parser)
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(

@@ -1,0 +1,215 @@
+"""`recover bench recovery`: what a fault costs each system, measured with real kills.
+
+Contract:
+- Kills are real: seeded fault plans SIGKILL a replica at a random phase of a
+  random step (the fault-injection harness), several kills per run, runs repeated
+  until `--kills` kills have been measured. The same seed gives the same kills.
+- Per kill it records: the fault (step, phase, replica), the time from the kill
+  to the next committed iteration, the recovery overhead (the duration of the
+  iteration that absorbed the fault minus the median failure-free iteration's
+  duration in the same run), and the work lost (microbatches that had to be
+  redone or were thrown away).
+- In the same invocation it runs the system and `--system plain` failure-free,
+  interleaved, and reports the failure-free iteration-time overhead as a ratio
+  measured side by side (these machines are noisy: only same-run ratios count).
+- Writes results/bench/recovery_<system>.json (summary) and
+  recovery_<system>_kills.csv (one row per kill), and prints a table. Nothing here
+  is asserted on: it is a measurement, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from recover.core.config import TrainConfig
+from recover.core.results import read_jsonl
+
+KILL_PHASES = ("forward", "backward", "between_microbatches", "allreduce", "commit", "optimizer_step")
+
+
+def iteration_durations(metrics: list[dict]) -> dict[int, float]:
+    """step -> seconds from the previous commit to this one (step 0 has none)."""
+    return {b["step"]: b["wall_time"] - a["wall_time"] for a, b in zip(metrics, metrics[1:])}
+
+
+def percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def kill_plan(rng: random.Random, replicas: int, kills: int, steps: int, first: int, gap: int) -> list[dict]:
+    """`kills` crashes of distinct replicas at random phases, `gap` steps apart."""
+    victims = rng.sample(range(replicas), kills)
+    faults = []
+    for i, r in enumerate(victims):
+        phase = rng.choice(KILL_PHASES)
+        f = {"kind": "crash", "replica": r, "step": first + i * gap, "phase": phase}
+        if phase == "between_microbatches":
+            f["microbatch"] = 1
+        faults.append(f)
+    assert faults[-1]["step"] < steps - 2
+    return faults
+
+
+def measure_run(out: Path, warmup: int = 2) -> dict:
+    """Per-kill figures of one finished run (its metrics, events and faults files)."""
+    metrics = read_jsonl(out / "metrics.jsonl")
+    events = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") != "run_end"]
+    fired = read_jsonl(out / "faults.jsonl")
+    dur = iteration_durations(metrics)
+    disturbed = {e["step"] for e in events} | {f["step"] for f in fired}
+    disturbed |= {s + 1 for s in disturbed}  # a fault after a commit lands in the next step
+    clean = [d for s, d in dur.items() if s >= warmup and s not in disturbed]
+    base = statistics.median(clean) if clean else float("nan")
+    kills = []
+    for f in fired:
+        after = [m for m in metrics if m["wall_time"] > f["wall_time"]]
+        nxt = after[0] if after else None
+        # the recovery the coordinator (or supervisor) recorded for this fault
+        ev = next((e for e in events if e.get("detected_at", -1) >= f["wall_time"] - 1e-3), None)
+        step = ev["step"] if ev and "step" in ev else (nxt["step"] if nxt else None)
+        lost = None
+        if ev is not None:
+            lost = len(ev["redone"]) if "redone" in ev else ev.get("work_lost_microbatches")
+        kills.append({
+            "replica": f["replica"], "fault_step": f["step"], "phase": f["phase"],
+            "kill_to_next_commit_s": (nxt["wall_time"] - f["wall_time"]) if nxt else None,
+            "recovery_overhead_s": (dur[step] - base) if step in dur else None,
+            "detection_s": (ev["detected_at"] - f["wall_time"]) if ev else None,
+            "work_lost_microbatches": lost,
+        })
+    return {"kills": kills, "clean_iteration_s": base, "clean_iterations": clean}
+
+
+def _train(cfg: TrainConfig, plan: list[dict] | None, run_training) -> Path:
+    from recover.fault_injection.injector import attach_plan
+
+    if plan is not None:
+        p = Path(cfg.out).parent / (Path(cfg.out).name + "_plan.json")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"faults": plan}))
+        cfg.faults = str(p)
+    fault_plan = attach_plan(cfg)
+    summary = run_training(cfg, plan=fault_plan)
+    if summary["status"] != "ok":
+        raise RuntimeError(f"benchmark run {cfg.out} failed: {summary['reason']}")
+    return Path(cfg.out)
+
+
+def bench_recovery(args: argparse.Namespace) -> int:
+    from .cli import run_training
+
+    rng = random.Random(args.seed)
+    work = Path(args.work or tempfile.mkdtemp(prefix="recover-bench-"))
+    base = dict(replicas=args.replicas, microbatches=args.microbatches, seed=args.seed, progress=False,
+                heartbeat_timeout=args.heartbeat_timeout)
+    per_run = min(args.replicas - 1, args.kills)
+    gap = 5
+    steps = 4 + per_run * gap + 3
+    kills: list[dict] = []
+    runs = 0
+    t_start = time.time()
+    while len(kills) < args.kills:
+        n = min(per_run, args.kills - len(kills))
+        plan = kill_plan(rng, args.replicas, n, steps, first=4, gap=gap)
+        cfg = TrainConfig(system=args.system, steps=steps, out=str(work / f"faulty{runs}"), **base)
+        out = _train(cfg, plan, run_training)
+        m = measure_run(out)
+        kills += m["kills"]
+        runs += 1
+        print(f"run {runs}: {len(kills)}/{args.kills} kills measured ({time.time() - t_start:.0f}s)", file=sys.stderr)
+
+    # failure-free: the system and plain, interleaved, same config
+    clean: dict[str, list[float]] = {args.system: [], "plain": []}
+    for rep in range(args.repeats):
+        for system in (args.system, "plain"):
+            cfg = TrainConfig(system=system, steps=args.clean_steps, out=str(work / f"clean_{system}{rep}"), **base)
+            clean[system] += measure_run(_train(cfg, None, run_training))["clean_iterations"]
+    med = {s: statistics.median(v) for s, v in clean.items()}
+
+    def stat(key: str) -> dict:
+        xs = [k[key] for k in kills if k[key] is not None]
+        return {"p50": percentile(xs, 0.5), "p95": percentile(xs, 0.95), "max": max(xs) if xs else None, "n": len(xs)}
+
+    summary = {
+        "system": args.system, "replicas": args.replicas, "microbatches": args.microbatches, "seed": args.seed,
+        "kills": len(kills), "runs": runs,
+        "recovery_overhead_s": stat("recovery_overhead_s"),
+        "kill_to_next_commit_s": stat("kill_to_next_commit_s"),
+        "detection_s": stat("detection_s"),
+        "work_lost_microbatches": stat("work_lost_microbatches"),
+        "failure_free_iteration_s": med,
+        "failure_free_overhead_vs_plain": med[args.system] / med["plain"] - 1.0,
+        "command": " ".join(["recover", "bench", "recovery", *sys.argv[3:]]) if len(sys.argv) > 2 else "",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / f"recovery_{args.system}.json").write_text(json.dumps(summary, indent=2))
+    with open(outdir / f"recovery_{args.system}_kills.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(kills[0]))
+        w.writeheader()
+        w.writerows(kills)
+    print_table(summary)
+    print(f"wrote {outdir / f'recovery_{args.system}.json'} and recovery_{args.system}_kills.csv")
+    return 0
+
+
+def print_table(s: dict) -> None:
+    def row(name: str, d: dict, unit: str = "s") -> str:
+        return f"  {name:<28} p50 {d['p50']:8.3f}{unit}  p95 {d['p95']:8.3f}{unit}  (n={d['n']})"
+
+    print(f"{s['system']}: {s['kills']} kills over {s['runs']} runs, {s['replicas']} replicas, M={s['microbatches']}")
+    print(row("recovery overhead", s["recovery_overhead_s"]))
+    print(row("kill -> next commit", s["kill_to_next_commit_s"]))
+    print(row("detection", s["detection_s"]))
+    print(row("work lost (microbatches)", s["work_lost_microbatches"], ""))
+    ff = s["failure_free_iteration_s"]
+    print(f"  failure-free iteration       {s['system']} {ff[s['system']] * 1e3:.1f} ms, plain {ff['plain'] * 1e3:.1f} ms "
+          f"-> overhead {100 * s['failure_free_overhead_vs_plain']:+.1f}%")
+
+
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks that write their figures to results/bench/",
+                       description="Benchmarks measured with real processes and real faults.")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    r = bsub.add_parser("recovery", help="kill replicas at random phases; measure what each kill costs",
+                        description=__doc__.split("\n")[0])
+    r.add_argument("--system", default="recover", help="system to measure (default: recover)")
+    r.add_argument("--kills", type=int, default=21, help="kills to measure (default: 21)")
+    r.add_argument("--replicas", type=int, default=4, help="replicas per run (default: 4)")
+    r.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the kill schedule and the runs (default: 0)")
+    r.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
+                   help="heartbeat timeout of the runs (default: the config's)")
+    r.add_argument("--clean-steps", type=int, default=40, help="steps of each failure-free run (default: 40)")
+    r.add_argument("--repeats", type=int, default=2, help="failure-free runs per system (default: 2)")
+    r.add_argument("--out", default="results/bench", help="where to write the figures (default: results/bench)")
+    r.add_argument("--work", default="", help="directory for the runs themselves (default: a temp dir)")
+    r.set_defaults(func=cmd_bench_recovery)
+
+
+def cmd_bench_recovery(args: argparse.Namespace) -> int:
+    from .cli import fail
+    from .systems import SYSTEMS
+
+    if args.system not in SYSTEMS:
+        return fail(f"--system: unknown system {args.system!r}; choose from {', '.join(SYSTEMS)}")
+    if args.replicas < 2:
+        return fail("--replicas: must be >= 2 (one replica is killed, another must survive)")
+    if args.kills < 1:
+        return fail("--kills: must be >= 1")
+    if args.microbatches < args.replicas:
+        return fail("--microbatches: must be >= --replicas")
+    return bench_recovery(args)

@@ -1,0 +1,66 @@
+"""`recover launch`: run your own training script as a resilient job on this machine.
+
+Contract: starts the coordinator (store + membership) and one process per replica
+running the given command, each with RECOVER_REPLICA, RECOVER_STORE_ADDR and
+RECOVER_CONTROL_ADDR set so that `recover.core.Replica.from_env(...)` joins the
+job. The results contract (config.json, metrics.jsonl, events.jsonl,
+summary.json, logs/) is written to --out exactly as for `recover train`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from recover.core.config import ConfigError, TrainConfig
+from recover.core.launcher import Launcher, python_module_argv
+from recover.core.results import read_jsonl, write_summary
+
+
+def add_launch_parser(sub) -> None:
+    p = sub.add_parser(
+        "launch", help="run your own training script as a resilient job",
+        description=__doc__.split("\n")[0] + " Usage: recover launch [flags] -- COMMAND [ARGS...]",
+    )
+    for name in ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval"):
+        f = TrainConfig.__dataclass_fields__[name]
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=type(f.default), default=f.default,
+                       help=f"{f.metadata['help']} (default: {f.default})")
+    p.add_argument("--out", default="runs/launch", help="output directory (default: runs/launch)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the worker command, after --")
+    p.set_defaults(func=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from .cli import fail
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        return fail("COMMAND: missing; give the worker command after --")
+    cfg = TrainConfig(system="recover", replicas=args.replicas, microbatches=args.microbatches, steps=args.steps,
+                      heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
+                      heartbeat_interval=args.heartbeat_interval, out=args.out)
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        return fail(str(e))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.jsonl", "events.jsonl", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+    config_path = out / "config.json"
+    config_path.write_text(json.dumps({"train": cfg.to_dict(), "command": cmd}, indent=2))
+    t0 = time.time()
+    launcher = Launcher(
+        out, python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", "recover"),
+        lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0)},
+    )
+    result = launcher.run()
+    ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]
+    reason = ends[-1]["reason"] if ends else result.reason
+    summary = write_summary(out, "ok" if result.returncode == 0 else "failed", time.time() - t0,
+                            returncode=result.returncode, reason=reason,
+                            processes=[e.__dict__ for e in result.exits])
+    print(f"{summary['status']}: {summary['steps']}/{cfg.steps} steps committed -> {out} ({reason})")
+    return 0 if summary["status"] == "ok" else 1

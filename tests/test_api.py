@@ -1,0 +1,59 @@
+"""The public API (`recover.core.Replica`) in a user's own loop, under `recover launch`.
+
+The README's example script runs as 4 real processes; one is SIGKILLed by PID in
+the middle of the run and the survivors finish with the failure-free losses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import pid_alive, run_recover
+
+from recover.core.data import iteration_ids
+from recover.core.results import read_jsonl
+
+EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
+ARGS = ["--replicas", "4", "--microbatches", "8", "--steps", "40", "--heartbeat-timeout", "2"]
+
+
+def test_user_loop_survives_a_killed_replica(tmp_path):
+    ref = tmp_path / "ref"
+    run_recover("launch", *ARGS, "--out", str(ref), "--", sys.executable, EXAMPLE, check=True)
+    ref_loss = [m["loss"] for m in read_jsonl(ref / "metrics.jsonl")]
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", "launch", *ARGS, "--out", str(out),
+                             "--", sys.executable, EXAMPLE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(read_jsonl(out / "metrics.jsonl")) < 5:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        victim = json.loads((out / "pids.json").read_text())["replicas"]["2"][0]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout + stderr
+    assert not pid_alive(victim)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(40))
+    assert any(2 not in m["members"] for m in metrics)
+    for m, r in zip(metrics, ref_loss):
+        assert m["microbatch_ids"] == iteration_ids(m["step"], 8)
+        assert abs(m["loss"] - r) <= 1e-5 * abs(r)
+    events = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
+    assert len(events) == 1 and "replica 2" in events[0]["fault"]
+
+
+def test_launch_without_a_command_is_refused():
+    proc = run_recover("launch", "--replicas", "2", timeout=60)
+    assert proc.returncode == 2 and "COMMAND" in proc.stderr
