@@ -42,6 +42,8 @@ def add_train_parser(sub) -> None:
         "one worker process per replica. Writes DIR/config.json, metrics.jsonl, summary.json, logs/.",
     )
     add_dataclass_flags(p, TrainConfig)
+    for cls in dict.fromkeys(s.settings for s in SYSTEMS.values() if s.settings):
+        add_dataclass_flags(p.add_argument_group("baseline settings", cls.__doc__), cls)
     p.set_defaults(func=cmd_train)
 
 
@@ -59,19 +61,25 @@ def resolved_config_dict(cfg: TrainConfig) -> dict:
     }
 
 
-def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None) -> dict:
+def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None, settings=None) -> dict:
     """Launch `cfg` (already validated) and write its summary; returns the summary.
 
     With a fault `plan` (from `attach_plan(cfg)`), it is saved as DIR/fault_plan.json
     before any worker starts, and its launcher-side hooks join `extra_hooks`.
+    `settings`: the system's own settings (its defaults if None), in config.json.
     """
     system = SYSTEMS[cfg.system]
+    if settings is None and system.settings is not None:
+        settings = system.settings()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     config_path = out / "config.json"
-    config_path.write_text(json.dumps(resolved_config_dict(cfg), indent=2))
+    config = resolved_config_dict(cfg)
+    if settings is not None:
+        config["baseline"] = settings.to_dict()
+    config_path.write_text(json.dumps(config, indent=2))
     progress = MetricsProgress(cfg.out, cfg.steps, enabled=cfg.progress and sys.stderr.isatty())
     t0 = time.time()
     if plan is not None:
@@ -85,7 +93,11 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         hooks=[progress, *extra_hooks],
         fail_fast=system.fail_fast,
     )
-    result = launcher.run()
+    supervise = system.load_supervisor()
+    if supervise is not None:  # a restarting baseline runs its own sequence of launches
+        result = supervise(cfg, settings, config_path, launcher.env, launcher.hooks)
+    else:
+        result = launcher.run()
     progress.close()
     status = "ok" if result.returncode == 0 else "failed"
     ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]
@@ -96,7 +108,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         status, result.reason = "failed", f"only {done} of {cfg.steps} steps committed"
     return write_summary(
         out, status, time.time() - t0, returncode=result.returncode, reason=result.reason,
-        processes=[e.__dict__ for e in result.exits],
+        processes=[e.__dict__ for e in result.exits], **getattr(result, "summary_extra", {}),
     )
 
 
@@ -106,11 +118,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.validate(tuple(SYSTEMS))
     except ConfigError as e:
         return fail(str(e))
+    system = SYSTEMS[cfg.system]
+    settings = dataclass_from_args(system.settings, args) if system.settings else None
+    try:
+        if settings is not None:
+            settings.validate(cfg)
+    except ConfigError as e:
+        return fail(str(e))
     try:
         plan = attach_plan(cfg)  # validated against this run before anything starts
     except PlanError as e:
         return fail(f"--faults: {e}")
-    summary = run_training(cfg, plan=plan)
+    summary = run_training(cfg, plan=plan, settings=settings)
     for e in summary["processes"]:
         if e["returncode"] not in (0, None) and not (e["role"] == "coordinator" and summary["status"] == "ok"):
             who = "coordinator" if e["replica"] < 0 else f"replica {e['replica']}"

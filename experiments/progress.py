@@ -6,6 +6,7 @@ every system whichever process writes the metrics.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,16 +25,22 @@ class MetricsProgress:
         self.bar: tqdm | None = None
         self._pos = 0
         self._buf = ""
+        self._ino: int | None = None
         self.last: dict | None = None
 
     def on_start(self, pids, t0) -> None:
-        if self.enabled:
+        if self.enabled and self.bar is None:  # a restarted job starts again: keep one bar
             self.bar = tqdm(total=self.steps, unit="step", dynamic_ncols=True, file=sys.stderr)
 
     def on_tick(self, elapsed: float) -> None:
         if not self.path.exists():
             return
         with open(self.path) as f:
+            # A restarting baseline replaces metrics.jsonl by a shorter file (the
+            # steps it redoes are dropped): then read the new file from the start.
+            st = os.fstat(f.fileno())
+            if st.st_ino != self._ino or st.st_size < self._pos:
+                self._ino, self._pos, self._buf = st.st_ino, 0, ""
             f.seek(self._pos)
             chunk = f.read()
             self._pos = f.tell()

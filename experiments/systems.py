@@ -7,7 +7,11 @@ Baselines register here too, which is why the registry lives in experiments/
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Callable
+
+from recover.baselines.settings import BaselineConfig
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,17 @@ class System:
     coordinator_mode: str  # "store" (rendezvous only) or "recover" (membership + commit)
     fail_fast: bool  # one worker's failure ends the job
     description: str
+    # "module:function" run instead of one plain Launcher, for systems that restart
+    # or re-form the job (called as function(cfg, settings, config_path, env, hooks)
+    # and returning a LaunchResult); '' = the plain Launcher.
+    supervisor: str = ""
+    settings: type | None = None  # dataclass of the system's own settings: CLI flags, config.json "baseline"
+
+    def load_supervisor(self) -> Callable | None:
+        if not self.supervisor:
+            return None
+        module, _, func = self.supervisor.partition(":")
+        return getattr(importlib.import_module(module), func)
 
 
 SYSTEMS: dict[str, System] = {
@@ -28,5 +43,9 @@ SYSTEMS: dict[str, System] = {
                "plain data parallel: the failure-free reference; any fault ends the job"),
         System("recover", "recover.core.resilient", "recover", False,
                "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept"),
+        System("ckpt-restart", "recover.baselines.ckpt_worker", "store", True,
+               "checkpoint-and-restart: DCP checkpoints every K steps; any fault restarts the whole job "
+               "from the last complete one", supervisor="recover.baselines.ckpt_restart:supervise",
+               settings=BaselineConfig),
     ]
 }

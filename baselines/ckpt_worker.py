@@ -1,0 +1,87 @@
+"""One replica of a checkpoint-restart job: `python -m recover.baselines.ckpt_worker --config C --replica R`.
+
+Contract:
+- The supervisor (`ckpt_restart.py`) starts one such process per member replica of
+  an attempt, with RECOVER_MEMBERS (the attempt's replica ids, comma-separated),
+  RECOVER_ATTEMPT (the attempt number) and RECOVER_STORE_ADDR (the attempt's store).
+  Rank = position of --replica among the members, so a job restarted with the
+  survivors keeps the replica ids a fault plan names.
+- It trains one incarnation (`trainer.train`) with the global batch kept: the
+  members fold all M ids of each iteration whatever their number.
+- It has no fault tolerance of its own: any fault ends it (an exception, or a
+  collective that times out after --collective-timeout), and the supervisor tears
+  the whole job down and restarts it from the last complete checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+_STARTED = time.time()  # before the heavy imports: a restart's cost includes them
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from recover.core.config import TrainConfig  # noqa: E402
+from recover.core.hooks import load_hooks  # noqa: E402
+from recover.core.plain import connect_store, run_start_time, worker_args  # noqa: E402
+
+from .runlog import baseline_dir  # noqa: E402
+from .settings import load_settings  # noqa: E402
+from .trainer import Incarnation, train  # noqa: E402
+
+
+def fault_notice_path(out: str, generation: int):
+    """Where the supervisor leaves what it knows of the fault that caused attempt `generation`."""
+    return baseline_dir(out) / f"fault-{generation}.json"
+
+
+def init_groups(backend: str, store, rank: int, world: int, timeout: float):
+    """The job's process group, plus a gloo group for DCP's collectives.
+
+    A checkpoint-restart job never rebuilds its communicator: any fault ends
+    every process, and the next attempt is new processes. So, like the jobs this
+    baseline stands for, it uses torch's process-global default group, which is
+    also what DCP's save/load expect to find.
+    """
+    pg_backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+    dist.init_process_group(pg_backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout))
+    return dist.new_group(backend="gloo")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = worker_args(argv, "checkpoint-restart worker")
+    cfg = TrainConfig.load(args.config)
+    settings = load_settings(args.config)
+    torch.set_num_threads(cfg.threads)
+    t0 = run_start_time()
+    members = [int(x) for x in os.environ["RECOVER_MEMBERS"].split(",")]
+    generation = int(os.environ.get("RECOVER_ATTEMPT", "0"))
+    rank = members.index(args.replica)
+    hooks = load_hooks(cfg.hooks, cfg, args.replica)
+    if cfg.resolved_device() == "cuda":
+        torch.cuda.set_device(args.replica % torch.cuda.device_count())
+    store = dist.PrefixStore(f"ckpt-restart/attempt{generation}/", connect_store())
+    ckpt_group = init_groups(cfg.resolved_backend(), store, rank, len(members), cfg.collective_timeout)
+    notice = fault_notice_path(cfg.out, generation)
+    inc = Incarnation(generation, rank, len(members), args.replica, members, t0, _STARTED - t0)
+    return train(cfg, settings, inc, hooks, ckpt_group, keep_global=True,
+                 fault_notice=lambda: json.loads(notice.read_text()) if notice.exists() else {})
+
+
+if __name__ == "__main__":
+    # os._exit: a backend thread must not hold the process open after the last
+    # step, nor after a failure (the supervisor must see this exit at once).
+    try:
+        code = main()
+    except BaseException:  # noqa: BLE001 - CheckpointException is a BaseException
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

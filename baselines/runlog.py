@@ -1,0 +1,93 @@
+"""Bookkeeping that lets a restarted job tell what a restart cost, and keep metrics once per step.
+
+Contract (DIR = the run's --out; everything baseline-internal lives in DIR/baseline/):
+- `truncate_metrics(DIR, s)` drops the metrics.jsonl lines of steps >= s (they are
+  redone from the checkpoint of step s) by writing a new file and renaming it over
+  the old, so a reader never sees a half-truncated file; it returns the dropped lines.
+- The work log DIR/baseline/worklog/replica<r>.txt has one line "<generation>
+  <step> <microbatch id>" per microbatch *begun*, flushed before its forward pass,
+  so the microbatches lost to a fault (committed, done, or still in flight) can be
+  counted after the process that did them is dead, and the furthest step any
+  incarnation began is known (`furthest_step_begun`).
+- Detections DIR/baseline/detections.jsonl: a surviving worker appends when and how
+  it saw its group fail (an exception, or its agent stopping it), so the next
+  incarnation can date the fault it recovered from.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from recover.core.results import read_jsonl
+
+
+def baseline_dir(out: str | os.PathLike) -> Path:
+    return Path(out) / "baseline"
+
+
+def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]:
+    """Keep only metrics.jsonl lines with step < start; return the dropped ones."""
+    path = Path(out) / "metrics.jsonl"
+    records = read_jsonl(path)
+    keep = [r for r in records if r["step"] < start]
+    dropped = [r for r in records if r["step"] >= start]
+    if path.exists():  # rewritten even with nothing dropped: a torn last line goes too
+        tmp = path.with_name(".metrics.jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        os.replace(tmp, path)
+    return dropped
+
+
+class WorkLog:
+    """One replica's append-only record of the microbatches it folded."""
+
+    def __init__(self, out: str | os.PathLike, replica: int, generation: int):
+        d = baseline_dir(out) / "worklog"
+        d.mkdir(parents=True, exist_ok=True)
+        self.generation = generation
+        self._f = open(d / f"replica{replica}.txt", "a", buffering=1)
+
+    def begin(self, step: int, mb_id: int) -> None:
+        self._f.write(f"{self.generation} {step} {mb_id}\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _worklog_lines(out: str | os.PathLike):
+    d = baseline_dir(out) / "worklog"
+    if not d.is_dir():
+        return
+    for p in sorted(d.glob("replica*.txt")):
+        for line in p.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3:  # a torn last line from a killed writer is skipped
+                yield int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def microbatches_begun(out: str | os.PathLike, generation: int, from_step: int) -> int:
+    """Microbatches any replica began in `generation` at steps >= from_step (the work a restart loses)."""
+    return sum(1 for g, step, _ in _worklog_lines(out) if g == generation and step >= from_step)
+
+
+def furthest_step_begun(out: str | os.PathLike) -> int:
+    """The highest step any replica of any incarnation so far began (-1 if none)."""
+    return max((step for _, step, _ in _worklog_lines(out)), default=-1)
+
+
+def record_detection(out: str | os.PathLike, generation: int, replica: int, t0: float, how: str) -> None:
+    """A survivor's note that it saw generation `generation` fail, and how."""
+    d = baseline_dir(out)
+    d.mkdir(parents=True, exist_ok=True)
+    rec = {"generation": generation, "replica": replica, "at": time.time() - t0, "how": how[:300]}
+    with open(d / "detections.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def first_detection(out: str | os.PathLike, generation: int) -> dict[str, Any] | None:
+    """The earliest detection recorded for `generation`, if any."""
+    recs = [r for r in read_jsonl(baseline_dir(out) / "detections.jsonl") if r["generation"] == generation]
+    return min(recs, key=lambda r: r["at"]) if recs else None

@@ -1,0 +1,164 @@
+"""The restartable data-parallel loop that checkpoint-restart and elastic workers run.
+
+Contract:
+- One call of `train` is one *incarnation* of the job: a fixed group of ranks that
+  resumes from the latest complete checkpoint (or step 0), trains until the last
+  step, and checkpoints every K iterations (`checkpoint.py`). Any fault ends the
+  incarnation with an exception or a signal; whoever restarts the job (our
+  supervisor, or TorchElastic) starts the next one.
+- The same workload as every other system: `core.workload.Workload` (model, AdamW,
+  flat accumulator, fold/pack/apply), iteration t owns the global ids
+  `iteration_ids(t, M)`, split over the ranks by `core.policy.assign_quotas`, one
+  all-reduce per iteration. With `keep_global` the group folds all M ids whatever
+  its size (the failure-free gradient); otherwise a group of n ranks folds only
+  the ids that n of the original R replicas would have folded (the global batch
+  shrinks, as most elastic set-ups do) and the gradient is their mean.
+- Rank 0 keeps metrics.jsonl to each iteration once: on start it drops the lines
+  of steps >= the resume step (they are redone), and appends each committed step.
+  On the first commit after a restart it appends the restart's record to
+  events.jsonl (fault, detected_at, resumed_at, work lost); at the end it writes
+  DIR/baseline/final.json with the weights' checksum.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from recover.core.config import TrainConfig
+from recover.core.data import iteration_ids
+from recover.core.hooks import WorkerHooks
+from recover.core.policy import assign_quotas, quota_sizes
+from recover.core.results import JsonlWriter, metric_record
+from recover.core.workload import Workload
+
+from .checkpoint import CheckpointDir, CheckpointSaver, load_checkpoint
+from .runlog import (
+    WorkLog,
+    baseline_dir,
+    furthest_step_begun,
+    microbatches_begun,
+    record_detection,
+    truncate_metrics,
+)
+from .settings import BaselineConfig
+
+
+@dataclass
+class Incarnation:
+    """Who trains in one start of the job."""
+
+    generation: int  # the start's number: 0 first, +1 per restart
+    rank: int  # this process's rank in the group
+    world: int  # ranks in the group
+    replica: int  # this process's replica id: the fault plan's target, its work-log name
+    members: list[int]  # replica id of every rank, by rank
+    t0: float  # the run's start on the time.time() clock
+    started_at: float  # when this process started, seconds since t0
+
+
+def checkpoint_dir(out: str) -> CheckpointDir:
+    return CheckpointDir(baseline_dir(out) / "checkpoints")
+
+
+def step_ids(step: int, cfg: TrainConfig, world: int, keep_global: bool) -> list[int]:
+    """The microbatch ids a group of `world` ranks folds in iteration `step`."""
+    ids = iteration_ids(step, cfg.microbatches)
+    if keep_global or world >= cfg.replicas:
+        return ids
+    # The share the first `world` of the original R replicas would have done.
+    sizes = quota_sizes(cfg.microbatches, list(range(cfg.replicas)))
+    return ids[: sum(sizes[r] for r in range(world))]
+
+
+def _broadcast(obj: Any, group) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def train(
+    cfg: TrainConfig,
+    settings: BaselineConfig,
+    inc: Incarnation,
+    hooks: WorkerHooks,
+    ckpt_group,
+    keep_global: bool = True,
+    fault_notice: Callable[[], dict] = dict,
+) -> int:
+    """Run one incarnation over the default process group; `ckpt_group` carries DCP's collectives."""
+    out = Path(cfg.out)
+    ckpts = checkpoint_dir(cfg.out)
+    work = Workload(cfg, cfg.resolved_device())
+    plan: dict[str, Any] = {}
+    restart: dict[str, Any] | None = None
+    if inc.rank == 0:
+        # Every process of the last incarnation is gone by now, so the files are still.
+        ckpts.remove_temps()
+        start = ckpts.latest() or 0
+        furthest = furthest_step_begun(out)
+        dropped = truncate_metrics(out, start)
+        if inc.generation > 0:
+            restart = {
+                "kind": "restart", "generation": inc.generation, **fault_notice(),
+                "started_at": inc.started_at, "from_step": start, "furthest_step": furthest,
+                "lost_steps": len(dropped), "lost_microbatches": microbatches_begun(out, inc.generation - 1, start),
+                "members": sorted(inc.members), "world": inc.world,
+            }
+        plan = {"start": start}
+    plan = _broadcast(plan, ckpt_group)
+    start = plan["start"]
+    if start > 0:
+        load_checkpoint(work, ckpts.path(start), ckpt_group)
+    saver = CheckpointSaver(ckpts, work, ckpt_group, inc.rank, settings.ckpt_async, settings.ckpt_keep,
+                            on_mid_save=lambda step: hooks.at(step, "checkpoint_save"))
+    log = WorkLog(out, inc.replica, inc.generation)
+    metrics = JsonlWriter(out / "metrics.jsonl") if inc.rank == 0 else None
+    events = JsonlWriter(out / "events.jsonl") if restart else None
+    try:
+        for step in range(start, cfg.steps):
+            ids = step_ids(step, cfg, inc.world, keep_global)
+            quota = assign_quotas(ids, list(range(inc.world)))[inc.rank]
+            for k, mb in enumerate(quota):
+                if k:
+                    hooks.at(step, "between_microbatches", k)
+                log.begin(step, mb)
+                t = time.perf_counter()
+                work.fold(mb, lambda phase, i: hooks.at(step, phase, i))
+                hooks.microbatch_done(step, k, time.perf_counter() - t)
+            buf = work.pack()
+            handle = dist.all_reduce(buf, async_op=True)
+            hooks.at(step, "allreduce")
+            handle.wait()
+            hooks.at(step, "commit")
+            hooks.at(step, "optimizer_step")
+            loss = work.apply(buf, len(ids))
+            if metrics is not None:
+                rec = metric_record(step, loss, len(ids) * work.tokens_per_microbatch, ids, inc.generation,
+                                    inc.members, inc.t0)
+                metrics.write(rec)
+                if events is not None:
+                    restart["resumed_at"] = rec["wall_time"]
+                    if restart.get("detected_at") is not None:
+                        restart["restart_seconds"] = rec["wall_time"] - restart["detected_at"]
+                    events.write(restart)
+                    events.close()
+                    events = None
+            saver.poll()
+            if (step + 1) % settings.ckpt_every == 0 and step + 1 < cfg.steps:
+                saver.save(step + 1, fault_step=step)
+        saver.wait()
+    except BaseException as e:  # CheckpointException is a BaseException; SystemExit from a SIGTERM handler too
+        record_detection(out, inc.generation, inc.replica, inc.t0, f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        log.close()
+    if metrics is not None:
+        metrics.close()
+        final = {"step": cfg.steps, "weights_checksum": work.state_checksum(), "generation": inc.generation}
+        (baseline_dir(out) / "final.json").write_text(json.dumps(final))
+    return 0
