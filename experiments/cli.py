@@ -158,6 +158,10 @@ from .launch_cmd import add_launch_parser  # noqa: E402
 
 COMMANDS.append(add_launch_parser)
 
+from .cli_simulate import add_simulate_parser  # noqa: E402 - the simulator's command, its own module
+
+COMMANDS.append(add_simulate_parser)
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(

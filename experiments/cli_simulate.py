@@ -1,0 +1,163 @@
+"""`recover simulate SCENARIO --out DIR`: the calibrated simulator from the command line.
+
+Contract:
+- SCENARIO is one of the named scenarios (local, paper-512, llama3-16k, 100k), which
+  write DIR/summary.json and DIR/timeseries.csv; or a sweep (scale, sensitivity), which
+  writes CSVs for paper_figs/; or `validate`, which compares real runs found under
+  --real (default results/) with their simulation and writes DIR/validation.json.
+- DIR defaults to results/sim/SCENARIO (validate: results/sim).
+- Every flag is checked before anything runs; a bad one ends the command with one
+  line, `recover: error: --flag: why`, and exit code 2 (the CLI's contract).
+- The simulator's own run time is printed and recorded (summary.json's
+  simulation_runtime_seconds): the 100k scenario's is a benchmark figure, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+SWEEPS = ("scale", "sensitivity", "validate")
+
+
+def _fail(message: str) -> int:
+    print(f"recover: error: {message}", file=sys.stderr)
+    return 2
+
+
+def add_simulate_parser(sub) -> None:
+    from recover.experiments.sim.policies import SYSTEMS
+    from recover.experiments.sim.scenarios import SCENARIOS
+
+    names = [*SCENARIOS, *SWEEPS]
+    p = sub.add_parser(
+        "simulate", help="simulate a training job at cluster scale (discrete-event, calibrated)",
+        description="Simulate recover, checkpoint-restart, elastic and torchft on one job against the same "
+        "failures. Scenarios: " + ", ".join(SCENARIOS) + "; sweeps: scale, sensitivity; validate compares "
+        "real runs with their simulation.",
+    )
+    p.add_argument("scenario", metavar="SCENARIO", help=f"one of: {', '.join(names)}")
+    p.add_argument("--out", default="", help="output directory (default: results/sim/SCENARIO; validate: results/sim)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the failure samplers (default: 0)")
+    p.add_argument("--seeds", type=int, default=1, help="scale: seeds per cluster size (default: 1)")
+    p.add_argument("--systems", default="", help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: all)")
+    p.add_argument("--bench", default="results/bench",
+                   help="where `recover bench` wrote its results (local calibration; default: results/bench)")
+    p.add_argument("--plan", default="", help="local: simulate this fault plan JSON instead of the default one")
+    p.add_argument("--steps", type=int, default=20, help="local: iterations to run (default: 20)")
+    p.add_argument("--real", nargs="*", default=None,
+                   help="validate: run directories, or folders to search for them (default: results/)")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from recover.experiments.sim import scenarios as S
+    from recover.experiments.sim.policies import SYSTEMS
+
+    names = [*S.SCENARIOS, *SWEEPS]
+    if args.scenario not in names:
+        return _fail(f"SCENARIO: unknown scenario {args.scenario!r}; choose from {', '.join(names)}")
+    if args.seed < 0:
+        return _fail(f"--seed: must be >= 0, got {args.seed}")
+    if args.seeds < 1:
+        return _fail(f"--seeds: must be >= 1, got {args.seeds}")
+    if args.steps < 1:
+        return _fail(f"--steps: must be >= 1, got {args.steps}")
+    systems = tuple(s for s in args.systems.split(",") if s) if args.systems else tuple(SYSTEMS)
+    for s in systems:
+        if s not in SYSTEMS:
+            return _fail(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+    plan = None
+    if args.plan:
+        if args.scenario != "local":
+            return _fail("--plan: only the local scenario takes a plan")
+        if not Path(args.plan).is_file():
+            return _fail(f"--plan: file not found: {args.plan}")
+        try:
+            plan = tuple(json.loads(Path(args.plan).read_text())["faults"])
+        except (ValueError, KeyError, TypeError) as e:
+            return _fail(f"--plan: not a fault plan ({e})")
+    if args.real is not None and args.scenario != "validate":
+        return _fail("--real: only validate takes real runs")
+    out = Path(args.out or ("results/sim" if args.scenario == "validate" else f"results/sim/{args.scenario}"))
+
+    t0 = time.perf_counter()
+    if args.scenario == "validate":
+        return _validate(args, out)
+    if args.scenario == "scale":
+        rows = S.scale_sweep(args.seed, seeds=args.seeds)
+        S.write_rows(rows, out / "scale.csv")
+        print(f"scale sweep: {len(rows)} rows in {time.perf_counter() - t0:.1f}s -> {out / 'scale.csv'}")
+        return 0
+    if args.scenario == "sensitivity":
+        res = S.sensitivity(args.seed)
+        S.write_rows(res["restart_x_interval"], out / "restart_x_interval.csv")
+        S.write_rows(res["loss_unit"], out / "loss_unit.csv")
+        (out / "restart_matching_paper.json").write_text(json.dumps(res["restart_matching_paper"], indent=2) + "\n")
+        print(f"sensitivity: {len(res['restart_x_interval'])} + {len(res['loss_unit'])} runs in "
+              f"{time.perf_counter() - t0:.1f}s -> {out}/")
+        m = res["restart_matching_paper"]
+        if m.get("restart_seconds") is not None:
+            print(f"  paper-512 gives the paper's {m['target']}x when a restart takes {m['restart_seconds']:.0f} s")
+        return 0
+
+    kw = {"seed": args.seed, "bench": args.bench}
+    if args.scenario == "local":
+        kw.update(plan=plan, steps=args.steps)
+    sc = replace(S.SCENARIOS[args.scenario](**kw), systems=systems)
+    res = S.run_scenario(sc)
+    summary = S.write_result(res, out)
+    _print_summary(summary)
+    print(f"simulated in {res.runtime_seconds:.2f}s (command {time.perf_counter() - t0:.2f}s) -> "
+          f"{out / 'summary.json'}, {out / 'timeseries.csv'}")
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    print(f"{s['scenario']}: {s['description']}; {s['failures_drawn']} failures drawn")
+    print(f"  {'system':<20} {'eff. tokens/s':>14} {'vs failure-free':>16} {'tokens/GPU-h':>14} {'ETTR':>6}")
+    for name, d in s["systems"].items():
+        print(f"  {name:<20} {d['effective_throughput_tokens_per_s']:14.4g} "
+              f"{d['effective_throughput_vs_failure_free']:16.3f} {d['effective_tokens_per_gpu_hour']:14.4g} "
+              f"{d['ettr']:6.3f}")
+    r = s.get("ratio_recover_over_checkpoint_restart") or {}
+    if r.get("effective_throughput") is not None:
+        line = f"  recover / checkpoint-restart effective throughput: {r['effective_throughput']:.2f}x"
+        if r.get("effective_throughput_last_quarter"):
+            line += f" (last quarter {r['effective_throughput_last_quarter']:.2f}x)"
+        if r.get("more_tokens_percent_at_gpu_hour_mark") is not None:
+            line += f"; {r['more_tokens_percent_at_gpu_hour_mark']:.1f}% more tokens at {r['gpu_hour_mark']:g} GPU-hours"
+        print(line)
+    if s.get("paper"):
+        p = s["paper"]
+        print(f"  paper: {p['effective_throughput_ratio']}x, {p['more_tokens_percent_at_gpu_hours']}% more tokens "
+              f"at {p['gpu_hours']:g} GPU-hours")
+
+
+def _validate(args: argparse.Namespace, out: Path) -> int:
+    from recover.experiments.sim.validation import compare, find_runs
+
+    roots = args.real if args.real else ["results"]
+    runs: list[Path] = []
+    for r in roots:
+        if not Path(r).exists():
+            return _fail(f"--real: not found: {r}")
+        runs += find_runs(r)
+    if not runs:
+        print(f"no real runs (config.json + metrics.jsonl + summary.json) under {', '.join(roots)}: nothing to "
+              "validate yet", file=sys.stderr)
+        return 1
+    result = compare(runs, args.bench)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    for row in result["runs"]:
+        e = row["error_after_first_step"]
+        print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}"
+              f"{'' if row['within_tolerance'] else '  (outside ' + str(int(100 * result['tolerance'])) + '%)'}")
+    print(f"{result['validated']}/{result['total']} runs within {100 * result['tolerance']:.0f}% -> "
+          f"{out / 'validation.json'}")
+    return 0

@@ -1,0 +1,104 @@
+"""The iteration-time model of one data-parallel training job.
+
+Contract: `JobModel` is a pure description of the job (no state); every time it
+returns is a closed-form function of its fields and of `r`, the number of replicas
+that take part. The formulas (all times in seconds):
+
+    R0            = n_gpus // gpus_per_replica           replicas at the start
+    t_mb(r)       = microbatch_seconds * max(1, r / cpu_slots)   (cpu_slots = 0: no sharing)
+    compute(m, r) = ceil(m / r) * t_mb(r)
+    allreduce(r)  = 2 (r - 1) / r * (grad_bytes / gpus_per_replica) / link_bandwidth
+                    + 2 (r - 1) * link_latency                    (0 when r <= 1)
+    iteration(r)  = compute(M, r) + allreduce(r)
+
+Why each piece:
+- A replica is the failure domain: the GPUs of one model copy (a node with HSDP, a
+  TP x PP grid in 3D parallelism). Any of its GPUs failing takes the replica out.
+- compute: with equal speeds the quota policy (core/policy.py) gives every replica
+  floor(m/r) or ceil(m/r) microbatches, so the iteration waits for a ceil(m/r)
+  replica. `microbatch_seconds` is the time one replica takes for one microbatch's
+  forward and backward (all its GPUs working together).
+- allreduce: a ring all-reduce moves 2 (r-1)/r of the buffer over each link and
+  takes 2 (r-1) latency-bound steps. Each GPU of a replica holds 1/gpus_per_replica
+  of the gradient (FSDP shard or TP x PP slice) and the gpus_per_replica rings run in
+  parallel, so each ring carries grad_bytes / gpus_per_replica bytes.
+- cpu_slots exists only for the local validation machine, where R worker processes
+  share 2 CPU cores: with more replicas than cores each microbatch takes longer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def _f(default, doc: str):
+    return field(default=default, metadata={"help": doc})
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """One training job: its size, its global batch, and its cost per iteration."""
+
+    n_gpus: int = _f(512, "GPUs in the job at the start")
+    gpus_per_replica: int = _f(8, "GPUs per replica (one model copy, the failure domain)")
+    microbatches: int = _f(1024, "microbatches M per iteration (the global batch)")
+    tokens_per_microbatch: int = _f(4 * 2048, "tokens in one microbatch")
+    microbatch_seconds: float = _f(0.25, "forward+backward of one microbatch on one replica")
+    grad_bytes: float = _f(2.6e9, "bytes of one replica's whole gradient (all its GPUs together)")
+    link_bandwidth: float = _f(25e9, "bytes/s one GPU sends on the data-parallel ring")
+    link_latency: float = _f(10e-6, "seconds per ring step")
+    cpu_slots: int = _f(0, "local machine only: CPU cores the replicas share (0 = no sharing)")
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_replica < 1 or self.n_gpus < self.gpus_per_replica:
+            raise ValueError(f"need n_gpus >= gpus_per_replica >= 1, got {self.n_gpus}, {self.gpus_per_replica}")
+        if self.microbatches < self.replicas:
+            raise ValueError(f"M={self.microbatches} < {self.replicas} replicas: every replica needs work")
+        if self.microbatch_seconds <= 0 or self.link_bandwidth <= 0:
+            raise ValueError("microbatch_seconds and link_bandwidth must be > 0")
+
+    @property
+    def replicas(self) -> int:
+        """R0: replicas at the start (GPUs beyond a whole replica are left idle)."""
+        return self.n_gpus // self.gpus_per_replica
+
+    @property
+    def gpus_used(self) -> int:
+        """GPUs that belong to a replica at the start."""
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        """Tokens of one full (M-microbatch) iteration."""
+        return self.microbatches * self.tokens_per_microbatch
+
+    def microbatch_time(self, r: int) -> float:
+        """t_mb(r): one microbatch on one replica while r replicas run."""
+        if self.cpu_slots and r > self.cpu_slots:
+            return self.microbatch_seconds * (r / self.cpu_slots)
+        return self.microbatch_seconds
+
+    def compute_seconds(self, m: float, r: int) -> float:
+        """compute(m, r): m microbatches spread over r equal replicas."""
+        if m <= 0:
+            return 0.0
+        if float(m).is_integer():
+            per_replica = -(-int(m) // r)  # exact integer ceil
+        else:  # a shrunk batch of fractional size per replica (M not a multiple of R0)
+            per_replica = math.ceil(m / r - 1e-9)
+        return per_replica * self.microbatch_time(r)
+
+    def allreduce_seconds(self, r: int) -> float:
+        """allreduce(r): ring all-reduce of the gradient over r replicas."""
+        if r <= 1:
+            return 0.0
+        per_ring = self.grad_bytes / self.gpus_per_replica
+        return 2 * (r - 1) / r * per_ring / self.link_bandwidth + 2 * (r - 1) * self.link_latency
+
+    def iteration_seconds(self, r: int, m: float | None = None) -> float:
+        """iteration(r): m (default M) microbatches over r replicas, then the all-reduce."""
+        return self.compute_seconds(self.microbatches if m is None else m, r) + self.allreduce_seconds(r)
+
+    def failure_free_throughput(self) -> float:
+        """Tokens per second of the failure-free job (R0 replicas, M microbatches)."""
+        return self.tokens_per_iteration / self.iteration_seconds(self.replicas)

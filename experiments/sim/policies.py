@@ -1,0 +1,288 @@
+"""Each system's semantics, one small policy per system, over the loop in engine.py.
+
+Contract (what a failure of a working replica at time t costs; r = replicas before it,
+M = microbatches per iteration, R0 = replicas at the start):
+
+- recover: the global batch stays M. Survivors keep computing their quota until
+  they learn of the failure (detect), then rebuild the communicator (rebuild); the
+  microbatches in no survivor's ledger (the dead replica's, and any not yet done)
+  are spread over the r-1 survivors and the iteration finishes:
+      end = t + detect + rebuild + compute(M - kept, r-1) + allreduce(r-1)
+  where kept = sum over survivors of min(quota_i, floor((t + detect - round_start) / t_mb)),
+  plus what they kept from earlier rounds of the same iteration. Later iterations
+  take iteration(r-1): fewer replicas, slower iterations, same trajectory. No
+  checkpoints. A replacement is admitted at the next commit (communicator rebuild).
+- checkpoint-restart: every K iterations a blocking save (checkpoint_save). On a
+  failure the job rolls back to the last complete checkpoint (a save in flight does
+  not count) and restarts: down for restart + checkpoint_load (+ the replacement
+  delay if it waits for one); it continues with the survivors, the global batch kept
+  at M by more accumulation per replica. A replacement that arrives while it runs
+  short-handed joins at the next restart; or right after the next checkpoint save,
+  with one restart and no lost work, when running short-handed until the next
+  expected failure (iteration slowdown x job MTBF) would cost more than that restart.
+- elastic (TorchElastic): as checkpoint-restart but a restart costs
+  elastic_restart (re-rendezvous + worker restart) and never waits; a replacement's
+  arrival is itself a membership change: one more rollback and restart. Two
+  settings: `elastic` keeps M by accumulation; `elastic-shrink` keeps each replica's
+  M/R0 microbatches, so while replicas are missing the global batch shrinks and the
+  iterations are off the failure-free trajectory.
+- torchft: every replica keeps its M/R0 microbatches (the gradient is averaged over
+  the participants), so the global batch shrinks while replicas are missing. The step
+  in flight is discarded; the next starts after torchft_detect (heartbeat-bound) +
+  torchft_quorum. No checkpoints; a replacement heals from a peer (join_seconds)
+  and is admitted at the next step with a new quorum.
+A hang adds hang_detect to the detection of every system. When the last replica dies
+recover and torchft end; the checkpointing systems wait for a replacement if one is
+coming.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .engine import INF, Policy, RunRecord, simulate
+from .failures import HANG, FailureEvents
+from .model import JobModel
+
+
+class Recover(Policy):
+    """ReCoVer: in-step recovery, constant M, no rollback."""
+
+    name = "recover"
+    admits_at_commit = True
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.sorted_members = np.arange(self.job.replicas)
+        self.round_start = 0.0
+        self.round_m = self.job.microbatches  # ids still to do when the round started
+        self.ledger: np.ndarray | None = None  # per sorted member: ids kept from earlier rounds
+
+    @property
+    def join_delay(self) -> float:
+        return self.costs.join_seconds
+
+    def start_iteration(self, t: float) -> None:
+        super().start_iteration(t)
+        self.round_start, self.round_m, self.ledger = t, self.job.microbatches, None
+
+    def _remove(self, replica: int) -> np.ndarray:
+        keep = self.sorted_members != replica
+        self.sorted_members = self.sorted_members[keep]
+        self.members.discard(replica)
+        return keep
+
+    def on_failure(self, t: float, replica: int, kind: int) -> None:
+        if replica in self.pending:
+            self.pending.discard(replica)
+            return
+        c, job = self.costs, self.job
+        detect = c.recover_detect_seconds + (c.hang_detect_seconds if kind == HANG else 0.0)
+        if self.resume_at is not None:  # nothing in flight (startup, admission): just a new generation
+            self._remove(replica)
+            self.run.set_working(t, len(self.members))
+            if not self.members:
+                self.dead = True
+                return
+            self.stall(max(self.resume_at, t + detect + c.recover_rebuild_seconds))
+            return
+        mem = self.sorted_members
+        r = len(mem)
+        tmb = job.microbatch_time(r)
+        base, extra = divmod(self.round_m, r)
+        quota = base + (np.arange(r) < extra)
+        # Survivors keep computing until they learn of the failure; a round that has not
+        # started yet (a failure during the previous rebuild) has nothing to keep.
+        k = int(np.floor((t + detect - self.round_start) / tmb)) if t >= self.round_start else 0
+        ledger = (self.ledger if self.ledger is not None else 0) + np.minimum(quota, max(k, 0))
+        keep = self._remove(replica)
+        self.ledger = ledger[keep]
+        self.run.set_working(t, len(self.members))
+        if not self.members:
+            self.dead = True
+            return
+        r1 = len(self.members)
+        self.round_m = int(job.microbatches - self.ledger.sum())
+        self.round_start = t + detect + c.recover_rebuild_seconds
+        self.cur_end = self.round_start + job.compute_seconds(self.round_m, r1) + job.allreduce_seconds(r1)
+
+    def on_join(self, t: float, replica: int) -> None:
+        self.pending.add(replica)
+
+    def after_commit(self, t: float) -> None:
+        if self.pending:  # admit replacements between iterations: one communicator rebuild
+            self.members |= self.pending
+            self.sorted_members = np.array(sorted(self.members))
+            self.pending.clear()
+            self.run.set_working(t, len(self.members))
+            self.stall(t + self.costs.recover_rebuild_seconds)
+
+
+class CheckpointRestart(Policy):
+    """Periodic checkpoints; any failure rolls back to the last one and restarts the job."""
+
+    name = "checkpoint-restart"
+
+    def restart_seconds(self, kind: int) -> float:
+        c = self.costs
+        return c.restart_seconds + (c.hang_detect_seconds if kind == HANG else 0.0) + c.checkpoint_load_seconds
+
+    def after_commit(self, t: float) -> None:
+        self.checkpoint_due(t)
+
+    def worth_admitting(self) -> bool:
+        """Restart just to take the waiting replacements in? Only if running short-handed until the
+        next expected failure costs more than the restart (what an operator would weigh)."""
+        r, full = len(self.members), len(self.members) + len(self.pending)
+        slower = self.job.iteration_seconds(r) / self.job.iteration_seconds(full) - 1.0
+        return slower * self.mtbf_seconds > self.restart_seconds(0)
+
+    def on_resume(self, t: float) -> bool:
+        if self.just_saved and self.pending and self.worth_admitting():
+            # Short of replicas with replacements waiting: restart right after a save, losing nothing.
+            self.members |= self.pending
+            self.pending.clear()
+            self.run.restarts += 1
+            self.run.set_working(t, len(self.members))
+            self.stall(t + self.restart_seconds(0))
+            return True
+        return False
+
+    def _restart(self, t: float, kind: int, wait: float) -> None:
+        self.saving = False  # a save in flight never completes: the previous checkpoint is used
+        self.run.rollback(t)
+        self.members |= self.pending  # replacements that arrived meanwhile come in now
+        self.pending.clear()
+        self.run.set_working(t, len(self.members))
+        if not self.members:
+            if self.replacement_delay is None:
+                self.dead = True
+            else:
+                self.stall(INF)  # nobody left: wait for a replacement
+            return
+        self.stall(t + wait + self.restart_seconds(kind))
+
+    def on_failure(self, t: float, replica: int, kind: int) -> None:
+        if replica in self.pending:
+            self.pending.discard(replica)
+            return
+        self.members.discard(replica)
+        wait = self.replacement_delay if (self.wait_for_replacement and self.replacement_delay is not None) else 0.0
+        self._restart(t, kind, wait)
+
+    def on_join(self, t: float, replica: int) -> None:
+        if self.resume_at == INF:  # the job was waiting with no replica
+            self.members.add(replica)
+            self.run.set_working(t, len(self.members))
+            self.stall(t + self.restart_seconds(0))
+        elif self.resume_at is not None and not self.saving:  # a restart in progress takes it in
+            self.members.add(replica)
+            self.run.set_working(t, len(self.members))
+        else:
+            self.pending.add(replica)
+
+
+class Elastic(CheckpointRestart):
+    """TorchElastic: re-rendezvous and restart the workers on every membership change."""
+
+    def __init__(self, *a, shrink: bool = False, **kw):
+        super().__init__(*a, **kw)
+        self.shrink = shrink
+        self.name = "elastic-shrink" if shrink else "elastic"
+
+    def restart_seconds(self, kind: int) -> float:
+        c = self.costs
+        return c.elastic_restart_seconds + (c.hang_detect_seconds if kind == HANG else 0.0) + c.checkpoint_load_seconds
+
+    def microbatches_per_iteration(self) -> float:
+        if not self.shrink:
+            return float(self.job.microbatches)
+        return len(self.members) * self.job.microbatches / self.job.replicas
+
+    def iteration_seconds(self) -> float:
+        r = len(self.members)
+        return self.job.compute_seconds(self.microbatches_per_iteration(), r) + self.job.allreduce_seconds(r)
+
+    def on_failure(self, t: float, replica: int, kind: int) -> None:
+        if replica in self.pending:
+            self.pending.discard(replica)
+            return
+        self.members.discard(replica)
+        self._restart(t, kind, 0.0)
+
+    def on_join(self, t: float, replica: int) -> None:
+        if self.resume_at is not None and not self.saving:
+            super().on_join(t, replica)
+            return
+        # A node joining a running job: TorchElastic restarts the workers to take it in.
+        self.members.add(replica)
+        self._restart(t, 0, 0.0)
+
+
+class Torchft(Policy):
+    """torchft: per-step quorum; the step in flight is dropped; the batch shrinks while replicas are missing."""
+
+    name = "torchft"
+    admits_at_commit = True
+
+    @property
+    def join_delay(self) -> float:
+        return self.costs.join_seconds
+
+    def microbatches_per_iteration(self) -> float:
+        return len(self.members) * self.job.microbatches / self.job.replicas
+
+    def iteration_seconds(self) -> float:
+        r = len(self.members)
+        return self.job.compute_seconds(self.microbatches_per_iteration(), r) + self.job.allreduce_seconds(r)
+
+    def on_failure(self, t: float, replica: int, kind: int) -> None:
+        if replica in self.pending:
+            self.pending.discard(replica)
+            return
+        c = self.costs
+        self.members.discard(replica)
+        self.run.set_working(t, len(self.members))
+        if not self.members:
+            self.dead = True
+            return
+        back = t + c.torchft_detect_seconds + (c.hang_detect_seconds if kind == HANG else 0.0) + c.torchft_quorum_seconds
+        # The step in flight is discarded: whatever it had done is lost.
+        self.stall(back if self.resume_at is None else max(self.resume_at, back))
+
+    def on_join(self, t: float, replica: int) -> None:
+        self.pending.add(replica)
+
+    def after_commit(self, t: float) -> None:
+        if self.pending:
+            self.members |= self.pending
+            self.pending.clear()
+            self.run.set_working(t, len(self.members))
+            self.stall(t + self.costs.torchft_quorum_seconds)
+
+
+SYSTEMS: dict[str, tuple[type, dict]] = {
+    "recover": (Recover, {}),
+    "checkpoint-restart": (CheckpointRestart, {}),
+    "elastic": (Elastic, {"shrink": False}),
+    "elastic-shrink": (Elastic, {"shrink": True}),
+    "torchft": (Torchft, {}),
+}
+"""Every simulated system: name -> (policy class, its settings)."""
+
+CHECKPOINTING = ("checkpoint-restart", "elastic", "elastic-shrink")
+"""Systems that checkpoint periodically (and so take a checkpoint interval)."""
+
+
+def simulate_one(system: str, job: JobModel, costs, events: FailureEvents, horizon: float,
+                 max_iterations: int | None = None, checkpoint_every: int = 0,
+                 replacement_delay: float | None = None, wait_for_replacement: bool = False,
+                 mtbf_seconds: float = float("inf")) -> RunRecord:
+    """Simulate `system` on `job` with `costs` against `events` (see engine.simulate)."""
+    if system not in SYSTEMS:
+        raise KeyError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+    cls, settings = SYSTEMS[system]
+    run = RunRecord(job, system=system)
+    pol = cls(job, costs, run, checkpoint_every=checkpoint_every if system in CHECKPOINTING else 0,
+              max_iterations=max_iterations, replacement_delay=replacement_delay,
+              wait_for_replacement=wait_for_replacement, mtbf_seconds=mtbf_seconds, **settings)
+    return simulate(pol, events, horizon)

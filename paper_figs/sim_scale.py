@@ -1,0 +1,41 @@
+"""Figure: effective throughput and ETTR against cluster size (512 to 100k GPUs), per system.
+
+Reads results/sim/scale/scale.csv (`recover simulate scale`); writes
+paper_figs/sim_scale.{png,pdf}. Left: effective throughput as a fraction of the
+failure-free job's; right: ETTR. Llama 3's per-GPU failure rate, 30 days, replicas of
+128 GPUs replaced after an hour (see results/sim/scale and the README).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_common import PALETTE, SYSTEM_ORDER, args, plt, save, sns, theme  # noqa: E402
+
+
+def main(results: str, out: str) -> list[Path]:
+    df = pd.read_csv(Path(results) / "scale" / "scale.csv")
+    theme()
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharex=True)
+    order = [s for s in SYSTEM_ORDER if s in set(df.system)]
+    for ax, col, label in [(axes[0], "effective_throughput_vs_failure_free", "effective throughput / failure-free"),
+                           (axes[1], "ettr", "ETTR")]:
+        sns.lineplot(data=df, x="gpus", y=col, hue="system", hue_order=order, palette=PALETTE, marker="o",
+                     ax=ax, errorbar=None)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel(label)
+        ax.get_legend().remove()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(order), fontsize=8, bbox_to_anchor=(0.5, -0.12))
+    fig.suptitle("Simulated, at Llama 3's failure rate (30 days)", fontsize=10)
+    return save(fig, out, "sim_scale")
+
+
+if __name__ == "__main__":
+    a = args(__doc__.splitlines()[0])
+    print("\n".join(str(p) for p in main(a.results, a.out)))
