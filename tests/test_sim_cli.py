@@ -1,0 +1,165 @@
+"""`recover simulate`, the validation against real runs (on fixture runs), the bench loader, the sim figures.
+
+Real runs of every system do not all exist yet, so the validation code is tested on
+small fixture runs written in the results contract (config.json, metrics.jsonl,
+summary.json, fault_plan.json), with hand-computed expectations.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_recover
+
+from recover.experiments.sim.calibration import LOCAL_MEASURED, _redo_mean, local_calibration
+from recover.experiments.sim.scenarios import SCENARIOS, run_scenario, scale_sweep, sensitivity, write_result, \
+    write_rows
+from recover.experiments.sim.validation import compare, find_runs, load_run, measure
+
+FIGS = Path(__file__).resolve().parent.parent / "paper_figs"
+
+
+def test_simulate_paper_512_writes_summary_and_timeseries(tmp_path):
+    out = tmp_path / "p512"
+    proc = run_recover("simulate", "paper-512", "--out", str(out), check=True)
+    assert "recover / checkpoint-restart" in proc.stdout and "paper: 2.23x" in proc.stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s["systems"]) == {"recover", "checkpoint-restart", "elastic", "elastic-shrink", "torchft"}
+    for d in s["systems"].values():
+        for key in ("tokens", "effective_throughput_tokens_per_s", "effective_tokens_per_gpu_hour", "ettr"):
+            assert d[key] >= 0
+    r = s["ratio_recover_over_checkpoint_restart"]
+    assert r["effective_throughput"] > 1 and r["gpu_hour_mark"] == 234
+    assert all(row["source"] for row in s["calibration"]["values"])  # every value says where it comes from
+    rows = list(csv.DictReader(open(out / "timeseries.csv")))
+    assert {r["system"] for r in rows} == set(s["systems"])
+    assert list(rows[0]) == ["system", "t_seconds", "gpu_hours", "tokens", "effective_tokens", "replicas"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["simulate", "nowhere"], "SCENARIO"),
+    (["simulate", "local", "--steps", "0"], "--steps"),
+    (["simulate", "local", "--systems", "recover,bogus"], "--systems"),
+    (["simulate", "paper-512", "--plan", "x.json"], "--plan"),
+])
+def test_bad_flags_fail_with_one_line(argv, flag):
+    proc = run_recover(*argv)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"recover: error: {flag}")
+
+
+# ---- validation on fixture runs ---------------------------------------------------------------
+def write_fixture_run(d: Path, system: str, wall: list[float], ids_ok: list[bool], plan=None, extra_cfg=None) -> None:
+    d.mkdir(parents=True)
+    cfg = {"train": {"system": system, "replicas": 4, "microbatches": 8, "steps": len(wall), "batch_size": 4,
+                     "block_size": 0, "heartbeat_timeout": 3.0}, "model": {"block_size": 64}, **(extra_cfg or {})}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with open(d / "metrics.jsonl", "w") as f:
+        for step, (t, ok) in enumerate(zip(wall, ids_ok)):
+            ids = list(range(step * 8, step * 8 + 8)) if ok else list(range(step * 8, step * 8 + 6))
+            f.write(json.dumps({"step": step, "loss": 1.0, "tokens": 256 * len(ids), "microbatch_ids": ids,
+                                "generation": 0, "members": [0, 1, 2, 3], "wall_time": t}) + "\n")
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "steps": len(wall)}))
+    if plan:
+        (d / "fault_plan.json").write_text(json.dumps(plan))
+
+
+def test_measure_counts_only_full_batch_steps(tmp_path):
+    write_fixture_run(tmp_path / "r", "torchft", [10.0, 11.0, 12.0, 14.0], [True, True, False, True])
+    m = measure(load_run(tmp_path / "r"))
+    assert m["steps"] == 4 and m["effective_tokens"] == 3 * 2048
+    assert m["from_start"] == 3 * 2048 / 14.0
+    assert m["after_first_step"] == 2 * 2048 / (14.0 - 10.0)
+
+
+def test_compare_recover_fixture_and_find_runs(tmp_path):
+    plan = {"faults": [{"kind": "crash", "replica": 3, "step": 2, "phase": "backward"}]}
+    # a real run that took exactly what the simulator predicts would have 0 error: build it from the simulation
+    from recover.experiments.sim.failures import events_from_plan
+    from recover.experiments.sim.policies import simulate_one
+    cal = local_calibration(tmp_path / "no-bench")
+    walls = []
+    for n in range(1, 6):
+        rec = simulate_one("recover", cal.job, cal.costs, events_from_plan(plan), float("inf"), max_iterations=n)
+        walls.append(rec.last_commit_at)
+    write_fixture_run(tmp_path / "results" / "exp" / "run0", "recover", walls, [True] * 5, plan)
+    write_fixture_run(tmp_path / "results" / "sim" / "ignored", "recover", walls, [True] * 5)
+    runs = find_runs(tmp_path / "results")
+    assert runs == [tmp_path / "results" / "exp" / "run0"]
+    v = compare(runs, tmp_path / "no-bench")
+    row = v["runs"][0]
+    assert row["simulated_as"] == "recover" and row["faults"] == 1
+    assert row["error_after_first_step"] == pytest.approx(0.0, abs=1e-9) and row["within_tolerance"]
+    # the same run 20% slower after its first step: the simulation is 20% too fast, outside 10%
+    slow = [walls[0] + (t - walls[0]) * 1.2 for t in walls]
+    write_fixture_run(tmp_path / "slow", "recover", slow, [True] * 5, plan)
+    row = compare([tmp_path / "slow"], tmp_path / "no-bench")["runs"][0]
+    assert row["error_after_first_step"] == pytest.approx(0.2) and not row["within_tolerance"]
+
+
+def test_compare_reads_baseline_settings(tmp_path):
+    cfg = {"baseline": {"ckpt_every": 3, "restart_mode": "replace", "replace_wait": 1.0,
+                        "elastic_batch": "keep-per-replica"}}
+    write_fixture_run(tmp_path / "ck", "ckpt-restart", [12.0, 12.1, 12.2], [True] * 3, extra_cfg=cfg)
+    write_fixture_run(tmp_path / "el", "elastic", [12.0, 12.1, 12.2], [True] * 3, extra_cfg=cfg)
+    v = compare([tmp_path / "ck", tmp_path / "el"], tmp_path / "no-bench")
+    assert [r["simulated_as"] for r in v["runs"]] == ["checkpoint-restart", "elastic-shrink"]
+    assert all(not any("not found" in n for n in r["notes"]) for r in v["runs"])
+
+
+def test_validate_command_writes_validation_json(tmp_path):
+    write_fixture_run(tmp_path / "runs" / "a", "recover", [12.0, 12.06, 12.12, 12.18], [True] * 4)
+    proc = run_recover("simulate", "validate", "--real", str(tmp_path / "runs"), "--out", str(tmp_path / "o"),
+                       "--bench", str(tmp_path / "no-bench"), check=True)
+    v = json.loads((tmp_path / "o" / "validation.json").read_text())
+    assert v["total"] == 1 and v["tolerance"] == 0.10 and "within" in proc.stdout
+    empty = run_recover("simulate", "validate", "--real", str(tmp_path / "o"), "--out", str(tmp_path / "o2"))
+    assert empty.returncode == 1 and "nothing to validate" in empty.stderr
+
+
+# ---- calibration from `recover bench` ----------------------------------------------------------
+def test_local_calibration_reads_bench_files(tmp_path):
+    default = local_calibration(tmp_path / "none")
+    assert default.costs.restart_seconds == LOCAL_MEASURED["startup_seconds"][0]
+    b = tmp_path / "bench"
+    b.mkdir()
+    (b / "recovery_recover.json").write_text(json.dumps({
+        "recovery_overhead_s": {"p50": 0.3}, "failure_free_iteration_s": {"recover": 0.06, "plain": 0.055},
+        "replicas": 4, "microbatches": 8, "command": "recover bench recovery --kills 20"}))
+    (b / "recovery_ckpt-restart.json").write_text(json.dumps({
+        "kill_to_next_commit_s": {"p50": 9.0}, "work_lost_microbatches": {"p50": 16}, "microbatches": 8}))
+    (b / "calibration.json").write_text(json.dumps({"checkpoint_save_seconds": 0.5, "source": "hand-made"}))
+    cal = local_calibration(b)
+    assert cal.job.iteration_seconds(4) == pytest.approx(0.06)
+    assert cal.costs.checkpoint_save_seconds == 0.5 and cal.sources["checkpoint_save_seconds"].startswith("hand-made")
+    # kill-to-commit 9 s minus (16/8 lost + 1 committing) iterations and the load
+    assert cal.costs.restart_seconds == pytest.approx(9.0 - 3 * 0.06 - cal.costs.checkpoint_load_seconds)
+    stall = cal.costs.recover_detect_seconds + cal.costs.recover_rebuild_seconds
+    assert stall == pytest.approx(0.3 - _redo_mean(cal.job))
+    assert "recover bench recovery --kills 20" in cal.sources["recover_rebuild_seconds"]
+
+
+# ---- the figure scripts, on fixture results ----------------------------------------------------
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, FIGS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sim_figure_scripts_write_png_and_pdf(tmp_path):
+    res = tmp_path / "sim"
+    write_result(run_scenario(SCENARIOS["paper-512"]()), res / "paper-512")
+    write_rows(scale_sweep(sizes=(512, 1024), days=2.0), res / "scale" / "scale.csv")
+    sens = sensitivity()
+    write_rows(sens["restart_x_interval"], res / "sensitivity" / "restart_x_interval.csv")
+    write_rows(sens["loss_unit"], res / "sensitivity" / "loss_unit.csv")
+    (res / "sensitivity" / "restart_matching_paper.json").write_text(json.dumps(sens["restart_matching_paper"]))
+    for name in ("sim_tokens_vs_gpu_hours", "sim_scale", "sim_sensitivity"):
+        paths = _script(name).main(str(res), str(tmp_path / "figs"))
+        assert [p.suffix for p in paths] == [".png", ".pdf"]
+        assert all(p.stat().st_size > 1000 for p in paths)
