@@ -209,29 +209,33 @@ class Membership:
                 # Smoothed speed (microbatches/s) so one noisy step does not reshuffle quotas.
                 self.speeds[r] = 0.5 * self.speeds.get(r, 1.0 / s) + 0.5 / s
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
-        out = [Out("commit", msg={
+        records = [Out("commit", msg={
             "step": self.step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
             "microbatch_ids": want, "generation": self.gen, "members": list(self.members),
             "recoveries": len(self.pending),
+            # how many microbatches each member folded: the policy's load balance, visible
+            "folded": {str(r): len(self.votes[r]["ledger"]) for r in self.members},
         })]
         for rec in self.pending:
             rec["committed_at"] = now
             rec["recovery_seconds"] = now - rec["detected_at"]
-            out.append(Out("recovery", msg=rec))
+            records.append(Out("recovery", msg=rec))
         self.pending = []
         committed = self.step
         self.step += 1
         self.votes = {}
-        if self.step >= self.S:
-            out += [Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": []})
-                    for r in self.members]
-            return out + self._finish(0, "all steps committed", now)
-        quotas = assign_quotas(iteration_ids(self.step, self.M), self.members, self.speeds)
-        out += [
+        last = self.step >= self.S
+        quotas = {r: [] for r in self.members} if last else assign_quotas(
+            iteration_ids(self.step, self.M), self.members, self.speeds)
+        # The commit messages go out before the records are written: the workers
+        # are waiting on them, the files are not.
+        sends = [
             Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": quotas[r]})
             for r in self.members
         ]
-        return out
+        if last:
+            return sends + records + self._finish(0, "all steps committed", now)
+        return sends + records
 
     def _finish(self, code: int, reason: str, now: float) -> list[Out]:
         self.state = "finished"

@@ -112,6 +112,18 @@ def test_two_crashes_in_one_iteration_and_a_third_during_its_recovery(tmp_path, 
     assert summary["status"] == "ok"
 
 
+def test_a_straggler_gets_fewer_microbatches(tmp_path, reference):
+    """Layer 3 end to end: replica 3's microbatches take 4x as long from step 2 on;
+    the quota policy moves work to the others while every step still folds M ids."""
+    faults = [{"kind": "slow", "replica": 3, "step": 2, "phase": "forward", "factor": 4.0}]
+    metrics, summary, events, fired = run_with_faults(tmp_path, faults)
+    assert_same_trajectory(metrics, reference)
+    assert events == [] and all(m["members"] == [0, 1, 2, 3] for m in metrics)
+    assert metrics[0]["folded"] == {"0": 2, "1": 2, "2": 2, "3": 2}  # no speeds measured yet: equal quotas
+    late = [m["folded"] for m in metrics[6:]]
+    assert all(f["3"] < 2 and sum(f.values()) == M for f in late), late
+
+
 def test_the_last_replica_dying_ends_the_run_with_a_clear_error(tmp_path):
     faults = [
         {"kind": "crash", "replica": 0, "step": 2, "phase": "forward"},
