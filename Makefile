@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	# torch first, pinned to the CPU wheel these machines keep on disk (a looser spec
 	# can pull a multi-GB CUDA build); the project's own range accepts it.
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	# torchft: the torchft baseline's extra; it keeps the torch installed above.
+	$(PY) -m pip install --quiet -e '.[dev,torchft]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -53,15 +53,18 @@ class BaselineConfig:
     monitor_interval: float = _f(0.1, "elastic: seconds between an agent's checks of its workers (torch default 0.1 as of 2.13)")
     torchft_min_replicas: int = _f(1, "torchft: fewest replica groups a quorum may have")
     torchft_join_timeout_ms: int = _f(
-        1000, "torchft: milliseconds the lighthouse waits for more replicas before forming a quorum"
+        1000, "torchft: ms the lighthouse waits for missing replicas before forming a smaller quorum (default 60000)"
     )
-    torchft_heartbeat_ms: int = _f(100, "torchft: milliseconds between a manager's heartbeats to the lighthouse")
-    torchft_timeout: float = _f(10.0, "torchft: seconds a quorum or an all-reduce may take before it fails")
+    torchft_heartbeat_timeout_ms: int = _f(
+        1000, "torchft: ms without a heartbeat after which the lighthouse drops a replica (default 5000)"
+    )
+    torchft_heartbeat_ms: int = _f(100, "torchft: ms between a manager's heartbeats to the lighthouse (default 100)")
+    torchft_timeout: float = _f(10.0, "torchft: seconds an all-reduce, commit vote or quorum may take before it fails")
 
     def validate(self, cfg: TrainConfig) -> None:
         """Raise ConfigError for the first bad value (before any process starts)."""
         for name in ("ckpt_every", "ckpt_keep", "torchft_min_replicas", "torchft_join_timeout_ms",
-                     "torchft_heartbeat_ms"):
+                     "torchft_heartbeat_timeout_ms", "torchft_heartbeat_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
         for name in ("replace_wait", "max_restarts"):

@@ -11,13 +11,16 @@ Contract:
   that moment is a culprit; a worker that merely exited with an error because a
   peer vanished under its collective is a bystander. Only if no process was
   killed or frozen is the first one to fail the culprit (it raised by itself).
+- `UntilWorkersExit` is a `Launcher` for jobs that shrink in place (torchft,
+  TorchElastic agents): one worker's failure does not end the job; the job ends
+  when no worker is left, and succeeds if any of them finished cleanly.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from recover.core.launcher import LaunchResult, ProcessExit
+from recover.core.launcher import Launcher, LaunchResult, ProcessExit
 
 
 @dataclass
@@ -74,3 +77,33 @@ class FirstFailure:
         if exit.returncode < 0:
             others.add(exit.replica)
         self.culprits = sorted(others) if others else [exit.replica]
+
+
+class UntilWorkersExit(Launcher):
+    """A Launcher whose job lasts as long as any worker does (systems that shrink in place).
+
+    The plain launcher's job ends with its coordinator; here the coordinator is
+    a bare rendezvous service (torchft's lighthouse, TorchElastic's store) that
+    never decides the run's end. The verdict: 0 if some worker finished with 0
+    (the survivors completed the run), else 1 with how the last one ended.
+    """
+
+    def _watch(self, t0: float) -> LaunchResult:
+        live = dict(self.workers)
+        while True:
+            if self._interrupted:
+                return LaunchResult(130, time.monotonic() - t0, self.exits, f"interrupted by {self._interrupted}")
+            for r, p in list(live.items()):
+                if p.poll() is not None:
+                    del live[r]
+                    self._record("worker", r, p, t0)
+            if not live:
+                ok = any(e.role == "worker" and e.returncode == 0 for e in self.exits)
+                last = self.exits[-1]
+                reason = "" if ok else f"no replica finished (last: replica {last.replica} {last.how})"
+                return LaunchResult(0 if ok else 1, time.monotonic() - t0, self.exits, reason)
+            if self.coordinator.poll() is not None and not any(e.role == "coordinator" for e in self.exits):
+                self._record("coordinator", -1, self.coordinator, t0)  # noted; the workers decide
+            for h in self.hooks:
+                h.on_tick(time.monotonic() - t0)
+            time.sleep(self.tick_seconds)

@@ -47,5 +47,9 @@ SYSTEMS: dict[str, System] = {
                "checkpoint-and-restart: DCP checkpoints every K steps; any fault restarts the whole job "
                "from the last complete one", supervisor="recover.baselines.ckpt_restart:supervise",
                settings=BaselineConfig),
+        System("torchft", "recover.baselines.torchft_worker", "torchft-lighthouse", False,
+               "torchft (shrink in place): lighthouse quorums, Manager.allreduce; a failed step is discarded "
+               "and the global batch shrinks while replicas are missing",
+               supervisor="recover.baselines.torchft_run:supervise", settings=BaselineConfig),
     ]
 }

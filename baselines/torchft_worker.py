@@ -1,0 +1,183 @@
+"""One torchft replica group (one rank): `python -m recover.baselines.torchft_worker --config C --replica R`.
+
+Contract:
+- The real torchft: a `torchft.Manager` per replica group (it hosts the group's own
+  TCPStore and ManagerServer), quorums from the lighthouse at
+  http://$RECOVER_CONTROL_ADDR, the cross-replica all-reduce through
+  `Manager.allreduce` on torchft's reconfigurable `ProcessGroupGloo`, and the
+  commit vote `Manager.should_commit`. The manager is driven directly (the
+  pattern that survived a peer's death with torchft 0.2.0 and the nightly alike)
+  because our workload already owns its gradients in one flat accumulator.
+- Its semantics as they are: replica r always folds its own share of iteration
+  t's ids (`assign_quotas(iteration_ids(t, M), range(R))[r]`). A replica that is
+  gone takes its share with it: the global batch shrinks while replicas are
+  missing, and the gradient is the mean over the microbatches the participants
+  folded. A step whose all-reduce or vote fails is discarded by every survivor and
+  retried, with the same ids, by the next quorum.
+- The all-reduce also carries, beside gradient and loss sums, a one-hot of the
+  participating replica ids and their microbatch count, so every survivor knows
+  exactly which microbatches were committed (metrics.jsonl's microbatch_ids and
+  members). The lowest participating replica writes the step's metrics line and,
+  when the group changed or attempts were discarded, an events.jsonl record.
+- Replicas start together: each waits (up to --torchft-timeout x 3) until every
+  replica's manager is up before its first quorum, as a scheduler gang-starts a
+  job, so the first quorum has everyone and the short join timeout is for faults.
+- metrics.jsonl's generation is torchft's quorum id (the manager keeps it private;
+  read with getattr so a rename in torchft degrades to -1, not a crash).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+_STARTED = time.time()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from recover.core.config import TrainConfig  # noqa: E402
+from recover.core.data import iteration_ids  # noqa: E402
+from recover.core.hooks import load_hooks  # noqa: E402
+from recover.core.plain import run_start_time, worker_args  # noqa: E402
+from recover.core.policy import assign_quotas  # noqa: E402
+from recover.core.results import JsonlWriter, metric_record  # noqa: E402
+from recover.core.workload import Workload  # noqa: E402
+
+from .runlog import baseline_dir, first_detection, record_detection  # noqa: E402
+from .settings import load_settings  # noqa: E402
+
+
+def _gang_start(out: Path, replica: int, replicas: int, timeout: float) -> None:
+    """Announce this replica is up; wait until all are (or `timeout` passes)."""
+    d = baseline_dir(out) / "ready"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"replica{replica}").touch()
+    end = time.monotonic() + timeout
+    while len(list(d.iterdir())) < replicas and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = worker_args(argv, "torchft replica group")
+    cfg = TrainConfig.load(args.config)
+    settings = load_settings(args.config)
+    torch.set_num_threads(cfg.threads)
+    t0 = run_start_time()
+    out = Path(cfg.out)
+    R, M, replica = cfg.replicas, cfg.microbatches, args.replica
+    hooks = load_hooks(cfg.hooks, cfg, replica)
+
+    from torchft import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    work = Workload(cfg, "cpu")
+    timeout = timedelta(seconds=settings.torchft_timeout)
+
+    def state_dict() -> dict:
+        return {"model": work.model.state_dict(), "optim": work.optimizer.state_dict()}
+
+    def load_state_dict(sd: dict) -> None:  # a replica that fell behind heals from a peer
+        work.model.load_state_dict(sd["model"])
+        work.optimizer.load_state_dict(sd["optim"])
+
+    # The replica group's own store (torchft keys it per group: manager address, replica id).
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_state_dict, state_dict=state_dict,
+        min_replica_size=settings.torchft_min_replicas, use_async_quorum=False, timeout=timeout,
+        quorum_timeout=3 * timeout, connect_timeout=timeout, rank=0, world_size=1,
+        store_addr="127.0.0.1", store_port=store.port, replica_id=f"replica{replica}", hostname="127.0.0.1",
+        lighthouse_addr=f"http://{os.environ['RECOVER_CONTROL_ADDR']}",
+        heartbeat_interval=timedelta(milliseconds=settings.torchft_heartbeat_ms),
+        init_sync=False,  # every replica seeds identically: equal weights at step 0
+    )
+    # After the manager is up (heartbeating): the lighthouse then waits for every
+    # heartbeating replica to join the first quorum, however slowly each started.
+    _gang_start(out, replica, R, 3 * settings.torchft_timeout)
+    full = assign_quotas(iteration_ids(0, M), list(range(R)))  # sizes only; ids per step below
+    share = {r: len(q) for r, q in full.items()}
+    metrics = JsonlWriter(out / "metrics.jsonl")
+    events = JsonlWriter(out / "events.jsonl")
+    prev_members: list[int] = list(range(R))
+    discarded: list[dict] = []  # failed attempts of the current step
+    try:
+        while True:
+            manager.start_quorum()
+            step = manager.current_step()
+            if step >= cfg.steps:
+                break
+            quota = assign_quotas(iteration_ids(step, M), list(range(R)))[replica]
+            for k, mb in enumerate(quota):
+                if k:
+                    hooks.at(step, "between_microbatches", k)
+                t = time.perf_counter()
+                work.fold(mb, lambda phase, i: hooks.at(step, phase, i))
+                hooks.microbatch_done(step, k, time.perf_counter() - t)
+            who = torch.zeros(R + 1)
+            who[replica], who[R] = 1.0, float(len(quota))
+            buf = torch.cat([work.pack(), who])
+            handle = manager.allreduce(buf, reduce_op=dist.ReduceOp.SUM)
+            try:
+                hooks.at(step, "allreduce")
+            except Exception as e:  # an injected broken link: the collective failed
+                manager.report_error(e)
+            handle.wait()
+            hooks.at(step, "commit")
+            if not manager.should_commit():
+                # torchft discards the whole step; the next quorum retries it.
+                record_detection(out, step, replica, t0, f"step {step} not committed: {manager.errored()}")
+                discarded.append({"participants": manager.num_participants()})
+                work.discard()
+                continue
+            hooks.at(step, "optimizer_step")
+            counts = buf[-(R + 1):]
+            members = [r for r in range(R) if counts[r] > 0.5]
+            n_mb = int(round(float(counts[R])))
+            loss = work.apply(buf[: -(R + 1)], n_mb)
+            ids = sorted(i for r in members for i in assign_quotas(iteration_ids(step, M), list(range(R)))[r])
+            if replica == members[0]:
+                rec = metric_record(step, loss, n_mb * work.tokens_per_microbatch, ids, getattr(manager, "_quorum_id", -1),
+                                    members, t0, participants=manager.num_participants())
+                metrics.write(rec)
+                if members != prev_members or discarded:
+                    seen = first_detection(out, step)
+                    detected_at = seen["at"] if seen else None
+                    events.write({
+                        "kind": "quorum_change" if members != prev_members else "step_retried",
+                        "step": step, "previous_members": prev_members, "members": members,
+                        "lost_replicas": sorted(set(prev_members) - set(members)),
+                        "detected_at": detected_at, "resumed_at": rec["wall_time"],
+                        "restart_seconds": None if detected_at is None else rec["wall_time"] - detected_at,
+                        "discarded_attempts": len(discarded),
+                        # each discarded attempt lost the shares its group had folded
+                        "lost_microbatches": len(discarded) * sum(share[r] for r in prev_members),
+                        "global_batch": n_mb,
+                    })
+            prev_members, discarded = members, []
+    except BaseException as e:
+        record_detection(out, -1, replica, t0, f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        metrics.close()
+        events.close()
+    if replica == prev_members[0]:
+        final = {"step": cfg.steps, "weights_checksum": work.state_checksum(), "replica": replica}
+        (baseline_dir(out) / "final.json").write_text(json.dumps(final))
+    manager.shutdown(wait=False)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

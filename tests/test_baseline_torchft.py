@@ -1,0 +1,106 @@
+"""torchft baseline (shrink in place): the real torchft lighthouse and Manager, real SIGKILLs.
+
+What is shown:
+- a replica killed mid-step (harness SIGKILL): the in-flight step is discarded,
+  the survivors go on with fewer participants, every step is committed once, and
+  the global batch shrinks to the survivors' shares (torchft's semantics, unlike
+  --system recover which keeps M);
+- the lowest replica (the metrics writer) killed by PID from the test: another
+  takes over and the run completes;
+- every replica gone: the run ends with a clear reason and a non-zero exit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import load_run, pid_alive, run_recover
+
+from recover.core.data import iteration_ids
+from recover.core.policy import assign_quotas
+from recover.core.results import read_jsonl
+
+pytest.importorskip("torchft", reason="the torchft extra is not installed: pip install -e '.[torchft]'")
+pytestmark = pytest.mark.timeout(240)
+
+BASE = ["--replicas", "3", "--microbatches", "6", "--no-progress", "--seed", "5"]
+
+
+def _share(step: int, replicas: list[int]) -> list[int]:
+    quotas = assign_quotas(iteration_ids(step, 6), [0, 1, 2])
+    return sorted(i for r in replicas for i in quotas[r])
+
+
+def test_a_crash_discards_the_step_and_the_survivors_continue_with_a_smaller_batch(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"kind": "crash", "replica": 1, "step": 3, "phase": "backward"}]}))
+    out, ref = tmp_path / "run", tmp_path / "plain"
+    run_recover("train", "--system", "torchft", *BASE, "--steps", "7", "--out", str(out), "--faults", str(plan),
+                check=True, timeout=180)
+    run_recover("train", "--system", "plain", *BASE, "--steps", "3", "--out", str(ref), check=True, timeout=120)
+    config, metrics, summary = load_run(out)
+    assert config["baseline"]["torchft_join_timeout_ms"] == 1000
+    assert [m["step"] for m in metrics] == list(range(7))
+    for m in metrics:
+        members = [0, 1, 2] if m["step"] < 3 else [0, 2]
+        assert m["members"] == members
+        assert m["microbatch_ids"] == _share(m["step"], members)  # replica 1's share is dropped
+        assert m["tokens"] == len(m["microbatch_ids"]) * 4 * 64
+    # Before the fault: the same workload as plain data parallelism, step for step.
+    plain = [m["loss"] for m in load_run(ref)[1]]
+    for a, b in zip([m["loss"] for m in metrics[:3]], plain):
+        assert abs(a - b) <= 1e-5 * abs(b)
+    (event,) = read_jsonl(out / "events.jsonl")
+    assert event["kind"] == "quorum_change" and event["step"] == 3
+    assert event["lost_replicas"] == [1] and event["members"] == [0, 2]
+    assert event["discarded_attempts"] >= 1 and event["lost_microbatches"] >= 6
+    assert event["global_batch"] == 4
+    assert event["detected_at"] <= event["resumed_at"]
+    assert summary["status"] == "ok" and summary["weights_checksum"] is not None
+
+
+def test_the_metrics_writer_killed_by_pid_hands_over_and_the_run_completes(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "recover.experiments.cli", "train", "--system", "torchft", *BASE,
+           "--steps", "30", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        while len(read_jsonl(out / "metrics.jsonl")) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        pids = json.loads((out / "pids.json").read_text())
+        victim = pids["replicas"]["0"][0]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=150)
+        assert proc.returncode == 0, stdout + stderr
+        _, metrics, _ = load_run(out)
+        assert [m["step"] for m in metrics] == list(range(30))
+        assert metrics[-1]["members"] == [1, 2]
+        changes = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "quorum_change"]
+        assert [e["lost_replicas"] for e in changes] == [[0]]
+        every = [pids["coordinator"], *(p for ps in pids["replicas"].values() for p in ps)]
+        assert not [p for p in every if pid_alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_no_replica_left_ends_with_a_clear_error(tmp_path):
+    plan = tmp_path / "plan.json"
+    faults = [{"kind": "crash", "replica": r, "step": 1, "phase": "forward"} for r in range(3)]
+    plan.write_text(json.dumps({"faults": faults}))
+    out = tmp_path / "run"
+    proc = run_recover("train", "--system", "torchft", *BASE, "--steps", "4", "--out", str(out),
+                       "--faults", str(plan), timeout=180)
+    assert proc.returncode == 1
+    assert "no replica left" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 1
