@@ -162,6 +162,10 @@ from .cli_simulate import add_simulate_parser  # noqa: E402 - the simulator's co
 
 COMMANDS.append(add_simulate_parser)
 
+from .cli_experiment import add_experiment_parser, add_figs_parser  # noqa: E402 - experiment grids, figures
+
+COMMANDS += [add_experiment_parser, add_figs_parser]
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(

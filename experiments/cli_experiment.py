@@ -1,0 +1,161 @@
+"""`recover experiment NAME` (run a grid, aggregate it) and `recover figs` (redraw every figure).
+
+Contract:
+- `recover experiment NAME --executor local|debug|slurm` builds and validates the
+  grid of NAME (experiments.experiments), prints the systems it skips and why,
+  submits the runs that are not complete yet (launch_submitit), and, for the
+  executors that wait (local, debug, or slurm with --wait), aggregates
+  OUT/NAME/ into OUT/NAME.csv and OUT/NAME_summary.csv. It exits 1 if any run
+  failed (each failure printed with its log path), 0 otherwise. `--dry-run`
+  prints the grid (and, for slurm, nothing is submitted).
+- `recover figs` runs every figure script in paper_figs/: each `paper_figs/*.py`
+  whose name does not start with "_" and does not end in "_common.py" and that
+  has a `__main__` block (the simulator's sim_*.py scripts included). The scripts
+  read results/ only. It exits 1 if any script failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIGS = REPO / "paper_figs"
+
+
+def add_experiment_parser(sub) -> None:
+    from .experiments import EXPERIMENTS, SCALES
+
+    p = sub.add_parser(
+        "experiment", help="run an experiment grid (local, debug or Slurm) and aggregate its results",
+        description="Run the grid of experiment NAME with submitit and aggregate it into OUT/NAME.csv "
+        "and OUT/NAME_summary.csv. Runs already complete are skipped.",
+    )
+    p.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help=f"one of {', '.join(EXPERIMENTS)}")
+    p.add_argument("--executor", choices=["local", "debug", "slurm"], default="local",
+                   help="local: jobs as processes here; debug: in this process; slurm: sbatch job arrays")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the experiment's)")
+    p.add_argument("--scale", choices=list(SCALES), default="local",
+                   help="; ".join(f"{k}: {v.description}" for k, v in SCALES.items()))
+    p.add_argument("--systems", nargs="+", default=None, metavar="LABEL",
+                   help="only these system labels (e.g. recover ckpt-restart); failure-free is always kept")
+    p.add_argument("--replicas", type=int, default=None, help="replicas of trajectory/throughput runs (default: the scale's)")
+    p.add_argument("--steps", type=int, default=None, help="steps of every run (default: the scale's)")
+    p.add_argument("--recovery-replicas", type=int, nargs="+", default=None,
+                   help="replica counts of the recovery sweep (default: the scale's)")
+    p.add_argument("--out", default="results", help="results folder (default: results)")
+    p.add_argument("--logs", default="runs/experiments", help="where each run's process logs go (default: runs/experiments)")
+    p.add_argument("--folder", default="", help="submitit's folder (default: runs/submitit/NAME)")
+    p.add_argument("--parallel", type=int, default=1, help="local: runs at the same time (default: 1)")
+    p.add_argument("--timeout-min", type=int, default=60, help="local: time limit of each run's job, minutes")
+    p.add_argument("--dry-run", action="store_true", help="print the grid, launch nothing")
+    s = p.add_argument_group("slurm (--executor slurm)")
+    s.add_argument("--nodes", type=int, default=None,
+                   help="nodes of trajectory/throughput runs: replicas = nodes x gpus per node")
+    s.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (= tasks, ranks) per node (default: the scale's)")
+    s.add_argument("--partition", default="", help="Slurm partition")
+    s.add_argument("--account", default="", help="Slurm account")
+    s.add_argument("--time", type=int, default=240, help="time limit of each run's job, minutes (default: 240)")
+    s.add_argument("--cpus-per-task", type=int, default=8, help="CPUs per rank (default: 8)")
+    s.add_argument("--mem-gb", type=float, default=0.0, help="memory per node, GB (default: the cluster's)")
+    s.add_argument("--array-parallelism", type=int, default=4, help="runs of an array at the same time (default: 4)")
+    s.add_argument("--setup", action="append", default=[], help="a shell line run before srun (repeatable)")
+    s.add_argument("--wait", action="store_true", help="wait for the Slurm jobs, then aggregate")
+    p.set_defaults(func=cmd_experiment)
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from .aggregate import aggregate, headline
+    from .cli import fail
+    from .experiments import SCALES, build_grid
+    from .launch_submitit import SlurmOptions, submit_grid
+
+    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "parallel"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            return fail(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
+    replicas = args.replicas
+    if args.nodes is not None:
+        gpn = args.gpus_per_node or SCALES[args.scale].gpus_per_node
+        if gpn < 1:
+            return fail("--nodes: the scale is CPU-only; give --gpus-per-node too")
+        replicas = args.nodes * gpn
+    try:
+        grid = build_grid(args.name, args.seeds, args.scale, args.systems, replicas, args.steps,
+                          tuple(args.recovery_replicas) if args.recovery_replicas else None)
+    except (KeyError, ValueError) as e:
+        return fail(str(e).strip("'\""))
+    for note in grid.notes:
+        print(f"note: {note}")
+    print(f"{args.name}: {len(grid.runs)} runs ({args.scale} scale, executor {args.executor})")
+    if args.dry_run:
+        for r in grid.runs:
+            faults = len(r.plan["faults"]) if r.plan else 0
+            print(f"  {r.name:<40} {r.system:<14} seed {r.seed} R={r.replicas} M={r.microbatches} "
+                  f"steps={r.steps} faults={faults} nodes={r.nodes}")
+        return 0
+    if args.scale != "local" and args.executor != "slurm":
+        print(f"note: the {args.scale} scale is sized for a GPU cluster; it will be slow or fail here")
+    slurm = SlurmOptions(partition=args.partition, account=args.account, time_min=args.time,
+                         cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
+                         array_parallelism=args.array_parallelism, setup=args.setup,
+                         gpus_per_node=args.gpus_per_node)
+    t0 = time.time()
+    outcomes = submit_grid(grid, args.executor, root=args.out, logs_root=args.logs,
+                           folder=args.folder or f"runs/submitit/{args.name}", parallel=args.parallel,
+                           slurm=slurm, wait=args.executor != "slurm" or args.wait, timeout_min=args.timeout_min)
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    print(f"{args.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" in {time.time() - t0:.0f}s")
+    for o in outcomes:
+        if o.status == "failed":
+            print(f"FAILED {o.name}: {o.detail}")
+        elif o.status == "skipped" and o.detail != "already complete":
+            print(f"skipped {o.name}: {o.detail}")
+    if args.executor != "slurm" or args.wait:
+        p1, p2, summaries = aggregate(args.out, args.name)
+        print(f"aggregated -> {p1}, {p2}")
+        print(json.dumps(headline(summaries), indent=1))
+    return 1 if counts.get("failed") else 0
+
+
+# ---- recover figs -------------------------------------------------------------------------
+def figure_scripts(folder: Path = FIGS) -> list[Path]:
+    """The figure scripts of `folder`, by the naming convention of the module docstring."""
+    out = []
+    for p in sorted(folder.glob("*.py")):
+        if p.name.startswith("_") or p.name.endswith("_common.py"):
+            continue
+        if "__main__" in p.read_text():
+            out.append(p)
+    return out
+
+
+def add_figs_parser(sub) -> None:
+    p = sub.add_parser("figs", help="regenerate every paper figure from results/ (no training)",
+                       description="Run every figure script in paper_figs/ (PNG and PDF beside them).")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these scripts (file stems)")
+    p.set_defaults(func=cmd_figs)
+
+
+def cmd_figs(args: argparse.Namespace) -> int:
+    scripts = figure_scripts()
+    if args.only:
+        scripts = [s for s in scripts if s.stem in args.only]
+    failed = []
+    for s in scripts:
+        t = time.time()
+        proc = subprocess.run([sys.executable, str(s)], cwd=REPO, capture_output=True, text=True)
+        ok = proc.returncode == 0
+        print(f"{'ok' if ok else 'FAILED':>6}  {s.relative_to(REPO)}  ({time.time() - t:.1f}s)")
+        for line in (proc.stdout.strip().splitlines() if ok else (proc.stdout + proc.stderr).strip().splitlines()[-15:]):
+            print(f"        {line}")
+        if not ok:
+            failed.append(s.name)
+    if failed:
+        print(f"{len(failed)} figure script(s) failed: {', '.join(failed)}")
+    return 1 if failed else 0

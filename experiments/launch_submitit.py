@@ -1,0 +1,312 @@
+"""Launching an experiment grid with submitit: here (local, debug) or on a Slurm cluster.
+
+Contract:
+- `submit_grid(grid, ...)` skips every run whose results are already complete
+  (`is_complete`: summary.json says status ok and steps == the run's steps), and
+  submits the others as job arrays (`executor.map_array`).
+- local / debug: one submitit job per run; the job calls `run_one`, which runs
+  `experiments.cli.run_training` (the project's Launcher starts the coordinator and
+  the workers as processes). Local jobs run `parallel` at a time (default 1: on a
+  small machine concurrent runs would distort each other's wall times); debug runs
+  them in this process. Each run's process logs, pids.json and a baseline's
+  internals (checkpoints) are moved out of the results, to LOGS/<experiment>/<run>/,
+  so results/ stays small enough to commit; summary.json gets "logs" naming it.
+- slurm: each run is ONE multi-task job, one task per rank (`slurm_task`). The
+  array is split by job shape (nodes, tasks per node), as a Slurm array shares one
+  set of #SBATCH lines. Task 0 writes config.json and starts the coordinator
+  (`python -m recover.core.coordinator --host 0.0.0.0` with ports derived from the
+  job id, `job_ports`); every task then runs the system's worker module for its
+  rank with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR (hostnames[0] of the job),
+  RECOVER_REPLICA and RECOVER_T0; task 0 waits for the run to end and writes
+  summary.json. Systems that restart or re-form their job with a supervisor of
+  their own (checkpoint-restart, torchft, elastic) are skipped on Slurm with a note:
+  their supervisors start local processes.
+- A failed run is reported with the path of its logs (the run's moved logs, or the
+  submitit job's stderr when the job itself died).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recover.core.results import read_jsonl, write_summary
+
+from .experiments import PLAN_INPUT, Grid, RunSpec
+from .systems import SYSTEMS
+
+EXECUTORS = ("local", "debug", "slurm")
+MOVED_OUT = ("logs", "baseline", "pids.json")  # what a run leaves in its dir that is not the contract
+
+
+@dataclass
+class SlurmOptions:
+    """The Slurm side of `recover experiment --executor slurm`."""
+
+    partition: str = ""  # --partition ('' = the cluster's default)
+    account: str = ""  # --account ('' = the user's default)
+    time_min: int = 240  # wall-clock limit of each run's job, minutes
+    cpus_per_task: int = 8  # CPUs per rank (data loading, the coordinator on task 0)
+    mem_gb: float = 0.0  # memory per node, GB (0 = the cluster's default)
+    array_parallelism: int = 4  # runs of one array running at the same time
+    setup: list[str] = field(default_factory=list)  # shell lines run before srun (module load, venv)
+    gpus_per_node: int | None = None  # override the scale's GPUs per node
+
+
+@dataclass
+class Outcome:
+    """How one run of a grid ended (or why it did not run)."""
+
+    name: str  # the run's name
+    status: str  # ok, failed, skipped (already complete), submitted (slurm, not waited for)
+    detail: str = ""  # reason, job id, or log path
+
+
+def is_complete(run_dir: str | Path, steps: int) -> bool:
+    """True when the run's summary says status ok with every one of its `steps` committed."""
+    p = Path(run_dir) / "summary.json"
+    try:
+        s = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return s.get("status") == "ok" and s.get("steps") == steps
+
+
+# ---- one run, here ------------------------------------------------------------------------
+def run_one(spec_dict: dict[str, Any], root: str, logs_root: str) -> dict[str, Any]:
+    """The body of a local/debug job: train one RunSpec into root/<experiment>/<name>/."""
+    from recover.fault_injection.injector import attach_plan
+
+    from .cli import run_training
+
+    spec = RunSpec.from_dict(spec_dict)
+    out = spec.out_dir(root)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)  # an interrupted rerun must not look complete
+    (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
+    spec.write_plan(root)
+    cfg = spec.train_config(root)
+    plan = attach_plan(cfg)
+    try:
+        summary = run_training(cfg, plan=plan, settings=spec.settings_obj())
+    finally:
+        (out / PLAN_INPUT).unlink(missing_ok=True)
+        logs = Path(logs_root) / spec.experiment / spec.name
+        shutil.rmtree(logs, ignore_errors=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        for name in MOVED_OUT:
+            if (out / name).exists():
+                shutil.move(str(out / name), str(logs / name))
+    summary["logs"] = str(logs)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return {"name": spec.name, "status": summary["status"], "steps": summary["steps"],
+            "reason": summary.get("reason", ""), "logs": str(logs)}
+
+
+# ---- one run, as one multi-task Slurm job ------------------------------------------------
+def job_ports(job_id: str) -> tuple[int, int]:
+    """(store port, control port) derived from the job id: every task computes the same pair."""
+    base = 20000 + 2 * (zlib.crc32(job_id.encode()) % 10000)
+    return base, base + 1
+
+
+def _wait_for(path: Path, timeout: float) -> dict:
+    end = time.time() + timeout
+    while time.time() < end:
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError:  # being written
+                pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{path} did not appear within {timeout:.0f}s (task 0 failed? see its log)")
+
+
+def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
+    """The body of every task of a run's Slurm job: one rank of the run (see the module docstring)."""
+    import submitit
+
+    from recover.fault_injection.injector import attach_plan
+
+    from .cli import RUN_FILES, resolved_config_dict
+
+    env = submitit.JobEnvironment()
+    rank, job_id, host0 = env.global_rank, str(env.job_id), env.hostnames[0]
+    spec = RunSpec.from_dict(spec_dict)
+    system = SYSTEMS[spec.system]
+    out = spec.out_dir(root)
+    sync = out / ".slurm" / job_id  # per job: a requeued job never reads an older one's markers
+    store_port, control_port = job_ports(job_id)
+    if rank >= spec.replicas:  # the last node's spare task slots
+        return {"rank": rank, "idle": True}
+    config_path = out / "config.json"
+    coordinator = None
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            (out / name).unlink(missing_ok=True)
+        (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
+        spec.write_plan(root)
+        cfg = spec.train_config(root)
+        plan = attach_plan(cfg)  # points cfg.hooks at the injector when there is a plan
+        config = resolved_config_dict(cfg)
+        settings = spec.settings_obj()
+        if settings is not None:
+            config["baseline"] = settings.to_dict()
+        config_path.write_text(json.dumps(config, indent=2))
+        if plan is not None:
+            plan.save(out / "fault_plan.json")  # the workers' injectors read it there
+        t0 = time.time()
+        coordinator = subprocess.Popen(
+            [sys.executable, "-m", "recover.core.coordinator", "--config", str(config_path),
+             "--mode", system.coordinator_mode, "--host", "0.0.0.0",
+             "--store-port", str(store_port), "--control-port", str(control_port)],
+            stdout=subprocess.PIPE, env={**os.environ, "RECOVER_T0": repr(t0)},
+        )
+        coordinator.stdout.readline()  # its first line: the store is up
+        sync.mkdir(parents=True, exist_ok=True)
+        (sync / "ready.json").write_text(json.dumps({"t0": t0, "host": host0}))
+    ready = _wait_for(sync / "ready.json", timeout=600)
+    worker_env = {
+        **os.environ,
+        "RECOVER_STORE_ADDR": f"{host0}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host0}:{control_port}",
+        "RECOVER_REPLICA": str(rank), "RECOVER_T0": repr(ready["t0"]),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
+        env=worker_env,
+    )
+    code = worker.wait()
+    (sync / f"done-{rank}").write_text(str(code))
+    if rank != 0:
+        return {"rank": rank, "returncode": code}
+    # Task 0 keeps the coordinator until the run is over: a "recover" coordinator exits
+    # by itself; a bare store waits for every rank's done marker (or a failure, fail-fast).
+    while coordinator.poll() is None:
+        done = {p.name: int(p.read_text() or 1) for p in sync.glob("done-*")}
+        if system.fail_fast and any(c != 0 for c in done.values()):
+            break
+        if system.coordinator_mode == "store" and len(done) >= spec.replicas:
+            break
+        time.sleep(0.5)
+    if coordinator.poll() is None:
+        coordinator.send_signal(signal.SIGTERM)
+        coordinator.wait(30)
+    committed = len(read_jsonl(out / "metrics.jsonl"))
+    ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode == "store")
+    summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,
+                            reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id)
+    return {"rank": 0, "returncode": code, "status": summary["status"]}
+
+
+# ---- submitting a grid ----------------------------------------------------------------------
+def _report_job_failure(name: str, job: Any, err: BaseException) -> Outcome:
+    try:
+        log = str(job.paths.stderr)
+    except Exception:  # the debug executor has no files
+        log = "(in-process job: see the traceback above)"
+    return Outcome(name, "failed", f"job {job.job_id} raised {type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}; log: {log}")
+
+
+def submit_grid(grid: Grid, executor: str, root: str | Path = "results", logs_root: str | Path = "runs/experiments",
+                folder: str | Path = "runs/submitit", parallel: int = 1, slurm: SlurmOptions | None = None,
+                wait: bool = True, timeout_min: int = 60, echo=print) -> list[Outcome]:
+    """Launch the grid's incomplete runs (see the module docstring); return one Outcome per run."""
+    import submitit
+
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    root, logs_root = str(root), str(logs_root)
+    outcomes: list[Outcome] = []
+    todo: list[RunSpec] = []
+    for spec in grid.runs:
+        if is_complete(spec.out_dir(root), spec.steps):
+            outcomes.append(Outcome(spec.name, "skipped", "already complete"))
+        else:
+            todo.append(spec)
+    if executor == "slurm":
+        return outcomes + _submit_slurm(todo, root, folder, slurm or SlurmOptions(), wait, echo)
+    ex = submitit.AutoExecutor(folder=str(folder), cluster=executor)
+    if executor == "local":
+        ex.update_parameters(timeout_min=timeout_min, name=f"recover-{grid.experiment}")
+    step = max(1, parallel) if executor == "local" else max(1, len(todo))
+    for i in range(0, len(todo), step):
+        chunk = todo[i:i + step]
+        jobs = ex.map_array(run_one, [s.to_dict() for s in chunk], [root] * len(chunk), [logs_root] * len(chunk))
+        for spec, job in zip(chunk, jobs):
+            try:
+                r = job.result()
+            except Exception as e:  # the job itself died (not the training: that is a status)
+                outcomes.append(_report_job_failure(spec.name, job, e))
+            else:
+                detail = "" if r["status"] == "ok" else f"{r['reason']}; logs: {r['logs']}"
+                outcomes.append(Outcome(spec.name, r["status"], detail))
+            echo(f"  {outcomes[-1].status:>7}  {spec.name}  {outcomes[-1].detail}".rstrip())
+    return outcomes
+
+
+def slurm_shape(spec: RunSpec, opts: SlurmOptions) -> tuple[int, int, int]:
+    """(nodes, tasks per node, GPUs per node) of a run's job: one task per rank."""
+    gpn = spec.gpus_per_node if opts.gpus_per_node is None else opts.gpus_per_node
+    per_node = min(gpn, spec.replicas) if gpn > 0 else spec.replicas
+    nodes = -(-spec.replicas // per_node)
+    return nodes, per_node, gpn
+
+
+def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: SlurmOptions, wait: bool,
+                  echo) -> list[Outcome]:
+    import submitit
+
+    outcomes: list[Outcome] = []
+    runnable = []
+    for spec in todo:
+        if SYSTEMS[spec.system].supervisor:
+            outcomes.append(Outcome(spec.name, "skipped",
+                                    f"{spec.system} restarts its job from a supervisor that starts local processes; "
+                                    "not launched on Slurm"))
+        else:
+            runnable.append(spec)
+    groups: dict[tuple[int, int, int], list[RunSpec]] = {}
+    for spec in runnable:
+        groups.setdefault(slurm_shape(spec, opts), []).append(spec)
+    for (nodes, per_node, gpn), specs in groups.items():
+        ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+        params: dict[str, Any] = dict(
+            name=f"recover-{specs[0].experiment}", nodes=nodes, tasks_per_node=per_node,
+            cpus_per_task=opts.cpus_per_task, timeout_min=opts.time_min,
+            slurm_array_parallelism=opts.array_parallelism,
+        )
+        if gpn > 0:
+            params["gpus_per_node"] = gpn
+        if opts.mem_gb > 0:
+            params["mem_gb"] = opts.mem_gb
+        if opts.partition:
+            params["slurm_partition"] = opts.partition
+        if opts.account:
+            params["slurm_account"] = opts.account
+        if opts.setup:
+            params["slurm_setup"] = list(opts.setup)
+        ex.update_parameters(**params)
+        jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs))
+        for spec, job in zip(specs, jobs):
+            outcomes.append(Outcome(spec.name, "submitted", f"job {job.job_id}; sbatch {job.paths.submission_file}; "
+                                    f"log {job.paths.stderr}"))
+            echo(f"  submitted  {spec.name}  job {job.job_id} ({nodes} node(s) x {per_node} task(s))")
+        if wait:
+            for spec, job in zip(specs, jobs):
+                try:
+                    results = job.results()  # one per task
+                    status = next((r.get("status") for r in results if r.get("rank") == 0), "failed")
+                except Exception as e:
+                    outcomes.append(_report_job_failure(spec.name, job, e))
+                else:
+                    outcomes.append(Outcome(spec.name, status, "" if status == "ok" else f"log {job.paths.stderr}"))
+    return outcomes

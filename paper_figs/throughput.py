@@ -1,0 +1,48 @@
+"""The effective-throughput figure: effective tokens against wall time and against process-hours.
+
+Reads RESULTS/throughput.csv and throughput_summary.csv only (see exp_common). Effective
+tokens are the tokens of committed iterations on the failure-free trajectory (same
+microbatch ids, loss within the aggregation's tolerance: experiments/aggregate.py). Left:
+running effective tokens against wall-clock seconds; middle: against process-hours (live
+processes x time); x marks: faults. Right: effective tokens per second per system (mean
+over seeds, dots: seeds).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from exp_common import args, fault_points, load, order, palette, plt, save, sns, theme  # noqa: E402
+
+
+def main(results: str, experiment: str, out: str, name: str) -> list[Path]:
+    df, summary = load(results, experiment)
+    theme()
+    labels = order(df["label"])
+    pal = palette(labels)
+    df = df.dropna(subset=["cum_effective_tokens"]).copy()
+    df["process_hours"] = df["cum_process_seconds"] / 3600.0
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 1, 0.8]})
+    for ax, x, xlabel in ((axes[0], "wall_time", "wall time (s)"), (axes[1], "process_hours", "process-hours")):
+        sns.lineplot(df, x=x, y="cum_effective_tokens", hue="label", hue_order=labels, palette=pal, units="run",
+                     estimator=None, ax=ax, legend=ax is axes[0])
+        f = fault_points(df)
+        ax.scatter(f[x], f["cum_effective_tokens"], marker="x", color="black", s=25, zorder=5, label="fault")
+        ax.set(xlabel=xlabel, ylabel="effective tokens (on the failure-free trajectory)")
+    axes[0].set_title("effective tokens vs wall time")
+    axes[1].set_title("effective tokens vs process-hours")
+    s = summary.dropna(subset=["effective_tokens_per_s"])
+    sns.barplot(s, x="label", y="effective_tokens_per_s", order=[x for x in labels if x in set(s["label"])],
+                hue="label", palette=pal, errorbar=None, ax=axes[2], legend=False)
+    sns.stripplot(s, x="label", y="effective_tokens_per_s", order=[x for x in labels if x in set(s["label"])],
+                  color="black", size=4, ax=axes[2])
+    axes[2].set(title="effective throughput (tokens/s)", xlabel="", ylabel="effective tokens / s")
+    axes[2].tick_params(axis="x", rotation=30)
+    fig.suptitle(f"{experiment}: successive failures at a per-GPU failure rate; x = a fault fired")
+    return save(fig, out, name)
+
+
+if __name__ == "__main__":
+    a = args(__doc__.split("\n")[0], "throughput", "throughput")
+    main(a.results, a.experiment, a.out, a.name)
