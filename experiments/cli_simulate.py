@@ -48,7 +48,8 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--plan", default="", help="local: simulate this fault plan JSON instead of the default one")
     p.add_argument("--steps", type=int, default=20, help="local: iterations to run (default: 20)")
     p.add_argument("--real", nargs="*", default=None,
-                   help="validate: run directories, or folders to search for them (default: results/)")
+                   help="validate: run directories, or folders to search for them (default: results/ and "
+                   "results/sim/real)")
     p.set_defaults(func=cmd_simulate)
 
 
@@ -141,7 +142,9 @@ def _print_summary(s: dict) -> None:
 def _validate(args: argparse.Namespace, out: Path) -> int:
     from recover.experiments.sim.validation import compare, find_runs
 
-    roots = args.real if args.real else ["results"]
+    # by default: every run under results/ (not the simulator's own outputs), and the real runs
+    # committed beside the simulator for its validation (results/sim/real)
+    roots = args.real if args.real else ["results"] + (["results/sim/real"] if Path("results/sim/real").is_dir() else [])
     runs: list[Path] = []
     for r in roots:
         if not Path(r).exists():
@@ -156,8 +159,9 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
     (out / "validation.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
     for row in result["runs"]:
         e = row["error_after_first_step"]
-        print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}"
-              f"{'' if row['within_tolerance'] else '  (outside ' + str(int(100 * result['tolerance'])) + '%)'}")
+        verdict = ("  (timing reference)" if row["role"] != "validated" else
+                   "" if row["within_tolerance"] else f"  (outside {100 * result['tolerance']:.0f}%)")
+        print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}{verdict}")
     print(f"{result['validated']}/{result['total']} runs within {100 * result['tolerance']:.0f}% -> "
           f"{out / 'validation.json'}")
     return 0
