@@ -128,7 +128,7 @@ def test_validate_command_writes_validation_json(tmp_path):
 # ---- calibration from `recover bench` ----------------------------------------------------------
 def test_local_calibration_reads_bench_files(tmp_path):
     default = local_calibration(tmp_path / "none")
-    assert default.costs.restart_seconds == LOCAL_MEASURED["startup_seconds"][0]
+    assert default.costs.restart_seconds == LOCAL_MEASURED["restart_seconds"][0]
     b = tmp_path / "bench"
     b.mkdir()
     (b / "recovery_recover.json").write_text(json.dumps({
