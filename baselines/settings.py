@@ -46,10 +46,16 @@ class BaselineConfig:
         "elastic: a smaller group 'keep-global' (accumulate more, M kept) or 'keep-per-replica' (M shrinks)",
     )
     elastic_min_nodes: int = _f(1, "elastic: the fewest nodes (agents) the group may shrink to (--nnodes MIN:R)")
-    rdzv_last_call_timeout: float = _f(
-        2.0, "elastic: seconds a rendezvous waits for more nodes once MIN have joined (torch default 30)"
+    rdzv_last_call_timeout: int = _f(
+        1, "elastic: whole seconds a rendezvous waits for more nodes once MIN have joined (torch default 30)"
     )
-    rdzv_join_timeout: float = _f(60.0, "elastic: seconds a rendezvous may take before the agent gives up (torch default 600)")
+    rdzv_join_timeout: int = _f(60, "elastic: whole seconds a rendezvous may take before the agent gives up (torch default 600)")
+    rdzv_keep_alive_interval: int = _f(
+        1, "elastic: whole seconds between an agent's rendezvous heartbeats (torch default 5)"
+    )
+    rdzv_keep_alive_max_attempt: int = _f(
+        2, "elastic: missed heartbeats after which a node counts as dead (torch default 3)"
+    )
     monitor_interval: float = _f(0.1, "elastic: seconds between an agent's checks of its workers (torch default 0.1 as of 2.13)")
     torchft_min_replicas: int = _f(1, "torchft: fewest replica groups a quorum may have")
     torchft_join_timeout_ms: int = _f(
@@ -67,10 +73,14 @@ class BaselineConfig:
                      "torchft_heartbeat_timeout_ms", "torchft_heartbeat_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
+        for name in ("rdzv_last_call_timeout", "rdzv_join_timeout", "rdzv_keep_alive_interval",
+                     "rdzv_keep_alive_max_attempt"):
+            if getattr(self, name) < 1:
+                raise ConfigError(flag_name(name), f"must be >= 1 (torchrun takes whole seconds), got {getattr(self, name)}")
         for name in ("replace_wait", "max_restarts"):
             if getattr(self, name) < 0:
                 raise ConfigError(flag_name(name), f"must be >= 0, got {getattr(self, name)}")
-        for name in ("rdzv_last_call_timeout", "rdzv_join_timeout", "monitor_interval", "torchft_timeout"):
+        for name in ("monitor_interval", "torchft_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
         if self.restart_mode not in RESTART_MODES:

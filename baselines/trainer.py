@@ -133,6 +133,11 @@ def train(
             buf = work.pack()
             handle = dist.all_reduce(buf, async_op=True)
             hooks.at(step, "allreduce")
+            # Poll instead of wait(): a blocking wait would hold off Python signal
+            # handlers (a TorchElastic agent stopping this worker) until the
+            # collective ends or times out.
+            while not handle.is_completed():
+                time.sleep(0.0005)
             handle.wait()
             hooks.at(step, "commit")
             hooks.at(step, "optimizer_step")

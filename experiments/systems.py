@@ -51,5 +51,9 @@ SYSTEMS: dict[str, System] = {
                "torchft (shrink in place): lighthouse quorums, Manager.allreduce; a failed step is discarded "
                "and the global batch shrinks while replicas are missing",
                supervisor="recover.baselines.torchft_run:supervise", settings=BaselineConfig),
+        System("elastic", "recover.baselines.elastic_worker", "store", False,
+               "elastic restart with TorchElastic (torchrun agents, c10d rendezvous, MIN:R nodes): a fault "
+               "restarts every worker from the last checkpoint with the nodes left",
+               supervisor="recover.baselines.elastic:supervise", settings=BaselineConfig),
     ]
 }

@@ -1,0 +1,127 @@
+"""Elastic baseline: real torchrun agents (c10d rendezvous, MIN:R nodes), real SIGKILLs.
+
+What is shown:
+- a worker's crash (harness SIGKILL): TorchElastic restarts every worker, the job
+  resumes from the last checkpoint with all nodes, and the trajectory is the
+  failure-free one;
+- a node's loss (its agent SIGKILLed by PID from the test): the group re-forms
+  with the surviving nodes and, with keep-per-replica, the global batch shrinks;
+  no process of the run is left behind;
+- fewer nodes left than --elastic-min-nodes: the run ends with a non-zero exit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import load_run, run_recover
+
+from recover.core.data import iteration_ids
+from recover.core.results import read_jsonl
+
+pytestmark = pytest.mark.timeout(240)
+
+BASE = ["--system", "elastic", "--microbatches", "6", "--ckpt-every", "2", "--no-progress", "--seed", "11"]
+
+
+def _run_processes(out: Path) -> list[int]:
+    """PIDs of live processes whose command line names this run's directory."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+                state = (d / "stat").read_text().rsplit(") ", 1)[1][0]
+            except (OSError, IndexError):
+                continue
+            if str(out) in cmd and state != "Z":
+                found.append(int(d.name))
+    return found
+
+
+def _start(out: Path, *flags: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "recover.experiments.cli", "train", *BASE, "--out", str(out), *flags]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_node_after(out: Path, proc: subprocess.Popen, steps: int, node: str) -> int:
+    deadline = time.monotonic() + 150
+    while len(read_jsonl(out / "metrics.jsonl")) < steps:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    agent = json.loads((out / "pids.json").read_text())["replicas"][node][0]
+    os.kill(agent, signal.SIGKILL)  # the node's agent; its worker dies with it
+    return agent
+
+
+def test_a_worker_crash_restarts_all_workers_from_the_checkpoint(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"kind": "crash", "replica": 1, "step": 3, "phase": "backward"}]}))
+    out, ref = tmp_path / "run", tmp_path / "plain"
+    run_recover("train", *BASE, "--replicas", "2", "--steps", "6", "--out", str(out), "--faults", str(plan),
+                check=True, timeout=180)
+    run_recover("train", "--system", "plain", "--replicas", "2", "--microbatches", "6", "--steps", "6",
+                "--seed", "11", "--no-progress", "--out", str(ref), check=True, timeout=120)
+    config, metrics, summary = load_run(out)
+    assert config["baseline"]["rdzv_last_call_timeout"] == 1
+    torchrun = json.loads((out / "baseline" / "torchrun.json").read_text())["torchrun_args"]
+    assert "c10d" in torchrun and "1:2" in torchrun
+    assert [m["step"] for m in metrics] == list(range(6))
+    assert [m["generation"] for m in metrics] == [0, 0, 1, 1, 1, 1]  # resumed at the checkpoint of step 2
+    (event,) = read_jsonl(out / "events.jsonl")
+    assert event["from_step"] == 2 and event["furthest_step"] == 3 and event["lost_steps"] == 1
+    assert event["members"] == [0, 1] and event["detected_at"] <= event["resumed_at"]
+    # Same group, same data: the failure-free trajectory.
+    assert [m["loss"] for m in metrics] == [m["loss"] for m in load_run(ref)[1]]
+    assert summary["status"] == "ok" and summary["restarts"] == 1
+
+
+def test_a_lost_node_reforms_the_group_with_the_survivors_and_shrinks_the_batch(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, "--replicas", "3", "--steps", "40", "--elastic-batch", "keep-per-replica")
+    try:
+        agent = _kill_node_after(out, proc, 3, "1")
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stdout + stderr
+        config, metrics, summary = load_run(out)
+        assert config["baseline"]["elastic_batch"] == "keep-per-replica"
+        assert [m["step"] for m in metrics] == list(range(40))
+        (event,) = read_jsonl(out / "events.jsonl")
+        assert event["failed_replicas"] == [1] and event["members"] == [0, 2] and event["world"] == 2
+        assert event["from_step"] % 2 == 0 and event["from_step"] >= 2
+        for m in metrics:
+            if m["step"] < event["from_step"]:
+                assert m["members"] == [0, 1, 2] and m["microbatch_ids"] == iteration_ids(m["step"], 6)
+            else:  # two nodes fold what two of the three did: 4 of the 6 ids
+                assert m["members"] == [0, 2] and m["microbatch_ids"] == iteration_ids(m["step"], 6)[:4]
+        assert any(e["pid"] == agent and e["how"] == "killed by SIGKILL" for e in summary["processes"])
+        assert not _run_processes(out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_fewer_nodes_than_the_minimum_end_the_run_with_an_error(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, "--replicas", "2", "--steps", "200", "--elastic-min-nodes", "2",
+                  "--rdzv-join-timeout", "3", "--max-restarts", "1")
+    try:
+        _kill_node_after(out, proc, 2, "1")
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 1, stdout + stderr
+        assert "the elastic job could not go on" in stdout
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["steps"] < 200
+        assert not _run_processes(out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
