@@ -280,6 +280,8 @@ def simulate_one(system: str, job: JobModel, costs, events: FailureEvents, horiz
     """Simulate `system` on `job` with `costs` against `events` (see engine.simulate)."""
     if system not in SYSTEMS:
         raise KeyError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+    if horizon == float("inf") and max_iterations is None:
+        raise ValueError("an infinite horizon needs max_iterations")
     cls, settings = SYSTEMS[system]
     run = RunRecord(job, system=system)
     pol = cls(job, costs, run, checkpoint_every=checkpoint_every if system in CHECKPOINTING else 0,

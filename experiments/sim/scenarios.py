@@ -36,7 +36,7 @@ from .calibration import LLAMA3_GPU_MTBF_HOURS, Calibration, cluster_costs, loca
 from .engine import RunRecord, _interp_last
 from .failures import FailureEvents, FailureModel
 from .model import JobModel
-from .policies import CHECKPOINTING, SYSTEMS, simulate_one
+from .policies import SYSTEMS, simulate_one
 from .youngdaly import daly_interval, interval_iterations, young_interval
 
 PAPER = {"effective_throughput_ratio": 2.23, "more_tokens_percent_at_gpu_hours": 74.9, "gpu_hours": 234.0,
