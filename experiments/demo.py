@@ -6,6 +6,13 @@ of the four replicas are SIGKILLed at different phases (one in the middle of the
 gradient all-reduce) - then prints both loss trajectories side by side, the
 largest difference, and how long each recovery took. Exits non-zero if either
 run failed. Results land under runs/demo/.
+
+Then (issue 6) it is a small trajectory experiment: every other registered system
+(checkpoint-restart, torchft, elastic in both settings: experiments.FAULTY_SYSTEMS)
+trains under the same plan, a compact side-by-side table shows each one's loss
+difference from failure-free, runs/demo.csv is aggregated, and the trajectory
+figure is drawn to runs/demo/trajectory.png (its path printed). A baseline that
+fails is reported, not fatal: the demo's verdict is the two runs above.
 """
 from __future__ import annotations
 
@@ -65,7 +72,46 @@ def main() -> int:
               f"{1e3 * e['recovery_seconds']:.0f} ms after detection; survivors {e['survivors']} "
               f"redid {len(e['redone'])} microbatches")
     print(f"\nresults: {ref_cfg.out}/ and {rec_cfg.out}/ (metrics.jsonl, events.jsonl, faults.jsonl, logs/)")
+    others_table(common, plan_path, a, b)
     return 0
+
+
+def others_table(common: dict, plan_path: Path, ref: list[dict], rec: list[dict]) -> None:
+    """The other systems under the same plan, side by side, then the trajectory figure."""
+    import subprocess
+
+    from .aggregate import aggregate
+    from .experiments import FAULTY_SYSTEMS
+    from .systems import SYSTEMS
+
+    variants = [v for v in FAULTY_SYSTEMS if v.system in SYSTEMS and v.label != "recover"]
+    cols: dict[str, dict[int, dict]] = {"recover": {m["step"]: m for m in rec}}
+    for i, v in enumerate(variants):
+        print(f"\n+{i + 1}/{len(variants)} {v.label} under the same plan ...", flush=True)
+        cfg = TrainConfig(system=v.system, out=str(OUT / v.label), faults=str(plan_path), **common)
+        settings = SYSTEMS[v.system].settings(**dict(v.settings))
+        summary = run_training(cfg, plan=attach_plan(cfg), settings=settings)
+        if summary["status"] != "ok":
+            print(f"  {v.label} {summary['status']}: {summary['reason']} (logs: {cfg.out}/logs/)")
+        cols[v.label] = {m["step"]: m for m in read_jsonl(Path(cfg.out) / "metrics.jsonl")}
+    print("\n|loss - failure-free loss| per step ('-': step not committed; '*': a different set of microbatches)")
+    print(f"{'step':>4}  {'failure-free':>12}  " + "  ".join(f"{k:>{max(10, len(k))}}" for k in cols))
+    for x in ref:
+        cells = []
+        for k, c in cols.items():
+            m = c.get(x["step"])
+            cell = "-" if m is None else f"{abs(m['loss'] - x['loss']):.1e}" + (
+                "*" if m["microbatch_ids"] != x["microbatch_ids"] else " ")
+            cells.append(f"{cell:>{max(10, len(k))}}")
+        print(f"{x['step']:>4}  {x['loss']:>12.6f}  " + "  ".join(cells))
+    aggregate(OUT.parent, OUT.name)
+    script = Path(__file__).resolve().parent.parent / "paper_figs" / "trajectory.py"
+    proc = subprocess.run([sys.executable, str(script), "--results", str(OUT.parent), "--experiment", OUT.name,
+                           "--out", str(OUT), "--name", "trajectory"], capture_output=True, text=True)
+    if proc.returncode == 0:
+        print(f"\ntrajectory figure: {OUT / 'trajectory.png'} (and .pdf); per-step table: {OUT.parent / 'demo.csv'}")
+    else:
+        print(f"\ntrajectory figure failed: {proc.stderr.strip().splitlines()[-1:]}")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ class Scale:
 SCALES: dict[str, Scale] = {
     s.name: s
     for s in [
-        Scale("local", "tiny", 4, 8, 30, 40, (2, 4, 6, 8), 12, 0,
+        Scale("local", "tiny", 4, 8, 30, 30, (2, 4, 8), 10, 0,
               overrides=(("threads", 1),),
               description="this machine: tiny model, 4 replicas, one CPU process each"),
         Scale("paper-64", "gpt2-124m", 64, 128, 2000, 2000, (8, 16, 32, 64), 200, 8, batch_size=8,
@@ -200,16 +200,21 @@ def _comparison(exp: str, seeds: list[int], scale: Scale, steps: int,
 
 
 # ---- the experiments --------------------------------------------------------------------
+# A lost GPU takes its whole replica (every process of it, at once): for elastic this
+# is a lost node (its agent goes too), not a worker crash its agent would restart.
+LOSS_KIND = "replica_loss"
+
+
 def trajectory(seeds: list[int], scale: Scale) -> list[RunSpec]:
     """Loss trajectory under "lose half of the replicas, spread over the run" (paper Fig. trajectory).
 
-    Every system loses the same replicas at the same steps (crashes at a random
-    phase); the question is whether its loss curve stays on the failure-free one.
+    Every system loses the same replicas at the same steps (a replica_loss at a
+    random phase); the question is whether its loss curve stays on the failure-free one.
     """
     steps = scale.steps
 
     def plan(seed: int) -> FaultPlan:
-        p = sample_plan("spread", scale.replicas, steps, seed, kind="crash")
+        p = sample_plan("spread", scale.replicas, steps, seed, kind=LOSS_KIND)
         return dataclasses.replace(p, description="lose half of the replicas, spread over the run")
 
     return _comparison("trajectory", seeds, scale, steps, plan)
@@ -233,7 +238,7 @@ def throughput(seeds: list[int], scale: Scale) -> list[RunSpec]:
 
     def plan(seed: int) -> FaultPlan:
         p = sample_plan("exponential", scale.replicas, steps, seed, mtbf_hours=THROUGHPUT_MTBF_HOURS,
-                        hours=THROUGHPUT_HOURS, kind="crash")
+                        hours=THROUGHPUT_HOURS, kind=LOSS_KIND)
         cap = scale.replicas - 1
         gen = {**(p.generator or {}), "capped_at": cap}
         return FaultPlan(p.faults[:cap], gen, "successive failures at a per-GPU failure rate (exponential)")
