@@ -162,6 +162,9 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
         verdict = ("  (timing reference)" if row["role"] != "validated" else
                    "" if row["within_tolerance"] else f"  (outside {100 * result['tolerance']:.0f}%)")
         print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}{verdict}")
+    for name, d in result["pooled_by_system"].items():
+        e = d["error"]
+        print(f"  pooled {name:<13} {d['runs']} runs: error {'n/a' if e is None else f'{100 * e:+.1f}%'}")
     print(f"{result['validated']}/{result['total']} runs within {100 * result['tolerance']:.0f}% -> "
           f"{out / 'validation.json'}")
     return 0

@@ -96,17 +96,18 @@ LOCAL_MEASURED: dict[str, tuple[float, str]] = {
                                 "model + AdamW state, one process"),
     "checkpoint_load_seconds": (0.019, "measured here: median dcp.load of the same state"),
     "recover_detect_seconds": (0.040, "measured here: median of 4 recoveries of `recover train --system recover` "
-                               "(results/sim/real/recover_plan_*), fault fired (faults.jsonl) to detected_at "
+                               "(results/sim/real/batch1/recover_plan_*), fault fired (faults.jsonl) to detected_at "
                                "(events.jsonl); DESIGN.md's first prototype measured ~60 ms"),
     "recover_rebuild_seconds": (0.002, "measured here: the same 4 recoveries, detected_at to formed_at (the next "
                                 "generation's group built)"),
     "restart_seconds": (14.3, "measured here: median of 4 restarts of `recover train --system ckpt-restart` "
-                        "(results/sim/real/ckpt-restart_plan_*, 8.8-16.1 s), events.jsonl restart_seconds minus "
+                        "(results/sim/real/batch1/ckpt-restart_plan_*, 8.8-16.1 s), events.jsonl restart_seconds minus "
                         "the redone steps, the committing step and the load"),
     "torchft_seconds": (5.1, "measured here (issue 4): torchft nightly, 2 replicas, kill to next committed step "
                         "with default settings (1.07 s with a 1 s heartbeat)"),
-    "elastic_restart_seconds": (5.6, "measured here (DESIGN.md section 5): torchrun agents, a worker crash, loop "
-                                "resumed 5.6 s after the kill (re-forming with fewer nodes took ~42 s)"),
+    "elastic_restart_seconds": (15.5, "measured here: median of 4 restarts of `recover train --system elastic` "
+                                "(results/sim/real/batch2/elastic_plan_*, 14.6-19.3 s; torchrun agents restarting "
+                                "every worker after a crash), as for restart_seconds"),
 }
 
 TINY_GRAD_BYTES = (119_104 + 1) * 4
