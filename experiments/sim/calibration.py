@@ -103,8 +103,9 @@ LOCAL_MEASURED: dict[str, tuple[float, str]] = {
     "restart_seconds": (14.3, "measured here: median of 4 restarts of `recover train --system ckpt-restart` "
                         "(results/sim/real/batch1/ckpt-restart_plan_*, 8.8-16.1 s), events.jsonl restart_seconds minus "
                         "the redone steps, the committing step and the load"),
-    "torchft_seconds": (5.1, "measured here (issue 4): torchft nightly, 2 replicas, kill to next committed step "
-                        "with default settings (1.07 s with a 1 s heartbeat)"),
+    "torchft_seconds": (1.1, "measured here: `recover train --system torchft` (the baseline's 100 ms heartbeat, "
+                        "1 s quorum join timeout), loss to next committed step in results/sim/real/batch3 (1.08-1.14 s); "
+                        "with torchft's default settings issue 4 measured 5.1 s"),
     "elastic_restart_seconds": (15.5, "measured here: median of 4 restarts of `recover train --system elastic` "
                                 "(results/sim/real/batch2/elastic_plan_*, 14.6-19.3 s; torchrun agents restarting "
                                 "every worker after a crash), as for restart_seconds"),

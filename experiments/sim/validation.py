@@ -18,7 +18,8 @@ Contract:
 - Per-fault costs are calibrated leave-one-out, from the *other* compared runs of the
   same system in the same folder, never the run itself: a baseline's restart time from their events.jsonl
   restart records; recover's detection (fault fired -> detected_at) and rebuild
-  (detected_at -> formed_at) from their faults.jsonl and events.jsonl. Without such
+  (detected_at -> formed_at) from their faults.jsonl and events.jsonl; torchft's
+  loss-to-next-commit from their quorum_change records. Without such
   runs: `recover bench` results, or the measured defaults.
 - `simulate_like(run)` builds the local scenario from the run's own config.json (system,
   replicas, M, steps, batch and block size, its checkpoint interval and elastic setting
@@ -155,6 +156,13 @@ def restart_samples(run: RealRun, iteration_seconds: float, load_seconds: float)
     return out
 
 
+def torchft_samples(run: RealRun) -> list[float]:
+    """Seconds from a detected loss to the next committed step, from a torchft run's quorum changes."""
+    return [float(e["restart_seconds"]) for e in read_jsonl(run.path / "events.jsonl")
+            if e.get("kind") == "quorum_change" and e.get("lost_replicas")
+            and isinstance(e.get("restart_seconds"), (int, float))]
+
+
 def recovery_samples(run: RealRun) -> list[tuple[float, float]]:
     """(detect, rebuild) seconds of each recovery in a recover run: the fault's firing (faults.jsonl)
     to detected_at, and detected_at to formed_at (events.jsonl)."""
@@ -270,6 +278,11 @@ def compare(paths: list[str | Path], bench: str | None = None, tolerance: float 
             session["recover_rebuild_seconds"] = (sorted(r for _, r in rec)[len(rec) // 2], "rebuild: " + src)
             loo_note = (f"recover detect {session['recover_detect_seconds'][0] * 1e3:.0f} ms, rebuild "
                         f"{session['recover_rebuild_seconds'][0] * 1e3:.0f} ms: {src}")
+        ft = sorted(x for o in others for x in torchft_samples(o)) if name == "torchft" else []
+        if ft:
+            src = f"median of {len(ft)} quorum changes in other torchft runs ({', '.join(str(o.path) for o in others)})"
+            session["torchft_recovery_seconds"] = (ft[len(ft) // 2], src)
+            loo_note = f"torchft loss-to-next-commit {ft[len(ft) // 2]:.2f} s: {src}"
         system, sim, notes = simulate_like(run, bench, session or None)
         if loo_note:
             notes.append(loo_note)
