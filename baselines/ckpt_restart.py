@@ -16,8 +16,9 @@ Contract:
   in DIR/baseline/fault-<attempt>.json for the next attempt's rank 0, which writes
   the restart record to events.jsonl at its first commit: detected_at,
   relaunched_at, started_at, resumed_at, restart_seconds (detected -> resumed),
-  from_step, furthest_step (the step in flight when the fault hit), lost_steps and
-  lost_microbatches (work done since the checkpoint, committed or not). All times
+  from_step, furthest_step (the step in flight when the fault hit), step (the
+  first step committed again), work_lost_steps and work_lost_microbatches (work
+  done since the checkpoint, committed or not). All times
   are seconds since the run started, like metrics.jsonl's wall_time.
 - The run gives up, with a one-line reason and a non-zero exit, when no replica
   is left (survivors mode) or after --max-restarts restarts; the reason is also

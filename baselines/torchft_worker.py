@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 if members != prev_members or discarded:
                     seen = first_detection(out, step)
                     detected_at = seen["at"] if seen else None
-                    events.write({
+                    events.write({k: v for k, v in {
                         "kind": "quorum_change" if members != prev_members else "step_retried",
                         "step": step, "previous_members": prev_members, "members": members,
                         "lost_replicas": sorted(set(prev_members) - set(members)),
@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                         "restart_seconds": None if detected_at is None else rec["wall_time"] - detected_at,
                         "discarded_attempts": len(discarded),
                         # each discarded attempt lost the shares its group had folded
-                        "lost_microbatches": len(discarded) * sum(share[r] for r in prev_members),
+                        "work_lost_microbatches": len(discarded) * sum(share[r] for r in prev_members),
                         "global_batch": n_mb,
-                    })
+                    }.items() if v is not None})  # unknown values are left out, not null
             prev_members, discarded = members, []
     except BaseException as e:
         record_detection(out, -1, replica, t0, f"{type(e).__name__}: {e}")

@@ -106,7 +106,7 @@ def train(
             restart = {
                 "kind": "restart", "generation": inc.generation, **fault_notice(),
                 "started_at": inc.started_at, "from_step": start, "furthest_step": furthest,
-                "lost_steps": len(dropped), "lost_microbatches": microbatches_begun(out, inc.generation - 1, start),
+                "work_lost_steps": len(dropped), "work_lost_microbatches": microbatches_begun(out, inc.generation - 1, start),
                 "members": sorted(inc.members), "world": inc.world,
             }
         plan = {"start": start}
@@ -147,10 +147,11 @@ def train(
                                     inc.members, inc.t0)
                 metrics.write(rec)
                 if events is not None:
-                    restart["resumed_at"] = rec["wall_time"]
+                    restart["step"], restart["resumed_at"] = step, rec["wall_time"]
                     if restart.get("detected_at") is not None:
                         restart["restart_seconds"] = rec["wall_time"] - restart["detected_at"]
-                    events.write(restart)
+                    # Unknown values are left out rather than written as null.
+                    events.write({k: v for k, v in restart.items() if v is not None})
                     events.close()
                     events = None
             saver.poll()

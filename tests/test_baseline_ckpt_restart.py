@@ -81,8 +81,8 @@ def test_crash_with_replacement_resumes_at_the_checkpoint_and_ends_with_identica
     (event,) = read_jsonl(out / "events.jsonl")
     assert event["kind"] == "restart" and event["failed_replicas"] == [1]
     assert event["from_step"] == 2 and event["furthest_step"] == 3  # checkpoint of step 2; crash in step 3
-    assert event["lost_steps"] == 1  # step 2 was committed, then redone
-    assert 4 < event["lost_microbatches"] <= 8  # all of step 2, part of step 3
+    assert event["work_lost_steps"] == 1  # step 2 was committed, then redone
+    assert 4 < event["work_lost_microbatches"] <= 8  # all of step 2, part of step 3
     assert event["detected_at"] <= event["relaunched_at"] <= event["started_at"] <= event["resumed_at"]
     assert event["relaunched_at"] - event["detected_at"] >= 0.2  # the replacement wait
     # Steps before the checkpoint are the first attempt's; from it on, the second's.
@@ -110,7 +110,7 @@ def test_crash_during_checkpoint_save_loads_the_previous_complete_checkpoint(ref
     assert event["from_step"] == 2  # not 4: the killed save was never loaded
     # Sync: steps 2 and 3 are lost. Async: training went on while the background
     # save ran, so step 4 may have committed too before the kill.
-    assert event["lost_steps"] == 2 if mode == "sync" else 2 <= event["lost_steps"] <= 3
+    assert event["work_lost_steps"] == 2 if mode == "sync" else 2 <= event["work_lost_steps"] <= 3
     _steps_once(metrics)
     assert summary["weights_checksum"] == reference["checksum"]
     # The restarted attempt wrote the checkpoint of step 4 again, completely.

@@ -76,7 +76,7 @@ def test_a_worker_crash_restarts_all_workers_from_the_checkpoint(tmp_path):
     assert [m["step"] for m in metrics] == list(range(6))
     assert [m["generation"] for m in metrics] == [0, 0, 1, 1, 1, 1]  # resumed at the checkpoint of step 2
     (event,) = read_jsonl(out / "events.jsonl")
-    assert event["from_step"] == 2 and event["furthest_step"] == 3 and event["lost_steps"] == 1
+    assert event["from_step"] == 2 and event["furthest_step"] == 3 and event["work_lost_steps"] == 1
     assert event["members"] == [0, 1] and event["detected_at"] <= event["resumed_at"]
     # Same group, same data: the failure-free trajectory.
     assert [m["loss"] for m in metrics] == [m["loss"] for m in load_run(ref)[1]]

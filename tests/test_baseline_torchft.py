@@ -59,7 +59,7 @@ def test_a_crash_discards_the_step_and_the_survivors_continue_with_a_smaller_bat
     (event,) = read_jsonl(out / "events.jsonl")
     assert event["kind"] == "quorum_change" and event["step"] == 3
     assert event["lost_replicas"] == [1] and event["members"] == [0, 2]
-    assert event["discarded_attempts"] >= 1 and event["lost_microbatches"] >= 6
+    assert event["discarded_attempts"] >= 1 and event["work_lost_microbatches"] >= 6
     assert event["global_batch"] == 4
     assert event["detected_at"] <= event["resumed_at"]
     assert summary["status"] == "ok" and summary["weights_checksum"] is not None
