@@ -24,6 +24,8 @@ Contract (ROOT = the results folder, EXP = the experiment):
   * process-seconds = sum over committed steps of (time since the previous commit)
     x (members of that step): the processes that were alive to produce it (a
     restart's idle time counts with the members the step was finally done by);
+  * faults_fired = faults fired by the time the step committed; faults_at_step =
+    faults that struck during that step (faults.jsonl's step);
   * recovery time = the wall_time of the first commit after a fault fired minus
     the fault's wall_time (faults.jsonl): detection + rebuild + the redone work.
 - Final parameter distance: no system writes its final parameters; systems that
@@ -48,7 +50,7 @@ FAILURE_FREE = "failure-free"
 STEP_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "step", "loss", "ref_loss", "loss_diff",
                "abs_loss_diff", "rel_loss_diff", "tokens", "cum_tokens", "wall_time", "members", "n_members",
                "generation", "ids_match", "on_trajectory", "cum_effective_tokens", "cum_process_seconds",
-               "faults_fired"]
+               "faults_fired", "faults_at_step"]
 SUMMARY_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "fault_kind", "status", "reason",
                   "steps_expected", "steps", "steps_on_trajectory", "faults_fired", "final_loss", "ref_final_loss",
                   "final_loss_diff", "max_abs_loss_diff", "max_rel_loss_diff", "train_seconds", "tokens",
@@ -121,6 +123,12 @@ def step_rows(experiment: str, run: Run, ref: Run | None) -> list[dict[str, Any]
     """The per-step rows of one run (see the module docstring for the columns' meaning)."""
     ref_by_step = {m["step"]: m for m in (ref.metrics if ref is not None else run.metrics if run.label == FAILURE_FREE else [])}
     fault_times = sorted(f["wall_time"] for f in run.faults)
+    # where each fault struck (its step in faults.jsonl), as opposed to when: a restarted
+    # system re-commits earlier steps after the fault
+    at_step: dict[int, int] = {}
+    for f in run.faults:
+        if f.get("step") is not None:
+            at_step[f["step"]] = at_step.get(f["step"], 0) + 1
     rows = []
     cum_tokens = cum_eff = 0
     cum_proc = 0.0
@@ -137,6 +145,7 @@ def step_rows(experiment: str, run: Run, ref: Run | None) -> list[dict[str, Any]
             "cum_tokens": cum_tokens, "wall_time": m["wall_time"], "members": " ".join(map(str, m["members"])),
             "n_members": len(m["members"]), "generation": m.get("generation", ""),
             "faults_fired": sum(1 for t in fault_times if t <= m["wall_time"]),
+            "faults_at_step": at_step.get(m["step"], 0),
             "cum_process_seconds": cum_proc,
         }
         if r is not None:

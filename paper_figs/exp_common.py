@@ -57,10 +57,8 @@ def palette(labels) -> dict:
 
 
 def fault_points(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows at which a run's count of fired faults went up (one per step with a new fault)."""
-    df = df.sort_values(["run", "step"])
-    prev = df.groupby("run")["faults_fired"].shift(fill_value=0)
-    return df[df["faults_fired"] > prev]
+    """The rows of the steps during which a fault struck (faults_at_step > 0), one per (run, step)."""
+    return df[df["faults_at_step"] > 0]
 
 
 def save(fig, out: str | Path, name: str) -> list[Path]:

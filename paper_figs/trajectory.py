@@ -24,6 +24,7 @@ def main(results: str, experiment: str, out: str, name: str) -> list[Path]:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     sns.lineplot(df, x="step", y="loss", hue="label", hue_order=labels, palette=pal, errorbar=("pi", 100), ax=a)
     a.set(title="loss per step (mean over seeds, band: all seeds)", ylabel="training loss")
+    a.legend(loc="lower left", fontsize="small")
     faulty = df[df["label"] != "failure-free"].dropna(subset=["abs_loss_diff"]).copy()
     faulty["abs_loss_diff"] = faulty["abs_loss_diff"].clip(lower=FLOOR)
     if len(faulty):
@@ -35,7 +36,7 @@ def main(results: str, experiment: str, out: str, name: str) -> list[Path]:
         for ax in (a, b):
             ax.axvline(step, color="tab:red", alpha=0.5, lw=0.8, ls=":", zorder=1)
     n_seeds = df["seed"].nunique()
-    fig.suptitle(f"{experiment}: {n_seeds} seed(s); red dotted lines: steps at which a fault fired")
+    fig.suptitle(f"{experiment}: {n_seeds} seed(s); red dotted lines: steps at which a fault struck")
     return save(fig, out, name)
 
 

@@ -220,7 +220,7 @@ def _write_run(root: Path, exp: str, name: str, system: str, seed: int, losses: 
                                 "generation": 0, "members": m, "wall_time": dt * (i + 1)}) + "\n")
     with open(d / "faults.jsonl", "w") as f:
         for t in faults:
-            f.write(json.dumps({"kind": "crash", "replica": 3, "step": 0, "phase": "forward", "wall_time": t}) + "\n")
+            f.write(json.dumps({"kind": "crash", "replica": 3, "step": int(t), "phase": "forward", "wall_time": t}) + "\n")
     summary = {"status": "ok", "steps": len(losses)}
     if checksum is not None:
         summary["weights_checksum"] = checksum
@@ -257,6 +257,7 @@ def test_aggregation_of_fixture_results(tmp_path: Path) -> None:
     assert rows[("torchft_s0", 2)]["on_trajectory"] == "True"
     assert rows[("torchft_s0", 3)]["on_trajectory"] == "False" and rows[("torchft_s0", 3)]["ids_match"] == "False"
     assert rows[("recover_s0", 2)]["faults_fired"] == "1" and rows[("recover_s0", 1)]["faults_fired"] == "0"
+    assert rows[("recover_s0", 2)]["faults_at_step"] == "1" and rows[("recover_s0", 3)]["faults_at_step"] == "0"
     s = {r["run"]: r for r in csv.DictReader(open(p_summary))}
     assert float(s["recover_s0"]["max_abs_loss_diff"]) == pytest.approx(1e-7, rel=1e-3)
     assert int(s["torchft_s0"]["steps_on_trajectory"]) == 3
