@@ -200,6 +200,7 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
     if coordinator.poll() is None:
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(30)
+    (out / PLAN_INPUT).unlink(missing_ok=True)  # the run saved its own copy, fault_plan.json
     committed = len(read_jsonl(out / "metrics.jsonl"))
     ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode == "store")
     summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,

@@ -87,6 +87,7 @@ def test_local_executor_runs_a_tiny_grid_and_a_rerun_skips_it(tmp_path: Path) ->
     for name in ("failure-free_s0", "recover_s0"):
         assert is_complete(runs / name, 5)
         assert not (runs / name / "logs").exists()  # moved out, so results stay small
+        assert not (runs / name / E.PLAN_INPUT).exists()
         summary = json.loads((runs / name / "summary.json").read_text())
         assert Path(summary["logs"], "logs").is_dir()
     assert len(json.loads((runs / "recover_s0" / "fault_plan.json").read_text())["faults"]) == 1
@@ -131,6 +132,7 @@ def test_slurm_task_body_runs_one_rank_per_task(tmp_path: Path) -> None:
     assert codes == {victim: -9, 1 - victim: 0}
     run = spec.out_dir(tmp_path / "results")
     assert is_complete(run, 4)
+    assert not (run / E.PLAN_INPUT).exists()
     assert json.loads((run / "summary.json").read_text())["slurm_job"] == str(job.job_id)
     assert len((run / "faults.jsonl").read_text().splitlines()) == 1
 
