@@ -84,7 +84,8 @@ class UntilWorkersExit(Launcher):
 
     The plain launcher's job ends with its coordinator; here the coordinator is
     a bare rendezvous service (torchft's lighthouse, TorchElastic's store) that
-    never decides the run's end. The verdict: 0 if some worker finished with 0
+    never decides the run's end. It ends when no worker is left running (the
+    ones left, if any, are frozen). The verdict: 0 if some worker finished with 0
     (the survivors completed the run), else 1 with how the last one ended.
     """
 
@@ -97,10 +98,15 @@ class UntilWorkersExit(Launcher):
                 if p.poll() is not None:
                     del live[r]
                     self._record("worker", r, p, t0)
-            if not live:
+            # Workers frozen (SIGSTOP) with nobody else running can never finish the
+            # run; the cleanup kills them.
+            frozen = all((proc_status(p.pid) or ("?",))[0] == "T" for p in live.values())
+            if (not live or frozen) and any(e.role == "worker" for e in self.exits):
                 ok = any(e.role == "worker" and e.returncode == 0 for e in self.exits)
-                last = self.exits[-1]
+                last = [e for e in self.exits if e.role == "worker"][-1]
                 reason = "" if ok else f"no replica finished (last: replica {last.replica} {last.how})"
+                if live and not ok:
+                    reason += f"; replicas {sorted(live)} frozen"
                 return LaunchResult(0 if ok else 1, time.monotonic() - t0, self.exits, reason)
             if self.coordinator.poll() is not None and not any(e.role == "coordinator" for e in self.exits):
                 self._record("coordinator", -1, self.coordinator, t0)  # noted; the workers decide

@@ -7,6 +7,8 @@ SIGKILL, or a SIGKILL sent by PID from the test):
   keeps the group's size; to summation order with the survivors only);
 - a crash in the middle of a checkpoint save (sync and async) leaves the previous
   checkpoint as the one loaded;
+- a replica frozen for good (SIGSTOP) is caught by the survivors' collective
+  timeout, blamed, and left out of the restarted job;
 - metrics.jsonl holds every step once; events.jsonl records each restart;
 - no survivor left ends the run with a clear reason and a non-zero exit.
 """
@@ -130,6 +132,22 @@ def test_survivors_keep_the_global_batch_and_the_trajectory(reference, tmp_path)
     for a, b in zip([m["loss"] for m in metrics], reference["losses"]):
         assert abs(a - b) <= RTOL * abs(b)
     assert abs(summary["weights_checksum"] - reference["checksum"]) <= RTOL * abs(reference["checksum"])
+
+
+def test_a_frozen_replica_is_caught_by_the_collective_timeout_and_left_out(reference, tmp_path):
+    out = tmp_path / "run"
+    # Frozen for good (SIGSTOP, no end): only the survivor's collective timeout sees it.
+    plan = _plan(tmp_path, {"kind": "hang", "replica": 1, "step": 2, "phase": "allreduce"})
+    _train(out, "--faults", plan, "--collective-timeout", "3")
+    _, metrics, summary = load_run(out)
+    _steps_once(metrics)
+    (event,) = read_jsonl(out / "events.jsonl")
+    assert event["failed_replicas"] == [1] and event["members"] == [0] and event["from_step"] == 2
+    assert "replica 0" in event["fault"]  # the survivor's timeout ended the attempt; the frozen one is blamed
+    assert [m["members"] for m in metrics] == [[0, 1]] * 2 + [[0]] * 4
+    assert abs(summary["weights_checksum"] - reference["checksum"]) <= RTOL * abs(reference["checksum"])
+    frozen = [p for p in summary["processes"] if p["replica"] == 1 and p["role"] == "worker"]
+    assert frozen and frozen[0]["returncode"] < 0  # killed by the teardown, never ran on
 
 
 def test_sigkill_by_pid_restarts_from_the_checkpoint_and_leaves_no_orphan(tmp_path):

@@ -7,6 +7,8 @@ What is shown:
   --system recover which keeps M);
 - the lowest replica (the metrics writer) killed by PID from the test: another
   takes over and the run completes;
+- a replica frozen for good (SIGSTOP): the survivors' all-reduce times out, the
+  lighthouse drops it, and they go on without it;
 - every replica gone: the run ends with a clear reason and a non-zero exit.
 """
 from __future__ import annotations
@@ -91,6 +93,21 @@ def test_the_metrics_writer_killed_by_pid_hands_over_and_the_run_completes(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_replica_frozen_for_good_is_dropped_by_the_lighthouse(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"kind": "hang", "replica": 2, "step": 2, "phase": "allreduce"}]}))
+    out = tmp_path / "run"
+    run_recover("train", "--system", "torchft", *BASE, "--steps", "5", "--out", str(out), "--faults", str(plan),
+                "--torchft-timeout", "3", check=True, timeout=180)
+    _, metrics, summary = load_run(out)
+    assert [m["step"] for m in metrics] == list(range(5))
+    assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 1]] * 3
+    (event,) = read_jsonl(out / "events.jsonl")
+    assert event["lost_replicas"] == [2] and event["step"] == 2
+    frozen = [p for p in summary["processes"] if p["replica"] == 2 and p["role"] == "worker"]
+    assert frozen[0]["returncode"] < 0  # still frozen when the survivors finished; the cleanup killed it
 
 
 def test_no_replica_left_ends_with_a_clear_error(tmp_path):
