@@ -1,9 +1,9 @@
 """The trajectory figure: loss against step for every system, and |difference from failure-free| (log scale).
 
 Reads RESULTS/trajectory.csv only (see exp_common). Left: each system's loss per step
-(mean over seeds, band = min..max over seeds). Right: |loss - failure-free loss| at the
-same step and seed, on a log scale; a difference of exactly 0 is drawn at the floor
-(FLOOR) so that it stays visible. Grey ticks mark the steps at which faults fired.
+(mean over seeds). Right: |loss - failure-free loss| at the same step and seed, one
+line per run, on a log scale; a difference of exactly 0 is drawn at the floor (FLOOR)
+so that it stays visible. Red dotted lines mark the steps at which faults struck.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def main(results: str, experiment: str, out: str, name: str) -> list[Path]:
     labels = order(df["label"])
     pal = palette(labels)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    sns.lineplot(df, x="step", y="loss", hue="label", hue_order=labels, palette=pal, errorbar=("pi", 100), ax=a)
-    a.set(title="loss per step (mean over seeds, band: all seeds)", ylabel="training loss")
+    sns.lineplot(df, x="step", y="loss", hue="label", hue_order=labels, palette=pal, errorbar=None, lw=1, ax=a)
+    a.set(title="loss per step (mean over seeds)", ylabel="training loss")
     a.legend(loc="lower left", fontsize="small")
     faulty = df[df["label"] != "failure-free"].dropna(subset=["abs_loss_diff"]).copy()
     faulty["abs_loss_diff"] = faulty["abs_loss_diff"].clip(lower=FLOOR)
