@@ -14,7 +14,8 @@ Contract:
   the workers of every node (up to --max-restarts times); an agent's loss (a node)
   makes the others re-form the group with the nodes left, once the rendezvous'
   last call (--rdzv-last-call-timeout) has passed. Either way every worker starts
-  again and resumes from the last complete DCP checkpoint.
+  again and resumes from the last complete DCP checkpoint. A fault plan's
+  replica_loss is a lost node: its agent is killed too (`LostNodes`).
 - The rendezvous timeouts are set short so that re-forming takes seconds, not the
   ~42 s measured with torch's defaults (last call 30 s); what was set is recorded
   in config.json ("baseline") and in DIR/baseline/torchrun.json (the agents' argv).
@@ -25,8 +26,9 @@ Contract:
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import sys
+import signal
 import time
 from pathlib import Path
 from typing import Sequence
@@ -58,6 +60,48 @@ def torchrun_argv(cfg: TrainConfig, settings: BaselineConfig, config_path: Path,
     ]
 
 
+class LostNodes:
+    """LauncherHooks: a replica_loss fired inside a worker takes that node's agent too.
+
+    The fault harness kills a replica's process group, but torchrun starts each
+    worker in a session of its own, so on its own a replica_loss would be just a
+    worker crash that the agent restarts. A lost node takes its agent: the harness
+    records every fault in DIR/faults.jsonl before it takes effect, so we watch
+    that record and SIGKILL the named node's agent by PID.
+    """
+
+    def __init__(self, out: Path):
+        self.path = out / "faults.jsonl"
+        self.pids: dict[int, list[int]] = {}
+        self.seen = 0  # bytes of the record already read
+
+    def on_start(self, pids: dict[int, list[int]], t0: float) -> None:
+        self.pids = {int(r): list(p) for r, p in pids.items()}
+
+    def on_tick(self, elapsed: float) -> None:
+        try:
+            if self.path.stat().st_size <= self.seen:
+                return
+            with open(self.path, "rb") as f:
+                f.seek(self.seen)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
+        self.seen += len(whole)
+        for line in whole.decode().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            if rec.get("kind") == "replica_loss" and rec.get("fired_by", "worker") == "worker":
+                for pid in self.pids.get(int(rec["replica"]), []):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def on_exit(self, exit) -> None:
+        pass
+
+
 def supervise(
     cfg: TrainConfig, settings: BaselineConfig, config_path: Path, env: dict[str, str],
     hooks: Sequence[LauncherHooks] = (),
@@ -74,7 +118,7 @@ def supervise(
         lambda r: python_module_argv("recover.baselines.elastic_agent", *args),
         cfg.replicas,
         env={**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"},
-        hooks=hooks,
+        hooks=[*hooks, LostNodes(out)],
     )
     result = launcher.run()
     extra: dict = {}

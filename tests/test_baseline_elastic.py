@@ -7,6 +7,8 @@ What is shown:
 - a node's loss (its agent SIGKILLed by PID from the test): the group re-forms
   with the surviving nodes and, with keep-per-replica, the global batch shrinks;
   no process of the run is left behind;
+- a fault plan's replica_loss is a lost node too (the agent goes with its worker);
+  with keep-global the survivors keep the global batch M;
 - fewer nodes left than --elastic-min-nodes: the run ends with a non-zero exit.
 """
 from __future__ import annotations
@@ -107,6 +109,22 @@ def test_a_lost_node_reforms_the_group_with_the_survivors_and_shrinks_the_batch(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_planned_replica_loss_is_a_lost_node_and_keep_global_keeps_the_batch(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"kind": "replica_loss", "replica": 1, "step": 3, "phase": "backward"}]}))
+    out = tmp_path / "run"
+    run_recover("train", *BASE, "--replicas", "3", "--steps", "6", "--out", str(out), "--faults", str(plan),
+                check=True, timeout=180)
+    config, metrics, summary = load_run(out)
+    assert config["baseline"]["elastic_batch"] == "keep-global"
+    (event,) = read_jsonl(out / "events.jsonl")
+    assert event["failed_replicas"] == [1] and event["from_step"] == 2  # the node is gone, not restarted
+    assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 2]] * 4
+    assert all(m["microbatch_ids"] == iteration_ids(m["step"], 6) for m in metrics)  # M kept
+    agent = json.loads((out / "pids.json").read_text())["replicas"]["1"][0]
+    assert any(e["pid"] == agent and e["how"] == "killed by SIGKILL" for e in summary["processes"])
 
 
 def test_fewer_nodes_than_the_minimum_end_the_run_with_an_error(tmp_path):
