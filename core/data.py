@@ -16,6 +16,9 @@ pre-tokenized uint16 `.bin` file (nanoGPT's format).
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -27,9 +30,37 @@ import torch
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__"}
 
 
+def _cache_path(root: Path, max_bytes: int) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recover"
+    tag = hashlib.sha1(f"{root}|{sys.version}|{max_bytes}".encode()).hexdigest()[:16]
+    return base / f"stdlib-corpus-{tag}.u8"
+
+
 def stdlib_corpus(max_bytes: int) -> np.ndarray:
-    """Up to `max_bytes` bytes of the standard library's .py files, sorted by path."""
+    """Up to `max_bytes` bytes of the standard library's .py files, sorted by path.
+
+    Walking ~1,500 files costs ~0.6 s of CPU in every worker process; the result is
+    cached (keyed by the library's path, the interpreter's version and the size)
+    under ~/.cache/recover and written atomically, so concurrent workers agree.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
+    cache = _cache_path(root, max_bytes)
+    try:
+        return np.frombuffer(cache.read_bytes(), dtype=np.uint8)
+    except OSError:
+        pass
+    corpus = _read_stdlib(root, max_bytes)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(corpus.tobytes())
+        os.replace(tmp, cache)
+    except OSError:  # a read-only home: no cache, same corpus
+        pass
+    return corpus
+
+
+def _read_stdlib(root: Path, max_bytes: int) -> np.ndarray:
     chunks: list[bytes] = []
     total = 0
     for path in sorted(root.rglob("*.py")):

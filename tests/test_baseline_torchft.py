@@ -103,9 +103,14 @@ def test_a_replica_frozen_for_good_is_dropped_by_the_lighthouse(tmp_path):
                 "--torchft-timeout", "3", check=True, timeout=180)
     _, metrics, summary = load_run(out)
     assert [m["step"] for m in metrics] == list(range(5))
-    assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 1]] * 3
+    # The freeze strikes while replica 2's all-reduce is in flight: depending on how
+    # far its share had gone, step 2 still commits with it or is discarded and
+    # retried without it. Either way it is gone from then on.
+    gone = next(m["step"] for m in metrics if 2 not in m["members"])
+    assert gone in (2, 3)
+    assert [m["members"] for m in metrics] == [[0, 1, 2]] * gone + [[0, 1]] * (5 - gone)
     (event,) = read_jsonl(out / "events.jsonl")
-    assert event["lost_replicas"] == [2] and event["step"] == 2
+    assert event["lost_replicas"] == [2] and event["step"] == gone
     frozen = [p for p in summary["processes"] if p["replica"] == 2 and p["role"] == "worker"]
     assert frozen[0]["returncode"] < 0  # still frozen when the survivors finished; the cleanup killed it
 

@@ -1,6 +1,9 @@
 """The workload's building blocks: model shapes, global-id microbatches, corpora."""
 from __future__ import annotations
 
+import sysconfig
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recover.core.config import TrainConfig
-from recover.core.data import MicrobatchSource, iteration_ids, load_tokens, microbatch_seed, stdlib_corpus
+from recover.core.data import (
+    MicrobatchSource, _read_stdlib, iteration_ids, load_tokens, microbatch_seed, stdlib_corpus,
+)
 from recover.core.model import GPT, MODEL_CONFIGS, model_config
 from recover.core.workload import Workload
 
@@ -58,9 +63,13 @@ def test_different_ids_give_different_data():
     assert not torch.equal(src.get(0)[0], src.get(1)[0])
 
 
-def test_stdlib_corpus_is_deterministic_real_text():
-    a, b = stdlib_corpus(100_000), stdlib_corpus(100_000)
+def test_stdlib_corpus_is_deterministic_real_text(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    a, b = stdlib_corpus(100_000), stdlib_corpus(100_000)  # the second one comes from the cache
+    assert len(list(tmp_path.rglob("stdlib-corpus-*"))) == 1
     assert len(a) == 100_000 and np.array_equal(a, b)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    assert np.array_equal(b, _read_stdlib(root, 100_000))  # the cache holds exactly the files' bytes
     assert b"def " in a.tobytes() and b"import" in a.tobytes()
 
 
