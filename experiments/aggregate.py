@@ -21,9 +21,13 @@ Contract (ROOT = the results folder, EXP = the experiment):
   * effective tokens = tokens of the committed steps on the trajectory;
     effective throughput = effective tokens / the run's training time (the
     wall_time of its last commit), and / its process-hours;
-  * process-seconds = sum over committed steps of (time since the previous commit)
-    x (members of that step): the processes that were alive to produce it (a
-    restart's idle time counts with the members the step was finally done by);
+  * process-seconds = the integral, from the start to the last commit, of the
+    processes the job holds: R minus the replicas lost so far (faults of a kind that
+    takes a replica out, by their wall_time in faults.jsonl: no replacement, as in
+    the paper), but never fewer than the members of the next commit (a system that
+    brought a replica back is charged for it). This is the paper's GPU-hours, with
+    one process per GPU, and it charges a restarting system for the replicas it
+    holds while it restarts;
   * faults_fired = faults fired by the time the step committed; faults_at_step =
     faults that struck during that step (faults.jsonl's step);
   * recovery time = the wall_time of the first commit after a fault fired minus
@@ -119,6 +123,19 @@ def _fmt(v: Any) -> Any:
     return "" if v is None else v
 
 
+LOSING_KINDS = ("crash", "replica_loss", "hang")  # fault kinds that take a replica out of the job
+
+
+def _process_seconds(a: float, b: float, replicas: int, losses: list[float], floor: int) -> float:
+    """Process-seconds held over (a, b]: R minus the losses so far, split at each loss, >= floor."""
+    points = [a] + [t for t in losses if a < t < b] + [b]
+    total = 0.0
+    for p, q in zip(points, points[1:]):
+        lost = sum(1 for t in losses if t <= p)
+        total += max(0.0, q - p) * max(floor, replicas - lost)
+    return total
+
+
 def step_rows(experiment: str, run: Run, ref: Run | None) -> list[dict[str, Any]]:
     """The per-step rows of one run (see the module docstring for the columns' meaning)."""
     ref_by_step = {m["step"]: m for m in (ref.metrics if ref is not None else run.metrics if run.label == FAILURE_FREE else [])}
@@ -130,15 +147,15 @@ def step_rows(experiment: str, run: Run, ref: Run | None) -> list[dict[str, Any]
         if f.get("step") is not None:
             at_step[f["step"]] = at_step.get(f["step"], 0) + 1
     rows = []
+    losses = sorted(f["wall_time"] for f in run.faults if f.get("kind") in LOSING_KINDS)
     cum_tokens = cum_eff = 0
     cum_proc = 0.0
     prev_t = 0.0
     for m in run.metrics:
         r = ref_by_step.get(m["step"])
         cum_tokens += m["tokens"]
-        dt = max(0.0, m["wall_time"] - prev_t)
-        prev_t = m["wall_time"]
-        cum_proc += dt * len(m["members"])
+        cum_proc += _process_seconds(prev_t, m["wall_time"], run.replicas, losses, len(m["members"]))
+        prev_t = max(prev_t, m["wall_time"])
         row: dict[str, Any] = {
             "experiment": experiment, "run": run.name, "label": run.label, "system": run.system, "seed": run.seed,
             "replicas": run.replicas, "step": m["step"], "loss": m["loss"], "tokens": m["tokens"],

@@ -247,6 +247,12 @@ def throughput(seeds: list[int], scale: Scale) -> list[RunSpec]:
 
 
 RECOVERY_KINDS = ("crash", "hang")
+# (system, fault kind) pairs a grid leaves out, with why (printed as a note by build_grid).
+KNOWN_BROKEN: dict[tuple[str, str], str] = {
+    ("elastic", "hang"): "a worker frozen for good keeps its torchrun agent, and so the run, alive after "
+                         "every step is committed (measured: still running 15 min later); left out until "
+                         "the elastic baseline ends such a run",
+}
 
 
 def recovery(seeds: list[int], scale: Scale) -> list[RunSpec]:
@@ -317,6 +323,11 @@ def build_grid(name: str, seeds: list[int] | None = None, scale: str = "local",
         notes.append(f"skipped {n} run(s) of {label}: system {system!r} is not registered yet "
                      f"(experiments/systems.py has {', '.join(SYSTEMS)})")
     kept = [r for r in runs if r.system in SYSTEMS]
+    for (system, kind), why in KNOWN_BROKEN.items():
+        n = sum(1 for r in kept if r.system == system and r.fault_kind == kind)
+        if n:
+            notes.append(f"skipped {n} run(s) of {system} with a {kind}: {why}")
+            kept = [r for r in kept if not (r.system == system and r.fault_kind == kind)]
     if systems:
         kept = [r for r in kept if r.label in systems or r.label == FAILURE_FREE.label]
     for r in kept:
