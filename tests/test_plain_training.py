@@ -21,21 +21,20 @@ from recover.core.data import iteration_ids
 LOSS_RTOL = 1e-4
 
 
-def test_plain_four_replicas_writes_the_results_contract(out_dir):
-    run_recover("train", "--replicas", "4", "--microbatches", "8", "--steps", "6", "--out", str(out_dir),
-                "--no-progress", check=True)
-    config, metrics, summary = load_run(out_dir)
-    assert config["train"]["replicas"] == 4 and config["model"]["n_layer"] == 2
-    assert [m["step"] for m in metrics] == list(range(6))
+def check_contract(out: Path, replicas: int, steps: int) -> None:
+    """The results contract every system shares, as a 4-replica plain run writes it."""
+    config, metrics, summary = load_run(out)
+    assert config["train"]["replicas"] == replicas and config["model"]["n_layer"] == 2
+    assert [m["step"] for m in metrics] == list(range(steps))
     for m in metrics:
         assert m["microbatch_ids"] == iteration_ids(m["step"], 8)
-        assert m["members"] == [0, 1, 2, 3] and m["generation"] == 0
+        assert m["members"] == list(range(replicas)) and m["generation"] == 0
         assert m["tokens"] == 8 * 4 * 64
         assert m["wall_time"] > 0
     assert metrics[-1]["loss"] < metrics[0]["loss"]  # it learns
-    assert summary["status"] == "ok" and summary["steps"] == 6
+    assert summary["status"] == "ok" and summary["steps"] == steps
     assert summary["final_loss"] == metrics[-1]["loss"]
-    assert (out_dir / "logs" / "replica3.log").exists()
+    assert (out / "logs" / f"replica{replicas - 1}.log").exists()
 
 
 def test_one_and_four_replicas_give_the_same_losses(tmp_path):
@@ -44,6 +43,7 @@ def test_one_and_four_replicas_give_the_same_losses(tmp_path):
         out = tmp_path / f"r{r}"
         run_recover("train", "--replicas", str(r), "--microbatches", "8", "--steps", "8", "--seed", "7",
                     "--out", str(out), "--no-progress", check=True)
+        check_contract(out, r, 8)
         losses[r] = [m["loss"] for m in load_run(out)[1]]
     assert len(losses[1]) == len(losses[4]) == 8
     for a, b in zip(losses[1], losses[4]):
