@@ -51,6 +51,10 @@ class Out:
     reason: str = ""  # close/finish
 
 
+SPEED_SMOOTHING = 0.2  # weight of the newest measurement in a replica's speed estimate
+SPEED_TOLERANCE = 0.5  # speeds within 50% of each other are balanced as equal
+
+
 class ProtocolError(RuntimeError):
     """The protocol's own invariant was about to be broken (a bug, never a fault)."""
 
@@ -142,6 +146,18 @@ class Membership:
                 self.expected.discard(r)
         return out + self._maybe_publish(now)
 
+    def balancing_speeds(self) -> dict[int, float] | None:
+        """The members' speeds for the quota policy, or None (equal) while they are close.
+
+        Measured speeds carry scheduling noise (seen here: 2x swings between equal
+        replicas on a loaded machine); an uneven split only pays off when a replica
+        is really slower, so speeds within SPEED_TOLERANCE of each other count as equal.
+        """
+        known = [self.speeds[r] for r in self.members if r in self.speeds]
+        if len(known) < len(self.members) or max(known) <= (1 + SPEED_TOLERANCE) * min(known):
+            return None
+        return {r: self.speeds[r] for r in self.members}
+
     # ---- transitions ---------------------------------------------------------------------
     def _record_failure(self, reason: str, now: float) -> None:
         """One record per recovery (per generation formed): failures seen while the
@@ -188,7 +204,7 @@ class Membership:
         self.state = "running"
         self.votes = {}
         self.gen_started = now
-        quotas = assign_quotas(todo, self.members, self.speeds)
+        quotas = assign_quotas(todo, self.members, self.balancing_speeds())
         if self.pending and "generation" not in self.pending[-1]:
             self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=todo, formed_at=now)
         return [
@@ -206,8 +222,8 @@ class Membership:
         for r in self.members:
             s = self.votes[r].get("mb_seconds")
             if s and s > 0:
-                # Smoothed speed (microbatches/s) so one noisy step does not reshuffle quotas.
-                self.speeds[r] = 0.5 * self.speeds.get(r, 1.0 / s) + 0.5 / s
+                # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
+                self.speeds[r] = (1 - SPEED_SMOOTHING) * self.speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
         records = [Out("commit", msg={
             "step": self.step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
@@ -226,7 +242,7 @@ class Membership:
         self.votes = {}
         last = self.step >= self.S
         quotas = {r: [] for r in self.members} if last else assign_quotas(
-            iteration_ids(self.step, self.M), self.members, self.speeds)
+            iteration_ids(self.step, self.M), self.members, self.balancing_speeds())
         # The commit messages go out before the records are written: the workers
         # are waiting on them, the files are not.
         sends = [
