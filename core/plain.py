@@ -27,7 +27,7 @@ from .config import TrainConfig
 from .data import iteration_ids
 from .hooks import load_hooks
 from .policy import assign_quotas
-from .results import JsonlWriter, metric_record
+from .results import JsonlWriter, metric_record, write_final
 from .workload import Workload
 
 
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if metrics is not None:
         metrics.close()
+    write_final(cfg.out, replica, cfg.steps, work.state_checksum())
     return 0
 
 

@@ -23,6 +23,7 @@ from .config import TrainConfig
 from .hooks import load_hooks
 from .plain import worker_args
 from .replica import Replica, RunEnded, _addr
+from .results import write_final
 from .workload import Workload
 
 EXIT_FENCED = 3
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 hooks.microbatch_done(step, k, time.perf_counter() - start)
                 replica.fold(mb, loss)
             replica.commit()
+        write_final(cfg.out, args.replica, replica.step, work.state_checksum())
     except RunEnded as e:
         print(f"replica {args.replica}: {e.reason}", file=sys.stderr, flush=True)
         if e.fenced:

@@ -10,6 +10,9 @@ Contract (DIR = the run's --out):
   since the run started).
 - DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
 - DIR/events.jsonl (systems that recover): one object per recovery or restart.
+- DIR/final/replica<r>.json: {"replica", "step", "weights_checksum"} written by each
+  replica that finished the run (`write_final`); summary.json then carries
+  `weights_checksum` when all of them agree (and `final_checksums` always).
 Lines are appended and flushed one at a time, so a crash loses at most the line
 being written; readers skip a torn last line.
 """
@@ -83,3 +86,24 @@ def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def write_final(out: str | os.PathLike, replica: int, step: int, checksum: float) -> None:
+    """Record this replica's final weights fingerprint (DIR/final/replica<r>.json)."""
+    d = Path(out) / "final"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".replica{replica}.tmp"
+    tmp.write_text(json.dumps({"replica": replica, "step": step, "weights_checksum": checksum}))
+    os.replace(tmp, d / f"replica{replica}.json")
+
+
+def read_finals(out: str | os.PathLike) -> dict[str, Any]:
+    """Summary fields from DIR/final/: every finisher's checksum, and the common one."""
+    files = sorted((Path(out) / "final").glob("replica*.json"))
+    if not files:
+        return {}
+    sums = {str(json.loads(f.read_text())["replica"]): json.loads(f.read_text())["weights_checksum"] for f in files}
+    extra: dict[str, Any] = {"final_checksums": sums}
+    if len(set(sums.values())) == 1:  # replicas that finished hold bit-identical weights
+        extra["weights_checksum"] = next(iter(sums.values()))
+    return extra

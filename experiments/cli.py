@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Callable
 
 from recover.core.config import ConfigError, TrainConfig, add_dataclass_flags, dataclass_from_args
 from recover.core.launcher import Launcher, describe_exit, python_module_argv
-from recover.core.results import read_jsonl, write_summary
+from recover.core.results import read_finals, read_jsonl, write_summary
 from recover.fault_injection.injector import attach_plan, launcher_hooks
 from recover.fault_injection.plan import FaultPlan, PlanError
 
@@ -75,6 +76,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     out.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "final", ignore_errors=True)
     config_path = out / "config.json"
     config = resolved_config_dict(cfg)
     if settings is not None:
@@ -108,7 +110,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         status, result.reason = "failed", f"only {done} of {cfg.steps} steps committed"
     return write_summary(
         out, status, time.time() - t0, returncode=result.returncode, reason=result.reason,
-        processes=[e.__dict__ for e in result.exits], **getattr(result, "summary_extra", {}),
+        processes=[e.__dict__ for e in result.exits], **{**read_finals(out), **getattr(result, "summary_extra", {})},
     )
 
 

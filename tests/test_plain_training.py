@@ -34,6 +34,7 @@ def check_contract(out: Path, replicas: int, steps: int) -> None:
     assert metrics[-1]["loss"] < metrics[0]["loss"]  # it learns
     assert summary["status"] == "ok" and summary["steps"] == steps
     assert summary["final_loss"] == metrics[-1]["loss"]
+    assert len(summary["final_checksums"]) == replicas and "weights_checksum" in summary  # replicas agree
     assert (out / "logs" / f"replica{replicas - 1}.log").exists()
 
 

@@ -88,6 +88,7 @@ def test_crash_in_forward_crash_in_allreduce_and_a_fenced_hang(tmp_path, referen
     assert exits[2]["returncode"] == 3, exits[2]
     assert exits[3]["returncode"] == 0
     assert summary["status"] == "ok" and summary["steps"] == STEPS
+    assert list(summary["final_checksums"]) == ["3"]  # only the survivor finished
 
 
 def test_two_crashes_in_one_iteration_and_a_third_during_its_recovery(tmp_path, reference):
@@ -119,6 +120,8 @@ def test_a_straggler_gets_fewer_microbatches(tmp_path, reference):
     metrics, summary, events, fired = run_with_faults(tmp_path, faults)
     assert_same_trajectory(metrics, reference)
     assert events == [] and all(m["members"] == [0, 1, 2, 3] for m in metrics)
+    # every replica ends with bit-identical weights, whatever quotas each one folded
+    assert set(summary["final_checksums"]) == {"0", "1", "2", "3"} and "weights_checksum" in summary
     assert metrics[0]["folded"] == {"0": 2, "1": 2, "2": 2, "3": 2}  # no speeds measured yet: equal quotas
     late = [m["folded"] for m in metrics[6:]]
     assert all(f["3"] < 2 and sum(f.values()) == M for f in late), late
