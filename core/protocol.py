@@ -221,7 +221,8 @@ class Membership:
             raise ProtocolError(f"step {self.step}: ledgers {sorted(ledgers)} are not exactly {want}")
         for r in self.members:
             s = self.votes[r].get("mb_seconds")
-            if s and s > 0:
+            # Step 0 pays one-time costs (first calls, allocations): not a speed.
+            if s and s > 0 and self.step > 0:
                 # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
                 self.speeds[r] = (1 - SPEED_SMOOTHING) * self.speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
         loss = self.votes[self.members[0]]["loss_sum"] / self.M

@@ -123,7 +123,10 @@ def test_a_straggler_gets_fewer_microbatches(tmp_path, reference):
     # every replica ends with bit-identical weights, whatever quotas each one folded
     assert set(summary["final_checksums"]) == {"0", "1", "2", "3"} and "weights_checksum" in summary
     assert metrics[0]["folded"] == {"0": 2, "1": 2, "2": 2, "3": 2}  # no speeds measured yet: equal quotas
-    late = [m["folded"] for m in metrics[6:]]
+    # The speed estimate is smoothed (one noisy step must not reshuffle quotas), so it
+    # takes a few slow steps to cross the balancing threshold; from step 10 on the
+    # straggler has been measured slow 8 times.
+    late = [m["folded"] for m in metrics[10:]]
     assert all(f["3"] < 2 and sum(f.values()) == M for f in late), late
 
 
