@@ -277,7 +277,7 @@ class Policy:
 
     def iteration_seconds(self) -> float:
         """Duration of one fresh iteration with the current members."""
-        return self.job.iteration_seconds(len(self.members))
+        return self.job.iteration_seconds(len(self.members), self.microbatches_per_iteration())
 
     def on_failure(self, t: float, replica: int, kind: int) -> None:
         raise NotImplementedError

@@ -198,10 +198,6 @@ class Elastic(CheckpointRestart):
             return float(self.job.microbatches)
         return len(self.members) * self.job.microbatches / self.job.replicas
 
-    def iteration_seconds(self) -> float:
-        r = len(self.members)
-        return self.job.compute_seconds(self.microbatches_per_iteration(), r) + self.job.allreduce_seconds(r)
-
     def on_failure(self, t: float, replica: int, kind: int) -> None:
         if replica in self.pending:
             self.pending.discard(replica)
@@ -230,10 +226,6 @@ class Torchft(Policy):
 
     def microbatches_per_iteration(self) -> float:
         return len(self.members) * self.job.microbatches / self.job.replicas
-
-    def iteration_seconds(self) -> float:
-        r = len(self.members)
-        return self.job.compute_seconds(self.microbatches_per_iteration(), r) + self.job.allreduce_seconds(r)
 
     def on_failure(self, t: float, replica: int, kind: int) -> None:
         if replica in self.pending:
