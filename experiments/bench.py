@@ -1,4 +1,4 @@
-"""`recover bench recovery`: what a fault costs each system, measured with real kills.
+"""The recovery benchmark (`recover bench recovery`): what a fault costs each system, measured with real kills.
 
 Contract:
 - Kills are real: seeded fault plans SIGKILL a replica at a random phase of a
@@ -30,6 +30,9 @@ from pathlib import Path
 
 from recover.core.config import TrainConfig
 from recover.core.results import read_jsonl
+from recover.fault_injection.injector import attach_plan
+
+from .run import run_training
 
 KILL_PHASES = ("forward", "backward", "between_microbatches", "allreduce", "commit", "optimizer_step")
 
@@ -114,9 +117,7 @@ def measure_run(out: Path, warmup: int = 2) -> dict:
     return {"kills": kills, "clean_iteration_s": base, "clean_iterations": clean}
 
 
-def _train(cfg: TrainConfig, plan: list[dict] | None, run_training) -> Path:
-    from recover.fault_injection.injector import attach_plan
-
+def _train(cfg: TrainConfig, plan: list[dict] | None) -> Path:
     if plan is not None:
         p = Path(cfg.out).parent / (Path(cfg.out).name + "_plan.json")
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -130,8 +131,7 @@ def _train(cfg: TrainConfig, plan: list[dict] | None, run_training) -> Path:
 
 
 def bench_recovery(args: argparse.Namespace) -> int:
-    from .cli import run_training
-
+    """Measure what `--kills` kills cost args.system (arguments already checked); write and print the figures."""
     rng = random.Random(args.seed)
     work = Path(args.work or tempfile.mkdtemp(prefix="recover-bench-"))
     base = dict(replicas=args.replicas, microbatches=args.microbatches, seed=args.seed, progress=False,
@@ -146,7 +146,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
         n = min(per_run, args.kills - len(kills))
         plan = kill_plan(rng, args.replicas, n, steps, first=4, gap=gap)
         cfg = TrainConfig(system=args.system, steps=steps, out=str(work / f"faulty{runs}"), **base)
-        out = _train(cfg, plan, run_training)
+        out = _train(cfg, plan)
         m = measure_run(out)
         kills += m["kills"]
         runs += 1
@@ -157,7 +157,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
     for rep in range(args.repeats):
         for system in (args.system, "plain"):
             cfg = TrainConfig(system=system, steps=args.clean_steps, out=str(work / f"clean_{system}{rep}"), **base)
-            clean[system] += measure_run(_train(cfg, None, run_training))["clean_iterations"]
+            clean[system] += measure_run(_train(cfg, None))["clean_iterations"]
     med = {s: statistics.median(v) for s, v in clean.items()}
 
     def stat(key: str) -> dict:
@@ -202,38 +202,3 @@ def print_table(s: dict) -> None:
     ff = s["failure_free_iteration_s"]
     print(f"  failure-free iteration       {s['system']} {ff[s['system']] * 1e3:.1f} ms, plain {ff['plain'] * 1e3:.1f} ms "
           f"-> overhead {100 * s['failure_free_overhead_vs_plain']:+.1f}%")
-
-
-def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks that write their figures to results/bench/",
-                       description="Benchmarks measured with real processes and real faults.")
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    r = bsub.add_parser("recovery", help="kill replicas at random phases; measure what each kill costs",
-                        description=__doc__.split("\n")[0])
-    r.add_argument("--system", default="recover", help="system to measure (default: recover)")
-    r.add_argument("--kills", type=int, default=21, help="kills to measure (default: 21)")
-    r.add_argument("--replicas", type=int, default=4, help="replicas per run (default: 4)")
-    r.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the kill schedule and the runs (default: 0)")
-    r.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
-                   help="heartbeat timeout of the runs (default: the config's)")
-    r.add_argument("--clean-steps", type=int, default=40, help="steps of each failure-free run (default: 40)")
-    r.add_argument("--repeats", type=int, default=2, help="failure-free runs per system (default: 2)")
-    r.add_argument("--out", default="results/bench", help="where to write the figures (default: results/bench)")
-    r.add_argument("--work", default="", help="directory for the runs themselves (default: a temp dir)")
-    r.set_defaults(func=cmd_bench_recovery)
-
-
-def cmd_bench_recovery(args: argparse.Namespace) -> int:
-    from .cli import fail
-    from .systems import SYSTEMS
-
-    if args.system not in SYSTEMS:
-        return fail(f"--system: unknown system {args.system!r}; choose from {', '.join(SYSTEMS)}")
-    if args.replicas < 2:
-        return fail("--replicas: must be >= 2 (one replica is killed, another must survive)")
-    if args.kills < 1:
-        return fail("--kills: must be >= 1")
-    if args.microbatches < args.replicas:
-        return fail("--microbatches: must be >= --replicas")
-    return bench_recovery(args)

@@ -8,7 +8,7 @@ largest difference, and how long each recovery took. Exits non-zero if either
 run failed. Results land under runs/demo/.
 
 Then (issue 6) it is a small trajectory experiment: every other registered system
-(checkpoint-restart, torchft, elastic in both settings: experiments.FAULTY_SYSTEMS)
+(checkpoint-restart, torchft, elastic in both settings: grids.FAULTY_SYSTEMS)
 trains under the same plan, a compact side-by-side table shows each one's loss
 difference from failure-free, runs/demo.csv is aggregated, and the trajectory
 figure is drawn to runs/demo/trajectory.png (its path printed). A baseline that
@@ -24,7 +24,7 @@ from recover.core.config import TrainConfig
 from recover.core.results import read_jsonl
 from recover.fault_injection.injector import attach_plan
 
-from .cli import run_training
+from .run import run_training
 
 OUT = Path("runs/demo")
 STEPS = 30
@@ -81,7 +81,7 @@ def others_table(common: dict, plan_path: Path, ref: list[dict], rec: list[dict]
     import subprocess
 
     from .aggregate import aggregate
-    from .experiments import FAULTY_SYSTEMS
+    from .grids import FAULTY_SYSTEMS
     from .systems import SYSTEMS
 
     variants = [v for v in FAULTY_SYSTEMS if v.system in SYSTEMS and v.label != "recover"]

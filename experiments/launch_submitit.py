@@ -5,7 +5,7 @@ Contract:
   (`is_complete`: summary.json says status ok and steps == the run's steps), and
   submits the others as job arrays (`executor.map_array`).
 - local / debug: one submitit job per run; the job calls `run_one`, which runs
-  `experiments.cli.run_training` (the project's Launcher starts the coordinator and
+  `experiments.run.run_training` (the project's Launcher starts the coordinator and
   the workers as processes). Local jobs run `parallel` at a time (default 1: on a
   small machine concurrent runs would distort each other's wall times); debug runs
   them in this process. Each run's process logs, pids.json and a baseline's
@@ -39,8 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from recover.core.results import read_jsonl, write_summary
+from recover.fault_injection.injector import attach_plan
 
-from .experiments import PLAN_INPUT, Grid, RunSpec
+from .grids import PLAN_INPUT, Grid, RunSpec
+from .run import RUN_FILES, resolved_config_dict, run_training
 from .systems import SYSTEMS
 
 EXECUTORS = ("local", "debug", "slurm")
@@ -83,10 +85,6 @@ def is_complete(run_dir: str | Path, steps: int) -> bool:
 # ---- one run, here ------------------------------------------------------------------------
 def run_one(spec_dict: dict[str, Any], root: str, logs_root: str) -> dict[str, Any]:
     """The body of a local/debug job: train one RunSpec into root/<experiment>/<name>/."""
-    from recover.fault_injection.injector import attach_plan
-
-    from .cli import run_training
-
     spec = RunSpec.from_dict(spec_dict)
     out = spec.out_dir(root)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,10 +131,6 @@ def _wait_for(path: Path, timeout: float) -> dict:
 def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
     """The body of every task of a run's Slurm job: one rank of the run (see the module docstring)."""
     import submitit
-
-    from recover.fault_injection.injector import attach_plan
-
-    from .cli import RUN_FILES, resolved_config_dict
 
     env = submitit.JobEnvironment()
     rank, job_id, host0 = env.global_rank, str(env.job_id), env.hostnames[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_recover
-from recover.experiments import experiments as E
+from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, aggregate, headline
 from recover.experiments.launch_submitit import is_complete, job_ports, slurm_task, submit_grid
 from recover.experiments.systems import SYSTEMS
@@ -303,7 +303,7 @@ def test_figure_script_names_a_missing_csv(tmp_path: Path) -> None:
 
 
 def test_recover_figs_discovers_every_figure_script() -> None:
-    from recover.experiments.cli_experiment import figure_scripts
+    from recover.experiments.commands.figs import figure_scripts
 
     names = {p.stem for p in figure_scripts()}
     assert set(FIG_SCRIPTS) <= names

@@ -5,7 +5,7 @@ for real on this machine: the same systems (recover, checkpoint-restart, elastic
 torchft), the same failure model (the fault-injection harness's samplers), costs
 measured here or published (calibration.py, every value with its source), and the
 same definition of effective throughput (engine.py). `recover simulate SCENARIO`
-(experiments/cli_simulate.py) runs the named scenarios of scenarios.py.
+(experiments/commands/simulate.py) runs the named scenarios of scenarios.py.
 
 Modules: model (iteration time), failures (events from the samplers or a plan),
 engine (the event loop and the accounting), policies (one per system),

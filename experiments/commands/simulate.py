@@ -19,15 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+from . import fail
+
 SWEEPS = ("scale", "sensitivity", "validate")
 
 
-def _fail(message: str) -> int:
-    print(f"recover: error: {message}", file=sys.stderr)
-    return 2
-
-
-def add_simulate_parser(sub) -> None:
+def add_parser(sub) -> None:
     from recover.experiments.sim.policies import SYSTEMS
     from recover.experiments.sim.scenarios import SCENARIOS
 
@@ -61,29 +58,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     names = [*S.SCENARIOS, *SWEEPS]
     if args.scenario not in names:
-        return _fail(f"SCENARIO: unknown scenario {args.scenario!r}; choose from {', '.join(names)}")
+        return fail(f"SCENARIO: unknown scenario {args.scenario!r}; choose from {', '.join(names)}")
     if args.seed < 0:
-        return _fail(f"--seed: must be >= 0, got {args.seed}")
+        return fail(f"--seed: must be >= 0, got {args.seed}")
     if args.seeds < 1:
-        return _fail(f"--seeds: must be >= 1, got {args.seeds}")
+        return fail(f"--seeds: must be >= 1, got {args.seeds}")
     if args.steps < 1:
-        return _fail(f"--steps: must be >= 1, got {args.steps}")
+        return fail(f"--steps: must be >= 1, got {args.steps}")
     systems = tuple(s for s in args.systems.split(",") if s) if args.systems else tuple(SYSTEMS)
     for s in systems:
         if s not in SYSTEMS:
-            return _fail(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+            return fail(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
     plan = None
     if args.plan:
         if args.scenario != "local":
-            return _fail("--plan: only the local scenario takes a plan")
+            return fail("--plan: only the local scenario takes a plan")
         if not Path(args.plan).is_file():
-            return _fail(f"--plan: file not found: {args.plan}")
+            return fail(f"--plan: file not found: {args.plan}")
         try:
             plan = tuple(json.loads(Path(args.plan).read_text())["faults"])
         except (ValueError, KeyError, TypeError) as e:
-            return _fail(f"--plan: not a fault plan ({e})")
+            return fail(f"--plan: not a fault plan ({e})")
     if args.real is not None and args.scenario != "validate":
-        return _fail("--real: only validate takes real runs")
+        return fail("--real: only validate takes real runs")
     out = Path(args.out or ("results/sim" if args.scenario == "validate" else f"results/sim/{args.scenario}"))
 
     t0 = time.perf_counter()
@@ -148,7 +145,7 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
     runs: list[Path] = []
     for r in roots:
         if not Path(r).exists():
-            return _fail(f"--real: not found: {r}")
+            return fail(f"--real: not found: {r}")
         runs += find_runs(r)
     if not runs:
         print(f"no real runs (config.json + metrics.jsonl + summary.json) under {', '.join(roots)}: nothing to "

@@ -18,10 +18,7 @@ import sys
 from recover.fault_injection.generate import DEFAULT_PHASES, MODELS, SAMPLE_KINDS, sample_plan
 from recover.fault_injection.plan import PlanError, load_plan, validate_plan
 
-
-def _fail(message: str) -> int:
-    print(f"recover: error: {message}", file=sys.stderr)
-    return 2
+from . import fail
 
 
 def _run_shape(p: argparse.ArgumentParser, microbatches_required: bool = False) -> None:
@@ -31,7 +28,7 @@ def _run_shape(p: argparse.ArgumentParser, microbatches_required: bool = False) 
                    help="microbatches M per step")
 
 
-def add_faults_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("faults", help="generate, check and rehearse fault plans",
                        description=__doc__.split("\n")[0])
     fsub = p.add_subparsers(dest="faults_command", required=True, metavar="ACTION")
@@ -85,21 +82,21 @@ def _check_shape(a: argparse.Namespace) -> str | None:
 
 def cmd_sample(a: argparse.Namespace) -> int:
     if (err := _check_shape(a)) is not None:
-        return _fail(err)
+        return fail(err)
     from recover.core.hooks import PHASES
 
     phases = [p.strip() for p in a.phases.split(",") if p.strip()]
     bad = [p for p in phases if p not in PHASES]
     if not phases or bad:
-        return _fail(f"--phases: unknown phase {bad[0] if bad else '(none)'!r}; from {', '.join(PHASES)}")
+        return fail(f"--phases: unknown phase {bad[0] if bad else '(none)'!r}; from {', '.join(PHASES)}")
     checks = [("--mtbf-hours", a.mtbf_hours > 0), ("--shape", a.shape > 0), ("--hours", a.hours > 0),
               ("--gpus-per-replica", a.gpus_per_replica >= 1),
               ("--hang-seconds", a.hang_seconds is None or a.hang_seconds > 0)]
     for flag, ok in checks:
         if not ok:
-            return _fail(f"{flag}: must be > 0")
+            return fail(f"{flag}: must be > 0")
     if a.lose is not None and not 0 <= a.lose <= a.replicas:
-        return _fail(f"--lose: must be in 0..{a.replicas} (the replicas of the run), got {a.lose}")
+        return fail(f"--lose: must be in 0..{a.replicas} (the replicas of the run), got {a.lose}")
     plan = sample_plan(
         a.model, a.replicas, a.steps, a.seed, mtbf_hours=a.mtbf_hours, shape=a.shape, hours=a.hours,
         gpus_per_replica=a.gpus_per_replica, lose=a.lose, kind=a.kind, hang_seconds=a.hang_seconds,
@@ -121,24 +118,24 @@ def _load_checked(a: argparse.Namespace):
 
 def cmd_check(a: argparse.Namespace) -> int:
     if (err := _check_shape(a)) is not None:
-        return _fail(err)
+        return fail(err)
     try:
         plan = _load_checked(a)
     except PlanError as e:
-        return _fail(f"{a.plan}: {e}")
+        return fail(f"{a.plan}: {e}")
     print(f"ok: {len(plan.faults)} faults fit a run of {a.replicas} replicas x {a.steps} steps")
     return 0
 
 
 def cmd_drill(a: argparse.Namespace) -> int:
     if (err := _check_shape(a)) is not None:
-        return _fail(err)
+        return fail(err)
     if a.microbatches < a.replicas:
-        return _fail(f"--microbatches: M={a.microbatches} is less than --replicas R={a.replicas}")
+        return fail(f"--microbatches: M={a.microbatches} is less than --replicas R={a.replicas}")
     try:
         plan = _load_checked(a)
     except PlanError as e:
-        return _fail(f"{a.plan}: {e}")
+        return fail(f"{a.plan}: {e}")
     from recover.fault_injection.drill import run_drill
     from recover.fault_injection.record import read_records
 

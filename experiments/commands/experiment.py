@@ -1,34 +1,27 @@
-"""`recover experiment NAME` (run a grid, aggregate it) and `recover figs` (redraw every figure).
+"""`recover experiment NAME`: run an experiment grid (local, debug or Slurm) and aggregate it.
 
 Contract:
 - `recover experiment NAME --executor local|debug|slurm` builds and validates the
-  grid of NAME (experiments.experiments), prints the systems it skips and why,
+  grid of NAME (experiments.grids), prints the systems it skips and why,
   submits the runs that are not complete yet (launch_submitit), and, for the
   executors that wait (local, debug, or slurm with --wait), aggregates
   OUT/NAME/ into OUT/NAME.csv and OUT/NAME_summary.csv. It exits 1 if any run
   failed (each failure printed with its log path), 0 otherwise. `--dry-run`
   prints the grid (and, for slurm, nothing is submitted).
-- `recover figs` runs every figure script in paper_figs/: each `paper_figs/*.py`
-  whose name does not start with "_" and does not end in "_common.py" and that
-  has a `__main__` block (the simulator's sim_*.py scripts included). The scripts
-  read results/ only. It exits 1 if any script failed.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-FIGS = REPO / "paper_figs"
+from ..aggregate import aggregate, headline
+from ..grids import EXPERIMENTS, SCALES, build_grid
+from ..launch_submitit import SlurmOptions, submit_grid
+from . import fail
 
 
-def add_experiment_parser(sub) -> None:
-    from .experiments import EXPERIMENTS, SCALES
-
+def add_parser(sub) -> None:
     p = sub.add_parser(
         "experiment", help="run an experiment grid (local, debug or Slurm) and aggregate its results",
         description="Run the grid of experiment NAME with submitit and aggregate it into OUT/NAME.csv "
@@ -68,10 +61,6 @@ def add_experiment_parser(sub) -> None:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from .aggregate import aggregate, headline
-    from .cli import fail
-    from .experiments import SCALES, build_grid
-    from .launch_submitit import SlurmOptions, submit_grid
 
     for flag in ("replicas", "steps", "nodes", "gpus_per_node", "parallel"):
         v = getattr(args, flag)
@@ -121,41 +110,3 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         print(f"aggregated -> {p1}, {p2}")
         print(json.dumps(headline(summaries), indent=1))
     return 1 if counts.get("failed") else 0
-
-
-# ---- recover figs -------------------------------------------------------------------------
-def figure_scripts(folder: Path = FIGS) -> list[Path]:
-    """The figure scripts of `folder`, by the naming convention of the module docstring."""
-    out = []
-    for p in sorted(folder.glob("*.py")):
-        if p.name.startswith("_") or p.name.endswith("_common.py"):
-            continue
-        if "__main__" in p.read_text():
-            out.append(p)
-    return out
-
-
-def add_figs_parser(sub) -> None:
-    p = sub.add_parser("figs", help="regenerate every paper figure from results/ (no training)",
-                       description="Run every figure script in paper_figs/ (PNG and PDF beside them).")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these scripts (file stems)")
-    p.set_defaults(func=cmd_figs)
-
-
-def cmd_figs(args: argparse.Namespace) -> int:
-    scripts = figure_scripts()
-    if args.only:
-        scripts = [s for s in scripts if s.stem in args.only]
-    failed = []
-    for s in scripts:
-        t = time.time()
-        proc = subprocess.run([sys.executable, str(s)], cwd=REPO, capture_output=True, text=True)
-        ok = proc.returncode == 0
-        print(f"{'ok' if ok else 'FAILED':>6}  {s.relative_to(REPO)}  ({time.time() - t:.1f}s)")
-        for line in (proc.stdout.strip().splitlines() if ok else (proc.stdout + proc.stderr).strip().splitlines()[-15:]):
-            print(f"        {line}")
-        if not ok:
-            failed.append(s.name)
-    if failed:
-        print(f"{len(failed)} figure script(s) failed: {', '.join(failed)}")
-    return 1 if failed else 0

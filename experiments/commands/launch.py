@@ -17,8 +17,10 @@ from recover.core.config import ConfigError, TrainConfig
 from recover.core.launcher import Launcher, python_module_argv
 from recover.core.results import read_jsonl, write_summary
 
+from . import fail
 
-def add_launch_parser(sub) -> None:
+
+def add_parser(sub) -> None:
     p = sub.add_parser(
         "launch", help="run your own training script as a resilient job",
         description=__doc__.split("\n")[0] + " Usage: recover launch [flags] -- COMMAND [ARGS...]",
@@ -33,8 +35,6 @@ def add_launch_parser(sub) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .cli import fail
-
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         return fail("COMMAND: missing; give the worker command after --")
