@@ -48,8 +48,9 @@ from typing import Any
 
 from recover.core.results import read_jsonl
 
+from .labels import FAILURE_FREE, variant_label
+
 REL_TOL = 1e-4  # relative loss difference still counted as "the same trajectory" (fp summation order is ~1e-7)
-FAILURE_FREE = "failure-free"
 
 STEP_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "step", "loss", "ref_loss", "loss_diff",
                "abs_loss_diff", "rel_loss_diff", "tokens", "cum_tokens", "wall_time", "members", "n_members",
@@ -82,12 +83,7 @@ class Run:
 
 
 def _label_of(config: dict) -> str:
-    system = config["train"]["system"]
-    if system == "plain":
-        return FAILURE_FREE
-    if system == "elastic":
-        return f"elastic-{config.get('baseline', {}).get('elastic_batch', '?')}"
-    return system
+    return variant_label(config["train"]["system"], config.get("baseline"))
 
 
 def load_run(d: Path) -> Run | None:

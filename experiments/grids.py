@@ -31,6 +31,7 @@ from recover.core.config import ConfigError, TrainConfig
 from recover.fault_injection.generate import sample_plan
 from recover.fault_injection.plan import FaultPlan, PlanError, validate_plan
 
+from .labels import variant_label
 from .systems import SYSTEMS
 
 PLAN_INPUT = ".plan_input.json"  # the plan file a run is launched with (removed after the run)
@@ -157,19 +158,24 @@ class Grid:
 class SystemVariant:
     """A system with one choice of its settings, as it appears in figures."""
 
-    label: str  # name in figures and run names
+    label: str  # name in figures and run names (experiments.labels.variant_label)
     system: str  # SYSTEMS key
     settings: tuple[tuple[str, Any], ...] = ()  # BaselineConfig fields set for this variant
 
 
-FAILURE_FREE = SystemVariant("failure-free", "plain")
+def variant(system: str, **settings: Any) -> SystemVariant:
+    """`system` with `settings`, labelled as everywhere else (experiments.labels)."""
+    return SystemVariant(variant_label(system, settings), system, tuple(settings.items()))
+
+
+FAILURE_FREE = variant("plain")
 FAULTY_SYSTEMS = (
-    SystemVariant("recover", "recover"),
-    SystemVariant("elastic-keep-global", "elastic", (("elastic_batch", "keep-global"),)),
-    SystemVariant("elastic-keep-per-replica", "elastic", (("elastic_batch", "keep-per-replica"),)),
-    SystemVariant("torchft", "torchft"),
+    variant("recover"),
+    variant("elastic", elastic_batch="keep-global"),
+    variant("elastic", elastic_batch="keep-per-replica"),
+    variant("torchft"),
     # survivors only, no replacement: the paper's setting (lost GPUs are not given back)
-    SystemVariant("ckpt-restart", "ckpt-restart", (("restart_mode", "survivors"),)),
+    variant("ckpt-restart", restart_mode="survivors"),
 )
 
 

@@ -23,10 +23,8 @@ import seaborn as sns  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# Fixed order and colours, so a system looks the same in every figure.
-LABEL_ORDER = ["failure-free", "recover", "ckpt-restart", "torchft", "elastic-keep-global", "elastic-keep-per-replica"]
-_CB = sns.color_palette("colorblind", 10)
-PALETTE = dict(zip(LABEL_ORDER, [_CB[i] for i in (0, 1, 2, 3, 4, 7)]))  # 5 (brown) is too close to 3
+sys.path.insert(0, str(HERE))
+from style import LABEL_ORDER, PALETTE, order, palette  # noqa: E402,F401 - one colour per system, every figure
 
 
 def args(description: str, experiment: str, name: str) -> argparse.Namespace:
@@ -44,17 +42,6 @@ def load(results: str | Path, experiment: str) -> tuple[pd.DataFrame, pd.DataFra
         if not p.exists():
             sys.exit(f"missing {p}: run `recover experiment {experiment}` first (or point --results at it)")
     return pd.read_csv(steps), pd.read_csv(summary)
-
-
-def order(labels) -> list[str]:
-    present = list(dict.fromkeys(labels))
-    return [x for x in LABEL_ORDER if x in present] + [x for x in present if x not in LABEL_ORDER]
-
-
-def palette(labels) -> dict:
-    extra = [x for x in order(labels) if x not in PALETTE]
-    more = dict(zip(extra, sns.color_palette("husl", max(1, len(extra)))))
-    return {**PALETTE, **more}
 
 
 def fault_points(df: pd.DataFrame) -> pd.DataFrame:

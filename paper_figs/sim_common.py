@@ -7,6 +7,7 @@ another results folder (the tests use small fixtures). Matplotlib runs headless 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -18,8 +19,8 @@ import seaborn as sns  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SYSTEM_ORDER = ["recover", "checkpoint-restart", "elastic", "elastic-shrink", "torchft"]
-PALETTE = dict(zip(SYSTEM_ORDER, sns.color_palette("colorblind", len(SYSTEM_ORDER))))
+sys.path.insert(0, str(HERE))
+from style import order, palette  # noqa: E402,F401 - one colour per system, every figure
 
 
 def args(description: str) -> argparse.Namespace:

@@ -13,17 +13,18 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_common import PALETTE, SYSTEM_ORDER, args, plt, save, sns, theme  # noqa: E402
+from sim_common import args, order, palette, plt, save, sns, theme  # noqa: E402
 
 
 def main(results: str, out: str) -> list[Path]:
     df = pd.read_csv(Path(results) / "scale" / "scale.csv")
     theme()
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharex=True)
-    order = [s for s in SYSTEM_ORDER if s in set(df.system)]
+    systems = order(df.system)
+    pal = palette(systems)
     for ax, col, label in [(axes[0], "effective_throughput_vs_failure_free", "effective throughput / failure-free"),
                            (axes[1], "ettr", "ETTR")]:
-        sns.lineplot(data=df, x="gpus", y=col, hue="system", hue_order=order, palette=PALETTE, marker="o",
+        sns.lineplot(data=df, x="gpus", y=col, hue="system", hue_order=systems, palette=pal, marker="o",
                      ax=ax, errorbar=None)
         ax.set_xscale("log")
         ax.set_ylim(0, 1.02)
@@ -31,7 +32,7 @@ def main(results: str, out: str) -> list[Path]:
         ax.set_ylabel(label)
         ax.get_legend().remove()
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(order), fontsize=8, bbox_to_anchor=(0.5, -0.12))
+    fig.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8, bbox_to_anchor=(0.5, -0.12))
     fig.suptitle("Simulated, at Llama 3's failure rate (30 days)", fontsize=10)
     return save(fig, out, "sim_scale")
 

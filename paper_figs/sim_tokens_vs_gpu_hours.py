@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_common import PALETTE, SYSTEM_ORDER, args, plt, save, theme  # noqa: E402
+from sim_common import args, order, palette, plt, save, theme  # noqa: E402
 
 
 def main(results: str, out: str) -> list[Path]:
@@ -24,15 +24,17 @@ def main(results: str, out: str) -> list[Path]:
     ts = pd.read_csv(d / "timeseries.csv")
     theme()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for system in [s for s in SYSTEM_ORDER if s in set(ts.system)]:
+    systems = order(ts.system)
+    pal = palette(systems)
+    for system in systems:
         t = ts[ts.system == system]
-        ax.plot(t.gpu_hours, t.effective_tokens / 1e6, color=PALETTE[system], label=system, lw=1.8)
+        ax.plot(t.gpu_hours, t.effective_tokens / 1e6, color=pal[system], label=system, lw=1.8)
         if (t.tokens - t.effective_tokens).abs().max() > 0:
-            ax.plot(t.gpu_hours, t.tokens / 1e6, color=PALETTE[system], lw=1, ls=":")
-    mark = summary.get("ratio_recover_over_checkpoint_restart", {}).get("gpu_hour_mark") or 234.0
+            ax.plot(t.gpu_hours, t.tokens / 1e6, color=pal[system], lw=1, ls=":")
+    mark = summary.get("ratio_recover_over_ckpt_restart", {}).get("gpu_hour_mark") or 234.0
     ax.axvline(mark, color="0.3", lw=1, ls="--")
     ax.text(mark, ax.get_ylim()[1] * 0.97, f" {mark:g} GPU-h", va="top", fontsize=8)
-    r = summary.get("ratio_recover_over_checkpoint_restart", {})
+    r = summary.get("ratio_recover_over_ckpt_restart", {})
     paper = summary.get("paper", {})
     title = "paper-512 (simulated)"
     if r.get("effective_throughput"):

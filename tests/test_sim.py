@@ -17,7 +17,9 @@ from recover.experiments.sim.calibration import Costs
 from recover.experiments.sim.failures import HANG, FailureEvents, FailureModel, events_from_plan
 from recover.experiments.sim.model import JobModel
 from recover.experiments.sim.policies import SYSTEMS, simulate_one
-from recover.experiments.sim.scenarios import SCENARIOS, run_scenario, summarize
+from recover.experiments.sim.report import summarize
+from recover.experiments.sim.scenario import run_scenario
+from recover.experiments.sim.scenarios import SCENARIOS
 from recover.experiments.sim.youngdaly import daly_interval, interval_iterations, young_interval
 
 # 4 replicas, M=8, 1 s per microbatch, free all-reduce: iteration(4) = 2 s, iteration(3) = 3 s.
@@ -59,7 +61,7 @@ def test_no_failure_equals_iteration_model(system):
     assert r.ettr == 1.0 and r.gpu_hours == 4 * H / 3600
 
 
-@pytest.mark.parametrize("system", ["checkpoint-restart", "elastic", "elastic-shrink"])
+@pytest.mark.parametrize("system", ["ckpt-restart", "elastic-keep-global", "elastic-keep-per-replica"])
 def test_no_failure_with_checkpoints_pays_only_the_saves(system):
     # a period is 5 iterations (10 s) + a 1 s save: 9 periods in 99 s, then 1 s (no iteration fits)
     r = run(system, k=5)
@@ -109,16 +111,16 @@ def test_one_failure_checkpoint_restart():
     # saves after iterations 4, 9, ...: [10, 11) is the first save. The failure at 10.5 is inside it: the save
     # never completes, so the job rolls back to iteration 0 (5 lost) and is down until 10.5 + 10 + 2 = 22.5.
     # Then 3 replicas: periods of 5 x 3 s + 1 s = 16 s: 4 periods (64 s) to 86.5, then 4 more iterations.
-    r = run("checkpoint-restart", ONE)
+    r = run("ckpt-restart", ONE)
     assert r.lost_iterations == 5 and r.restarts == 1
     assert r.iterations == 24 and r.effective_tokens == 24 * 8
 
 
-def test_one_failure_elastic_and_elastic_shrink():
+def test_one_failure_elastic_both_batch_settings():
     # as checkpoint-restart, but down 20 + 2 s: back at 32.5
-    r = run("elastic", ONE)
+    r = run("elastic-keep-global", ONE)
     assert r.iterations == 21 and r.effective_tokens == 21 * 8  # 4 periods to 96.5, 1 more iteration
-    s = run("elastic-shrink", ONE)
+    s = run("elastic-keep-per-replica", ONE)
     # each replica keeps its 2 microbatches: 3 x 2 = 6 per iteration, 2 s each; periods of 11 s: 6 -> 98.5
     assert s.iterations == 30 and s.tokens == 30 * 6 and s.effective_tokens == 0
 
@@ -170,7 +172,7 @@ def test_simulated_best_interval_agrees_with_young_daly():
     events = [FailureModel("exponential", mtbf_hours=16.0, seed=s).sample(job, horizon, renewal=True) for s in (0, 1)]
     ks = list(range(20, 141, 8))
     daly_k = interval_iterations(daly_interval(60.0, 3600.0), 10.0)
-    tput = {k: np.mean([simulate_one("checkpoint-restart", job, costs, e, horizon, checkpoint_every=k,
+    tput = {k: np.mean([simulate_one("ckpt-restart", job, costs, e, horizon, checkpoint_every=k,
                                      replacement_delay=0.0).effective_throughput for e in events])
             for k in sorted(set(ks) | {daly_k})}
     best = max(tput, key=tput.get)

@@ -15,8 +15,10 @@ import pytest
 from conftest import run_recover
 
 from recover.experiments.sim.calibration import LOCAL_MEASURED, _redo_mean, local_calibration
-from recover.experiments.sim.scenarios import SCENARIOS, run_scenario, scale_sweep, sensitivity, write_result, \
-    write_rows
+from recover.experiments.sim.report import write_result, write_rows
+from recover.experiments.sim.scenario import run_scenario
+from recover.experiments.sim.scenarios import SCENARIOS
+from recover.experiments.sim.sweeps import scale_sweep, sensitivity
 from recover.experiments.sim.validation import compare, find_runs, load_run, measure
 
 FIGS = Path(__file__).resolve().parent.parent / "paper_figs"
@@ -25,13 +27,13 @@ FIGS = Path(__file__).resolve().parent.parent / "paper_figs"
 def test_simulate_paper_512_writes_summary_and_timeseries(tmp_path):
     out = tmp_path / "p512"
     proc = run_recover("simulate", "paper-512", "--out", str(out), check=True)
-    assert "recover / checkpoint-restart" in proc.stdout and "paper: 2.23x" in proc.stdout
+    assert "recover / ckpt-restart" in proc.stdout and "paper: 2.23x" in proc.stdout
     s = json.loads((out / "summary.json").read_text())
-    assert set(s["systems"]) == {"recover", "checkpoint-restart", "elastic", "elastic-shrink", "torchft"}
+    assert set(s["systems"]) == {"recover", "ckpt-restart", "elastic-keep-global", "elastic-keep-per-replica", "torchft"}
     for d in s["systems"].values():
         for key in ("tokens", "effective_throughput_tokens_per_s", "effective_tokens_per_gpu_hour", "ettr"):
             assert d[key] >= 0
-    r = s["ratio_recover_over_checkpoint_restart"]
+    r = s["ratio_recover_over_ckpt_restart"]
     assert r["effective_throughput"] > 1 and r["gpu_hour_mark"] == 234
     assert all(row["source"] for row in s["calibration"]["values"])  # every value says where it comes from
     rows = list(csv.DictReader(open(out / "timeseries.csv")))
@@ -107,8 +109,8 @@ def test_compare_reads_baseline_settings(tmp_path):
     write_fixture_run(tmp_path / "ck", "ckpt-restart", [12.0, 12.1, 12.2], [True] * 3, extra_cfg=cfg)
     write_fixture_run(tmp_path / "el", "elastic", [12.0, 12.1, 12.2], [True] * 3, extra_cfg=cfg)
     v = compare([tmp_path / "ck", tmp_path / "el"], tmp_path / "no-bench")
-    assert [r["simulated_as"] for r in v["runs"]] == ["checkpoint-restart", "elastic-shrink"]
-    assert all(not any("not found" in n for n in r["notes"]) for r in v["runs"])
+    assert [r["simulated_as"] for r in v["runs"]] == ["ckpt-restart", "elastic-keep-per-replica"]
+    assert all(not any("ckpt_every" in n for n in r["notes"]) for r in v["runs"])
 
 
 def test_validate_command_writes_validation_json(tmp_path):

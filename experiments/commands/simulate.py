@@ -31,9 +31,8 @@ def add_parser(sub) -> None:
     names = [*SCENARIOS, *SWEEPS]
     p = sub.add_parser(
         "simulate", help="simulate a training job at cluster scale (discrete-event, calibrated)",
-        description="Simulate recover, checkpoint-restart, elastic and torchft on one job against the same "
-        "failures. Scenarios: " + ", ".join(SCENARIOS) + "; sweeps: scale, sensitivity; validate compares "
-        "real runs with their simulation.",
+        description="Simulate " + ", ".join(SYSTEMS) + " on one job against the same failures. Scenarios: "
+        + ", ".join(SCENARIOS) + "; sweeps: scale, sensitivity; validate compares real runs with their simulation.",
     )
     p.add_argument("scenario", metavar="SCENARIO", help=f"one of: {', '.join(names)}")
     p.add_argument("--out", default="", help="output directory (default: results/sim/SCENARIO; validate: results/sim)")
@@ -53,10 +52,10 @@ def add_parser(sub) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from recover.experiments.sim import scenarios as S
+    from recover.experiments.sim import report, scenario, scenarios, sweeps
     from recover.experiments.sim.policies import SYSTEMS
 
-    names = [*S.SCENARIOS, *SWEEPS]
+    names = [*scenarios.SCENARIOS, *SWEEPS]
     if args.scenario not in names:
         return fail(f"SCENARIO: unknown scenario {args.scenario!r}; choose from {', '.join(names)}")
     if args.seed < 0:
@@ -87,14 +86,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.scenario == "validate":
         return _validate(args, out)
     if args.scenario == "scale":
-        rows = S.scale_sweep(args.seed, seeds=args.seeds)
-        S.write_rows(rows, out / "scale.csv")
+        rows = sweeps.scale_sweep(args.seed, seeds=args.seeds)
+        report.write_rows(rows, out / "scale.csv")
         print(f"scale sweep: {len(rows)} rows in {time.perf_counter() - t0:.1f}s -> {out / 'scale.csv'}")
         return 0
     if args.scenario == "sensitivity":
-        res = S.sensitivity(args.seed)
-        S.write_rows(res["restart_x_interval"], out / "restart_x_interval.csv")
-        S.write_rows(res["loss_unit"], out / "loss_unit.csv")
+        res = sweeps.sensitivity(args.seed)
+        report.write_rows(res["restart_x_interval"], out / "restart_x_interval.csv")
+        report.write_rows(res["loss_unit"], out / "loss_unit.csv")
         (out / "restart_matching_paper.json").write_text(json.dumps(res["restart_matching_paper"], indent=2) + "\n")
         print(f"sensitivity: {len(res['restart_x_interval'])} + {len(res['loss_unit'])} runs in "
               f"{time.perf_counter() - t0:.1f}s -> {out}/")
@@ -106,9 +105,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     kw = {"seed": args.seed, "bench": args.bench}
     if args.scenario == "local":
         kw.update(plan=plan, steps=args.steps)
-    sc = replace(S.SCENARIOS[args.scenario](**kw), systems=systems)
-    res = S.run_scenario(sc)
-    summary = S.write_result(res, out)
+    sc = replace(scenarios.SCENARIOS[args.scenario](**kw), systems=systems)
+    res = scenario.run_scenario(sc)
+    summary = report.write_result(res, out)
     _print_summary(summary)
     print(f"simulated in {res.runtime_seconds:.2f}s (command {time.perf_counter() - t0:.2f}s) -> "
           f"{out / 'summary.json'}, {out / 'timeseries.csv'}")
@@ -122,9 +121,9 @@ def _print_summary(s: dict) -> None:
         print(f"  {name:<20} {d['effective_throughput_tokens_per_s']:14.4g} "
               f"{d['effective_throughput_vs_failure_free']:16.3f} {d['effective_tokens_per_gpu_hour']:14.4g} "
               f"{d['ettr']:6.3f}")
-    r = s.get("ratio_recover_over_checkpoint_restart") or {}
+    r = s.get("ratio_recover_over_ckpt_restart") or {}
     if r.get("effective_throughput") is not None:
-        line = f"  recover / checkpoint-restart effective throughput: {r['effective_throughput']:.2f}x"
+        line = f"  recover / ckpt-restart effective throughput: {r['effective_throughput']:.2f}x"
         if r.get("effective_throughput_last_quarter"):
             line += f" (last quarter {r['effective_throughput_last_quarter']:.2f}x)"
         if r.get("more_tokens_percent_at_gpu_hour_mark") is not None:

@@ -1,14 +1,17 @@
 """recover.experiments.sim: a calibrated discrete-event simulator of one training job.
 
 Contract: the simulator reproduces, at cluster scale, the comparison the project runs
-for real on this machine: the same systems (recover, checkpoint-restart, elastic,
-torchft), the same failure model (the fault-injection harness's samplers), costs
-measured here or published (calibration.py, every value with its source), and the
-same definition of effective throughput (engine.py). `recover simulate SCENARIO`
+for real on this machine: the same systems under the same names (experiments.labels:
+recover, ckpt-restart, elastic-keep-global, elastic-keep-per-replica, torchft), the
+same failure model (the fault-injection harness's samplers), costs measured here or
+published (calibration.py, every value with its source), and the same definition of
+effective throughput (record.py). `recover simulate SCENARIO`
 (experiments/commands/simulate.py) runs the named scenarios of scenarios.py.
 
-Modules: model (iteration time), failures (events from the samplers or a plan),
-engine (the event loop and the accounting), policies (one per system),
-youngdaly (checkpoint intervals), calibration (parameter sets and their sources),
-scenarios (named set-ups, sweeps, output files), validation (against real runs).
+Modules, one concept each: model (iteration time), failures (events from the
+samplers or a plan), record (what a run accounts for), policy (the policy base
+class), policies (one per system), loop (the event loop), youngdaly (checkpoint
+intervals), calibration (parameter sets and their sources), scenario (a scenario
+and running it), scenarios (the named ones), report (summary.json, timeseries.csv),
+sweeps (scale and sensitivity), validation (against real runs).
 """

@@ -12,7 +12,7 @@ Contract:
 - `cluster_costs(n_gpus)` scales the restart-like costs with the cluster size by a
   power law through two anchors, one measured here and one published (see
   `restart_seconds`). This is an assumption, stated as one; the sensitivity sweep
-  (scenarios.sensitivity) shows how the headline ratio moves with it.
+  (sweeps.sensitivity) shows how the headline ratio moves with it.
 
 Published figures used (cited, not copied):
 - Llama 3 (Dubey et al., "The Llama 3 Herd of Models", 2024): 419 unexpected
@@ -53,7 +53,7 @@ class Costs:
     recover_detect_seconds: float = _f(0.04, "recover: a crash to every survivor knowing of it")
     recover_rebuild_seconds: float = _f(0.002, "recover: survivors build the next generation's communicator")
     hang_detect_seconds: float = _f(3.0, "extra detection of a hang (frozen, not dead): only a deadline catches it")
-    restart_seconds: float = _f(60.0, "checkpoint-restart: fault to job running again (detect, tear down, relaunch), without the load")
+    restart_seconds: float = _f(60.0, "ckpt-restart: fault to job running again (detect, tear down, relaunch), without the load")
     checkpoint_save_seconds: float = _f(10.0, "blocking checkpoint save (training stalls)")
     checkpoint_load_seconds: float = _f(20.0, "checkpoint load after a restart")
     elastic_restart_seconds: float = _f(90.0, "elastic: fault to workers running again (re-rendezvous, worker restart), without the load")
@@ -119,7 +119,7 @@ LOOPBACK_BANDWIDTH = 1e9  # assumed; on loopback the latency term dominates, so 
 BENCH_KEYS: dict[str, str] = {
     "iteration_seconds": "failure-free iteration, tiny model, 4 replicas, M=8 (recover or plain)",
     "recovery_seconds_p50": "recover: faulted iteration minus the median failure-free one (issue 4's bench)",
-    "restart_seconds": "checkpoint-restart: fault to workers running again, without the checkpoint load",
+    "restart_seconds": "ckpt-restart: fault to workers running again, without the checkpoint load",
     "checkpoint_save_seconds": "blocking checkpoint save",
     "checkpoint_load_seconds": "checkpoint load",
     "elastic_restart_seconds": "elastic: fault to workers running again, without the checkpoint load",
@@ -130,8 +130,7 @@ BENCH_KEYS: dict[str, str] = {
 plus an optional "source" string naming the command that produced it. It wins over
 everything else."""
 
-BENCH_SYSTEMS = {"recover": "recover", "ckpt-restart": "ckpt", "checkpoint-restart": "ckpt", "elastic": "elastic",
-                 "torchft": "torchft"}
+BENCH_SYSTEMS = {"recover": "recover", "ckpt-restart": "ckpt", "elastic": "elastic", "torchft": "torchft"}
 """results/bench/recovery_<system>.json files (written by `recover bench recovery --system NAME`)
 read when present: their p50s become the keys below (see `load_bench`)."""
 
@@ -204,7 +203,7 @@ def _redo_mean(job: JobModel) -> float:
     uniformly random point of the iteration and no detection or rebuild cost: used to turn the
     bench's recovery overhead (which includes the redo) into detection + rebuild without
     counting the redo twice. Computed with the simulator's own recover policy."""
-    from .policies import simulate_one  # late import: the engine does not depend on calibration
+    from .policies import simulate_one  # late import: the policies refer to this module (Costs) in their type hints
     from .failures import FailureEvents
 
     if job.replicas < 2:

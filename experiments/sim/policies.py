@@ -1,4 +1,7 @@
-"""Each system's semantics, one small policy per system, over the loop in engine.py.
+"""Each system's semantics, one small policy per system, over the loop in loop.py.
+
+Systems are named by their labels (experiments.labels: the `recover train --system`
+name plus the settings that make a variant), e.g. `elastic-keep-per-replica`.
 
 Contract (what a failure of a working replica at time t costs; r = replicas before it,
 M = microbatches per iteration, R0 = replicas at the start):
@@ -12,7 +15,7 @@ M = microbatches per iteration, R0 = replicas at the start):
   plus what they kept from earlier rounds of the same iteration. Later iterations
   take iteration(r-1): fewer replicas, slower iterations, same trajectory. No
   checkpoints. A replacement is admitted at the next commit (communicator rebuild).
-- checkpoint-restart: every K iterations a blocking save (checkpoint_save). On a
+- ckpt-restart: every K iterations a blocking save (checkpoint_save). On a
   failure the job rolls back to the last complete checkpoint (a save in flight does
   not count) and restarts: down for restart + checkpoint_load (+ the replacement
   delay if it waits for one); it continues with the survivors, the global batch kept
@@ -20,12 +23,13 @@ M = microbatches per iteration, R0 = replicas at the start):
   short-handed joins at the next restart; or right after the next checkpoint save,
   with one restart and no lost work, when running short-handed until the next
   expected failure (iteration slowdown x job MTBF) would cost more than that restart.
-- elastic (TorchElastic): as checkpoint-restart but a restart costs
+- elastic (TorchElastic): as ckpt-restart but a restart costs
   elastic_restart (re-rendezvous + worker restart) and never waits; a replacement's
   arrival is itself a membership change: one more rollback and restart. Two
-  settings: `elastic` keeps M by accumulation; `elastic-shrink` keeps each replica's
-  M/R0 microbatches, so while replicas are missing the global batch shrinks and the
-  iterations are off the failure-free trajectory.
+  settings (`--elastic-batch`): `elastic-keep-global` keeps M by accumulation;
+  `elastic-keep-per-replica` keeps each replica's M/R0 microbatches, so while
+  replicas are missing the global batch shrinks and the iterations are off the
+  failure-free trajectory.
 - torchft: every replica keeps its M/R0 microbatches (the gradient is averaged over
   the participants), so the global batch shrinks while replicas are missing. The step
   in flight is discarded; the next starts after torchft_detect (heartbeat-bound) +
@@ -37,11 +41,17 @@ coming.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from .engine import INF, Policy, RunRecord, simulate
+from recover.experiments.labels import variant_label
+
 from .failures import HANG, FailureEvents
+from .loop import simulate
 from .model import JobModel
+from .policy import INF, Policy
+from .record import RunRecord
 
 
 class Recover(Policy):
@@ -120,7 +130,7 @@ class Recover(Policy):
 class CheckpointRestart(Policy):
     """Periodic checkpoints; any failure rolls back to the last one and restarts the job."""
 
-    name = "checkpoint-restart"
+    name = "ckpt-restart"
 
     def restart_seconds(self, kind: int) -> float:
         c = self.costs
@@ -159,7 +169,10 @@ class CheckpointRestart(Policy):
             else:
                 self.stall(INF)  # nobody left: wait for a replacement
             return
-        self.stall(t + wait + self.restart_seconds(kind))
+        until = t + wait + self.restart_seconds(kind)
+        # A failure during the first launch relaunches it, which is never quicker than
+        # the launch itself: the job still starts no earlier than it would have.
+        self.stall(until if self.launched else max(until, self.resume_at))
 
     def on_failure(self, t: float, replica: int, kind: int) -> None:
         if replica in self.pending:
@@ -184,10 +197,11 @@ class CheckpointRestart(Policy):
 class Elastic(CheckpointRestart):
     """TorchElastic: re-rendezvous and restart the workers on every membership change."""
 
-    def __init__(self, *a, shrink: bool = False, **kw):
+    name = "elastic"
+
+    def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.shrink = shrink
-        self.name = "elastic-shrink" if shrink else "elastic"
+        self.shrink = self.settings.get("elastic_batch", "keep-global") == "keep-per-replica"
 
     def restart_seconds(self, kind: int) -> float:
         c = self.costs
@@ -252,16 +266,29 @@ class Torchft(Policy):
             self.stall(t + self.costs.torchft_quorum_seconds)
 
 
-SYSTEMS: dict[str, tuple[type, dict]] = {
-    "recover": (Recover, {}),
-    "checkpoint-restart": (CheckpointRestart, {}),
-    "elastic": (Elastic, {"shrink": False}),
-    "elastic-shrink": (Elastic, {"shrink": True}),
-    "torchft": (Torchft, {}),
+POLICIES: dict[str, type[Policy]] = {
+    "recover": Recover,
+    "ckpt-restart": CheckpointRestart,
+    "elastic": Elastic,
+    "torchft": Torchft,
 }
-"""Every simulated system: name -> (policy class, its settings)."""
+"""`recover train --system` name -> the policy that simulates it."""
 
-CHECKPOINTING = ("checkpoint-restart", "elastic", "elastic-shrink")
+VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("recover", {}),
+    ("ckpt-restart", {}),
+    ("elastic", {"elastic_batch": "keep-global"}),
+    ("elastic", {"elastic_batch": "keep-per-replica"}),
+    ("torchft", {}),
+)
+"""Every simulated (system, settings) pair: the settings are BaselineConfig fields."""
+
+SYSTEMS: dict[str, tuple[type[Policy], str, dict[str, Any]]] = {
+    variant_label(system, settings): (POLICIES[system], system, settings) for system, settings in VARIANTS
+}
+"""Every simulated system, by its label (experiments.labels): label -> (policy class, system, settings)."""
+
+CHECKPOINTING = tuple(label for label, (cls, _, _) in SYSTEMS.items() if issubclass(cls, CheckpointRestart))
 """Systems that checkpoint periodically (and so take a checkpoint interval)."""
 
 
@@ -269,14 +296,14 @@ def simulate_one(system: str, job: JobModel, costs, events: FailureEvents, horiz
                  max_iterations: int | None = None, checkpoint_every: int = 0,
                  replacement_delay: float | None = None, wait_for_replacement: bool = False,
                  mtbf_seconds: float = float("inf")) -> RunRecord:
-    """Simulate `system` on `job` with `costs` against `events` (see engine.simulate)."""
+    """Simulate `system` (a SYSTEMS label) on `job` with `costs` against `events` (see loop.simulate)."""
     if system not in SYSTEMS:
         raise KeyError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
     if horizon == float("inf") and max_iterations is None:
         raise ValueError("an infinite horizon needs max_iterations")
-    cls, settings = SYSTEMS[system]
+    cls, _, settings = SYSTEMS[system]
     run = RunRecord(job, system=system)
     pol = cls(job, costs, run, checkpoint_every=checkpoint_every if system in CHECKPOINTING else 0,
               max_iterations=max_iterations, replacement_delay=replacement_delay,
-              wait_for_replacement=wait_for_replacement, mtbf_seconds=mtbf_seconds, **settings)
+              wait_for_replacement=wait_for_replacement, mtbf_seconds=mtbf_seconds, settings=settings)
     return simulate(pol, events, horizon)

@@ -21,13 +21,14 @@ Contract:
   (detected_at -> formed_at) from their faults.jsonl and events.jsonl; torchft's
   loss-to-next-commit from their quorum_change records. Without such
   runs: `recover bench` results, or the measured defaults.
-- `simulate_like(run)` builds the local scenario from the run's own config.json (system,
-  replicas, M, steps, batch and block size, its checkpoint interval and elastic setting
-  where recorded, its hang deadline) and its fault plan (DIR/fault_plan.json), and
-  simulates that one system; `compare(paths)` pairs both and states the error.
-- Settings are looked up by name anywhere in config.json (`_find`): the baselines are
-  built by other engineers, so the names tried are listed in SETTING_NAMES; a setting
-  not found falls back to the local scenario's default, and the row says so.
+- `simulate_like(run)` builds the local scenario from the run's own config.json
+  (train: system, replicas, M, steps, batch and block size, its hang deadline;
+  baseline: the BaselineConfig the run recorded, i.e. its checkpoint interval,
+  elastic batch rule and restart mode) and its fault plan (DIR/fault_plan.json), and
+  simulates that one system, named by its label (experiments.labels; plain's
+  failure-free runs as recover); `compare(paths)` pairs both and states the error.
+  A checkpointing run without baseline.ckpt_every falls back to the local
+  scenario's interval, and the row says so.
 """
 from __future__ import annotations
 
@@ -38,25 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from recover.core.results import read_jsonl
+from recover.experiments.labels import variant_label
 
 from .calibration import local_calibration
 from .failures import FailureEvents, events_from_plan
-from .policies import simulate_one
+from .policies import CHECKPOINTING, SYSTEMS, simulate_one
 from .scenarios import local
 
-SYSTEM_NAMES = {
-    "recover": "recover", "plain": "recover", "checkpoint-restart": "checkpoint-restart",
-    "checkpoint_restart": "checkpoint-restart", "ckpt-restart": "checkpoint-restart", "elastic": "elastic",
-    "torchft": "torchft",
-}
-"""A real run's system name -> the simulated policy (plain = recover without faults)."""
+SIMULATED_AS_PLAIN = "recover"
+"""plain has no fault tolerance: its (failure-free) runs are simulated as recover without faults."""
 
-SETTING_NAMES = {
-    "checkpoint_every": ("checkpoint_every", "checkpoint_interval", "ckpt_every", "save_every"),
-    "elastic_mode": ("elastic_batch", "elastic_mode", "batch_mode", "shrink"),
-    "restart_mode": ("restart_mode", "restart_with"),
-    "replacement": ("replace_wait", "replacement_wait", "replacement_delay"),
-}
 TOLERANCE = 0.10
 
 
@@ -93,19 +85,6 @@ def load_run(path: str | Path) -> RealRun:
         plan = json.loads((p / "fault_plan.json").read_text())
     return RealRun(p, json.loads((p / "config.json").read_text()), read_jsonl(p / "metrics.jsonl"),
                    json.loads((p / "summary.json").read_text()), plan)
-
-
-def _find(d: Any, names: tuple[str, ...]) -> Any:
-    """The first value stored under any of `names`, searched depth-first through nested dicts."""
-    if isinstance(d, dict):
-        for n in names:
-            if n in d:
-                return d[n]
-        for v in d.values():
-            got = _find(v, names)
-            if got is not None:
-                return got
-    return None
 
 
 def _train(run: RealRun) -> dict:
@@ -189,10 +168,11 @@ def simulate_like(run: RealRun, bench: str | None = None,
     """Simulate the run's own set-up; returns (simulated system, measures, notes)."""
     tr = _train(run)
     notes: list[str] = []
-    real_system = str(tr.get("system") or _find(run.config, ("name",)) or "recover")
-    system = SYSTEM_NAMES.get(real_system)
-    if system is None:
-        raise ValueError(f"{run.path}: system {real_system!r} has no simulated counterpart")
+    real_system = str(tr["system"])
+    baseline = run.config.get("baseline") or {}
+    system = SIMULATED_AS_PLAIN if real_system == "plain" else variant_label(real_system, baseline)
+    if system not in SYSTEMS:
+        raise ValueError(f"{run.path}: system {system!r} has no simulated counterpart; simulated: {', '.join(SYSTEMS)}")
     R, M, steps = int(tr["replicas"]), int(tr["microbatches"]), int(tr["steps"])
     block = int(tr.get("block_size") or run.config.get("model", {}).get("block_size", 64))
     cal = local_calibration(bench, replicas=R, microbatches=M, same_session=same_session)
@@ -203,22 +183,18 @@ def simulate_like(run: RealRun, bench: str | None = None,
     if tr.get("heartbeat_timeout"):
         costs = replace(costs, hang_detect_seconds=float(tr["heartbeat_timeout"]))
     sc = local(steps=steps)
-    k = _find(run.config, SETTING_NAMES["checkpoint_every"])
+    k = baseline.get("ckpt_every")
     if k is None:
         k = sc.checkpoint_every
-        if system == "checkpoint-restart" or system == "elastic":
-            notes.append(f"checkpoint interval not found in config.json; assumed {k}")
-    mode = _find(run.config, SETTING_NAMES["elastic_mode"])
-    if system == "elastic" and (mode is True or (isinstance(mode, str) and
-                                                ("shrink" in mode.lower() or "per-replica" in mode.lower()))):
-        system = "elastic-shrink"
+        if system in CHECKPOINTING:
+            notes.append(f"config.json has no baseline.ckpt_every; assumed {k}")
     events = events_from_plan(run.plan) if run.plan else FailureEvents.none()
     notes.extend(events.skipped)
     replacement = sc.replacement_for(system)
     wait = False
-    if system == "checkpoint-restart" and _find(run.config, SETTING_NAMES["restart_mode"]) == "replace":
+    if real_system == "ckpt-restart" and baseline.get("restart_mode") == "replace":
         # the restart waits for a replacement replica, then runs at full size
-        replacement, wait = float(_find(run.config, SETTING_NAMES["replacement"]) or 0.0), True
+        replacement, wait = float(baseline.get("replace_wait") or 0.0), True
     rec = simulate_one(system, job, costs, events, math.inf, max_iterations=steps,
                        checkpoint_every=int(k), replacement_delay=replacement, wait_for_replacement=wait)
     eff_after = rec.effective_tokens - (job.tokens_per_iteration if rec.effective_iterations else 0)

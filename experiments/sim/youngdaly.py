@@ -7,7 +7,7 @@ minimises the expected wall time is approximately
     Daly (2006):   tau = sqrt(2 * delta * M) * (1 + sqrt(delta / (2 M)) / 3 + delta / (18 M)) - delta
                    for delta < 2 M, and tau = M otherwise.
 Both assume failures form a Poisson process and every failure costs a restart plus the
-work since the last checkpoint, which is the checkpoint-restart policy's model. The
+work since the last checkpoint, which is the ckpt-restart policy's model. The
 simulator checkpoints every K whole iterations, so the interval is rounded to the
 nearest whole number of iterations (at least 1): `interval_iterations`.
 """

@@ -1,0 +1,56 @@
+"""The one vocabulary for systems: a system's name plus the settings that make a variant of it.
+
+Contract:
+- A system is named as `recover train --system` names it (experiments/systems.py:
+  plain, recover, ckpt-restart, elastic, torchft). Everything that shows or stores a
+  system (experiment grids, aggregation, the simulator's policies and its results
+  files, validation, figures) uses `variant_label(system, settings)`, never a
+  spelling of its own.
+- A label is the system's name, then one `-tag` per labelled setting of that system
+  (VARIANT_SETTINGS): settings marked `always` are always shown (elastic's batch rule
+  has no neutral value: `elastic-keep-global`, `elastic-keep-per-replica`); the others
+  only when they differ from the baseline's default (BaselineConfig), so the label a
+  default run gets is the bare name.
+- `plain`, the failure-free reference, is labelled "failure-free" (its role in
+  every comparison).
+- The defaults recorded here are BaselineConfig's (a test checks they agree); this
+  module imports nothing of the project, so the simulator stays free of torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+FAILURE_FREE = "failure-free"
+"""The label of `plain` runs: the failure-free reference of a comparison."""
+
+
+@dataclass(frozen=True)
+class VariantSetting:
+    """A setting whose value names a variant of a system."""
+
+    system: str  # the `--system` it belongs to
+    name: str  # its BaselineConfig field (config.json "baseline" key)
+    default: Any  # BaselineConfig's default (checked by a test)
+    tag: Callable[[Any], str]  # the label's suffix for a value
+    always: bool = False  # shown even at the default value
+
+
+VARIANT_SETTINGS: tuple[VariantSetting, ...] = (
+    VariantSetting("elastic", "elastic_batch", "keep-global", str, always=True),
+)
+
+
+def variant_label(system: str, settings: Mapping[str, Any] | None = None) -> str:
+    """The label of `system` run with `settings` (BaselineConfig fields; absent ones take their default)."""
+    if system == "plain":
+        return FAILURE_FREE
+    settings = settings or {}
+    parts = [system]
+    for v in VARIANT_SETTINGS:
+        if v.system != system:
+            continue
+        value = settings.get(v.name, v.default)
+        if v.always or value != v.default:
+            parts.append(v.tag(value))
+    return "-".join(parts)

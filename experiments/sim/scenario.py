@@ -1,0 +1,116 @@
+"""A scenario, what running it returns, and running it: every system against the same failures.
+
+Contract:
+- `Scenario` is one simulated set-up: a calibration (job + costs, each value
+  sourced), a failure model, a horizon, a replacement policy, a checkpoint interval
+  rule, the systems to run (labels of policies.SYSTEMS), published numbers it is
+  compared with, and its own assumptions written out in words. The named ones are in
+  scenarios.py.
+- `checkpoint_plan(sc)` is the interval the checkpointing systems use: fixed, or
+  Daly's optimum (youngdaly.py) for the scenario's expected failure rate.
+- `run_scenario(sc)` draws the failure events once and simulates every system of
+  `sc` against the *same* events; it returns a `ScenarioResult` (reports in
+  report.py).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .calibration import Calibration
+from .failures import FailureEvents, FailureModel
+from .policies import SYSTEMS, simulate_one
+from .record import RunRecord
+from .youngdaly import daly_interval, interval_iterations, young_interval
+
+ALL_SYSTEMS = tuple(SYSTEMS)
+
+
+def _f(default, doc: str):
+    return field(default=default, metadata={"help": doc})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One simulated set-up, run for every system against the same failures."""
+
+    name: str = _f("", "scenario name")
+    description: str = _f("", "one line: what it is")
+    calibration: Calibration = _f(None, "job model + costs + their sources")
+    failures: FailureModel = _f(FailureModel(), "how failures are drawn")
+    horizon_seconds: float = _f(3600.0, "wall time simulated (inf: until max_iterations)")
+    max_iterations: int | None = _f(None, "stop after this many committed iterations (None: horizon only)")
+    replacement_delay: float | None = _f(None, "seconds until a failed replica is replaced (None: never)")
+    replacement_by_system: dict[str, float | None] = _f(None, "per-system override of replacement_delay")
+    wait_for_replacement: bool = _f(False, "ckpt-restart waits for the replacement before restarting")
+    checkpoint_every: int | str = _f("young-daly", "iterations between checkpoints, or 'young-daly'")
+    systems: tuple[str, ...] = _f(ALL_SYSTEMS, "systems to simulate")
+    gpu_hour_mark: float | None = _f(None, "report tokens at this many GPU-hours (paper-512: 234)")
+    published: dict[str, Any] = _f(None, "published numbers this scenario is compared with (paper-512: the paper's)")
+    assumptions: dict[str, str] = _f(None, "what the scenario assumes, in words")
+
+    def replacement_for(self, system: str) -> float | None:
+        if self.replacement_by_system and system in self.replacement_by_system:
+            return self.replacement_by_system[system]
+        return self.replacement_delay
+
+
+@dataclass
+class ScenarioResult:
+    """Every system's record for one scenario, and how the checkpoint interval was chosen."""
+
+    scenario: Scenario  # what was run
+    runs: dict[str, RunRecord]  # system -> its record
+    checkpoint: dict[str, Any]  # mode, MTBF, Young and Daly intervals, K
+    failures_drawn: int  # timed + step failures in the events
+    skipped_faults: tuple[str, ...]  # plan faults the simulator does not model
+    runtime_seconds: float  # wall time of the simulation itself
+
+
+# ---- checkpoint interval ------------------------------------------------------------------
+def checkpoint_plan(sc: Scenario) -> dict[str, Any]:
+    """K (iterations between checkpoints) and how it was chosen."""
+    job, costs = sc.calibration.job, sc.calibration.costs
+    t_it = job.iteration_seconds(job.replicas)
+    mtbf = sc.failures.job_mtbf_seconds(job, sc.horizon_seconds)
+    out: dict[str, Any] = {"job_mtbf_seconds": mtbf, "checkpoint_save_seconds": costs.checkpoint_save_seconds,
+                           "iteration_seconds": t_it}
+    if math.isfinite(mtbf):
+        out["young_seconds"] = young_interval(costs.checkpoint_save_seconds, mtbf)
+        out["daly_seconds"] = daly_interval(costs.checkpoint_save_seconds, mtbf)
+    if sc.checkpoint_every == "young-daly":
+        out["mode"] = "young-daly (Daly's formula, rounded to whole iterations)"
+        if math.isfinite(mtbf):
+            out["interval_iterations"] = interval_iterations(out["daly_seconds"], t_it)
+        else:  # no failure expected: checkpoint hourly, as a job without failures data would
+            out["interval_iterations"] = interval_iterations(3600.0, t_it)
+            out["mode"] += "; no failure rate known, hourly"
+    else:
+        out["mode"] = "fixed"
+        out["interval_iterations"] = int(sc.checkpoint_every)
+    return out
+
+
+# ---- running ----------------------------------------------------------------------------------
+def draw_events(sc: Scenario) -> FailureEvents:
+    renewal = sc.replacement_delay is not None or any(
+        v is not None for v in (sc.replacement_by_system or {}).values())
+    return sc.failures.sample(sc.calibration.job, sc.horizon_seconds, renewal=renewal)
+
+
+def run_scenario(sc: Scenario, events: FailureEvents | None = None) -> ScenarioResult:
+    """Simulate every system of `sc` against the same failure events."""
+    t0 = time.perf_counter()
+    if events is None:
+        events = draw_events(sc)
+    ck = checkpoint_plan(sc)
+    runs = {}
+    for system in sc.systems:
+        runs[system] = simulate_one(
+            system, sc.calibration.job, sc.calibration.costs, events, sc.horizon_seconds,
+            max_iterations=sc.max_iterations, checkpoint_every=ck["interval_iterations"],
+            replacement_delay=sc.replacement_for(system), wait_for_replacement=sc.wait_for_replacement,
+            mtbf_seconds=ck["job_mtbf_seconds"])
+    return ScenarioResult(sc, runs, ck, len(events), events.skipped, time.perf_counter() - t0)

@@ -1,0 +1,39 @@
+"""One vocabulary for systems: every place that names a system uses experiments.labels."""
+from __future__ import annotations
+
+import dataclasses
+
+from recover.baselines.settings import BaselineConfig
+from recover.experiments import aggregate
+from recover.experiments.grids import FAILURE_FREE, FAULTY_SYSTEMS, build_grid
+from recover.experiments.labels import VARIANT_SETTINGS, variant_label
+from recover.experiments.sim.policies import SYSTEMS as SIM_SYSTEMS
+from recover.experiments.systems import SYSTEMS
+
+
+def test_label_defaults_are_the_baselines_defaults():
+    defaults = {f.name: f.default for f in dataclasses.fields(BaselineConfig)}
+    for v in VARIANT_SETTINGS:
+        assert v.system in SYSTEMS
+        assert defaults[v.name] == v.default, v.name
+
+
+def test_labels_are_system_names_plus_settings():
+    assert variant_label("plain") == "failure-free"
+    assert variant_label("ckpt-restart", {"restart_mode": "survivors"}) == "ckpt-restart"
+    assert variant_label("elastic") == "elastic-keep-global"
+    assert variant_label("elastic", {"elastic_batch": "keep-per-replica"}) == "elastic-keep-per-replica"
+    assert variant_label("elastic", BaselineConfig().to_dict()) == "elastic-keep-global"
+
+
+def test_grids_aggregation_and_simulator_share_the_labels():
+    for v in (FAILURE_FREE, *FAULTY_SYSTEMS):
+        assert v.label == variant_label(v.system, dict(v.settings))
+    grid = build_grid("trajectory", seeds=[0])
+    for run in grid.runs:
+        cfg = {"train": {"system": run.system}, "baseline": run.settings}
+        assert aggregate._label_of(cfg) == run.label
+    faulty = {v.label for v in FAULTY_SYSTEMS}
+    for label, (_, system, settings) in SIM_SYSTEMS.items():
+        assert system in SYSTEMS and label == variant_label(system, settings)
+        assert label in faulty  # every simulated system is one the experiments run for real
