@@ -23,12 +23,9 @@ from datetime import timedelta
 
 _STARTED = time.time()  # before the heavy imports: a restart's cost includes them
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from recover.core.config import TrainConfig  # noqa: E402
-from recover.core.hooks import load_hooks  # noqa: E402
-from recover.core.plain import connect_store, run_start_time, worker_args  # noqa: E402
+from recover.core.startup import begin, connect_store, run_start_time, worker_args  # noqa: E402
 
 from .runlog import baseline_dir  # noqa: E402
 from .settings import load_settings  # noqa: E402
@@ -56,16 +53,12 @@ def init_groups(backend: str, store, rank: int, world: int, timeout: float):
 
 def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "checkpoint-restart worker")
-    cfg = TrainConfig.load(args.config)
+    cfg, hooks = begin(args.config, args.replica)
     settings = load_settings(args.config)
-    torch.set_num_threads(cfg.threads)
     t0 = run_start_time()
     members = [int(x) for x in os.environ["RECOVER_MEMBERS"].split(",")]
     generation = int(os.environ.get("RECOVER_ATTEMPT", "0"))
     rank = members.index(args.replica)
-    hooks = load_hooks(cfg.hooks, cfg, args.replica)
-    if cfg.resolved_device() == "cuda":
-        torch.cuda.set_device(args.replica % torch.cuda.device_count())
     store = dist.PrefixStore(f"ckpt-restart/attempt{generation}/", connect_store())
     ckpt_group = init_groups(cfg.resolved_backend(), store, rank, len(members), cfg.collective_timeout)
     notice = fault_notice_path(cfg.out, generation)

@@ -29,12 +29,9 @@ from pathlib import Path
 
 _STARTED = time.time()
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from recover.core.config import TrainConfig  # noqa: E402
-from recover.core.hooks import load_hooks  # noqa: E402
-from recover.core.plain import run_start_time  # noqa: E402
+from recover.core.startup import begin, run_start_time, worker_args  # noqa: E402
 
 from .runlog import baseline_dir, first_detection  # noqa: E402
 from .settings import load_settings  # noqa: E402
@@ -73,19 +70,13 @@ def _next_incarnation(out: Path, members: list[int]) -> tuple[int, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="TorchElastic worker")
-    ap.add_argument("--config", required=True)
-    args = ap.parse_args(argv)
+    args = worker_args(argv, "TorchElastic worker", replica=False)  # its node is RECOVER_REPLICA
     _die_with_agent()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    cfg = TrainConfig.load(args.config)
-    settings = load_settings(args.config)
-    torch.set_num_threads(cfg.threads)
-    t0 = run_start_time()
     node = int(os.environ["RECOVER_REPLICA"])
-    hooks = load_hooks(cfg.hooks, cfg, node)
+    cfg, hooks = begin(args.config, node, pin_device=False)
+    settings = load_settings(args.config)
+    t0 = run_start_time()
     # TorchElastic's contract with its workers is the env:// rendezvous of the
     # process-global default group (what every torchrun user does); the group
     # lives exactly as long as this process, which the agent replaces on re-forming.

@@ -40,12 +40,11 @@ _STARTED = time.time()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from recover.core.config import TrainConfig  # noqa: E402
 from recover.core.data import iteration_ids  # noqa: E402
-from recover.core.hooks import load_hooks  # noqa: E402
-from recover.core.plain import run_start_time, worker_args  # noqa: E402
+from recover.core.fold import fold_quota  # noqa: E402
 from recover.core.policy import assign_quotas  # noqa: E402
 from recover.core.results import JsonlWriter, metric_record  # noqa: E402
+from recover.core.startup import begin, run_start_time, worker_args  # noqa: E402
 from recover.core.workload import Workload  # noqa: E402
 
 from .runlog import baseline_dir, first_detection, record_detection  # noqa: E402
@@ -64,13 +63,11 @@ def _gang_start(out: Path, replica: int, replicas: int, timeout: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "torchft replica group")
-    cfg = TrainConfig.load(args.config)
+    cfg, hooks = begin(args.config, args.replica, pin_device=False)  # this baseline runs on CPU (below)
     settings = load_settings(args.config)
-    torch.set_num_threads(cfg.threads)
     t0 = run_start_time()
     out = Path(cfg.out)
     R, M, replica = cfg.replicas, cfg.microbatches, args.replica
-    hooks = load_hooks(cfg.hooks, cfg, replica)
 
     from torchft import Manager
     from torchft.process_group import ProcessGroupGloo
@@ -112,12 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             if step >= cfg.steps:
                 break
             quota = assign_quotas(iteration_ids(step, M), list(range(R)))[replica]
-            for k, mb in enumerate(quota):
-                if k:
-                    hooks.at(step, "between_microbatches", k)
-                t = time.perf_counter()
-                work.fold(mb, lambda phase, i: hooks.at(step, phase, i))
-                hooks.microbatch_done(step, k, time.perf_counter() - t)
+            fold_quota(step, quota, work.fold, hooks)
             who = torch.zeros(R + 1)
             who[replica], who[R] = 1.0, float(len(quota))
             buf = torch.cat([work.pack(), who])

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
+from recover.core.fold import fold_quota
 from recover.core.hooks import WorkerHooks
 from recover.core.policy import assign_quotas, quota_sizes
 from recover.core.results import JsonlWriter, metric_record
@@ -123,13 +124,7 @@ def train(
         for step in range(start, cfg.steps):
             ids = step_ids(step, cfg, inc.world, keep_global)
             quota = assign_quotas(ids, list(range(inc.world)))[inc.rank]
-            for k, mb in enumerate(quota):
-                if k:
-                    hooks.at(step, "between_microbatches", k)
-                log.begin(step, mb)
-                t = time.perf_counter()
-                work.fold(mb, lambda phase, i: hooks.at(step, phase, i))
-                hooks.microbatch_done(step, k, time.perf_counter() - t)
+            fold_quota(step, quota, work.fold, hooks, before=lambda mb: log.begin(step, mb))
             buf = work.pack()
             handle = dist.all_reduce(buf, async_op=True)
             hooks.at(step, "allreduce")

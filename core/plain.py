@@ -12,66 +12,32 @@ Contract:
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 from .comm import Communicator
-from .config import TrainConfig
 from .data import iteration_ids
-from .hooks import load_hooks
+from .fold import fold_quota
 from .policy import assign_quotas
 from .results import JsonlWriter, metric_record, write_final
+from .startup import begin, connect_store, run_start_time, worker_args
 from .workload import Workload
-
-
-def connect_store(timeout: float = 60.0) -> dist.TCPStore:
-    """A client of the coordinator's store, from RECOVER_STORE_ADDR=host:port."""
-    host, port = os.environ["RECOVER_STORE_ADDR"].rsplit(":", 1)
-    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
-
-
-def worker_args(argv: list[str] | None, description: str) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--replica", type=int, required=True)
-    return ap.parse_args(argv)
-
-
-def run_start_time() -> float:
-    """The run's start on the time.time() clock (set by the launcher)."""
-    return float(os.environ.get("RECOVER_T0", time.time()))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "plain data-parallel worker")
-    cfg = TrainConfig.load(args.config)
-    torch.set_num_threads(cfg.threads)
+    cfg, hooks = begin(args.config, args.replica)
     t0 = run_start_time()
     replica, R, M = args.replica, cfg.replicas, cfg.microbatches
-    hooks = load_hooks(cfg.hooks, cfg, replica)
-    device = cfg.resolved_device()
-    if device == "cuda":
-        torch.cuda.set_device(replica % torch.cuda.device_count())
-    work = Workload(cfg, device)
+    work = Workload(cfg, cfg.resolved_device())
     store = connect_store()
     comm = Communicator.build(store, 0, replica, R, cfg.resolved_backend(), cfg.collective_timeout, namespace="plain/")
     metrics = JsonlWriter(Path(cfg.out) / "metrics.jsonl") if replica == 0 else None
     members = list(range(R))
     for step in range(cfg.steps):
         quota = assign_quotas(iteration_ids(step, M), members)[replica]
-        for k, mb in enumerate(quota):
-            if k:
-                hooks.at(step, "between_microbatches", k)
-            start = time.perf_counter()
-            work.fold(mb, lambda phase, i: hooks.at(step, phase, i))
-            hooks.microbatch_done(step, k, time.perf_counter() - start)
+        fold_quota(step, quota, work.fold, hooks)
         buf = work.pack()
         comm.allreduce(buf, cfg.collective_timeout, while_in_flight=lambda: hooks.at(step, "allreduce"))
         hooks.at(step, "commit")

@@ -37,6 +37,7 @@ from .accumulator import GradAccumulator
 from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
+from .startup import env_addr
 
 
 class RunEnded(RuntimeError):
@@ -46,11 +47,6 @@ class RunEnded(RuntimeError):
         super().__init__(reason)
         self.reason = reason
         self.fenced = fenced
-
-
-def _addr(var: str) -> tuple[str, int]:
-    host, port = os.environ[var].rsplit(":", 1)
-    return host, int(port)
 
 
 class Replica:
@@ -100,7 +96,7 @@ class Replica:
         """Join the job the launcher set up (RECOVER_REPLICA, RECOVER_CONTROL_ADDR, RECOVER_STORE_ADDR)."""
         params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
         return cls(params, optimizer, replica=int(os.environ["RECOVER_REPLICA"]),
-                   control_addr=_addr("RECOVER_CONTROL_ADDR"), store_addr=_addr("RECOVER_STORE_ADDR"), **kw)
+                   control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"), **kw)
 
     # ---- the loop's view ---------------------------------------------------------------
     @property

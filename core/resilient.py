@@ -15,15 +15,11 @@ import faulthandler
 import os
 import signal
 import sys
-import time
 
-import torch
-
-from .config import TrainConfig
-from .hooks import load_hooks
-from .plain import worker_args
-from .replica import Replica, RunEnded, _addr
+from .fold import fold_quota
+from .replica import Replica, RunEnded
 from .results import write_final
+from .startup import begin, env_addr, worker_args
 from .workload import Workload
 
 EXIT_FENCED = 3
@@ -33,31 +29,20 @@ def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "resilient (recover) worker")
     # `kill -USR1 <pid>` writes every thread's stack to the replica's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    cfg = TrainConfig.load(args.config)
-    torch.set_num_threads(cfg.threads)
-    hooks = load_hooks(cfg.hooks, cfg, args.replica)
-    device = cfg.resolved_device()
-    if device == "cuda":
-        torch.cuda.set_device(args.replica % torch.cuda.device_count())
-    work = Workload(cfg, device)
+    cfg, hooks = begin(args.config, args.replica)
+    work = Workload(cfg, cfg.resolved_device())
     replica = Replica(
         work.acc, work.optimizer, replica=args.replica,
-        control_addr=_addr("RECOVER_CONTROL_ADDR"), store_addr=_addr("RECOVER_STORE_ADDR"),
+        control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"),
         backend=cfg.resolved_backend(), collective_timeout=cfg.collective_timeout,
         heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip,
         tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks,
     )
     try:
         while not replica.done:
-            step = replica.step
-            for mb in replica.quota():
-                k = len(replica.ledger)  # index of this microbatch within the step, across recoveries
-                if k:
-                    hooks.at(step, "between_microbatches", k)
-                start = time.perf_counter()
-                loss = work.forward_backward(mb, lambda phase, i: hooks.at(step, phase, i))
-                hooks.microbatch_done(step, k, time.perf_counter() - start)
-                replica.fold(mb, loss)
+            # k counts on from what this replica folded before a recovery handed it more
+            fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
+                       first=len(replica.ledger), after=replica.fold)
             replica.commit()
         write_final(cfg.out, args.replica, replica.step, work.state_checksum())
     except RunEnded as e:

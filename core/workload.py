@@ -12,17 +12,13 @@ Contract:
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from .accumulator import GradAccumulator
 from .config import TrainConfig
 from .data import MicrobatchSource, load_tokens, microbatch_seed
+from .fold import PhaseHook
 from .model import GPT
-
-PhaseHook = Callable[[str, int], None]
-"""hook(phase, k): called at 'forward' and 'backward' of the k-th microbatch folded this step."""
 
 
 class Workload:

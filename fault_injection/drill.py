@@ -7,7 +7,8 @@ Contract:
   step it walks this replica's quota (core.policy's equal split) through every
   point of core.hooks.PHASES - forward, backward, between_microbatches,
   allreduce, commit, optimizer_step, checkpoint_save - sleeping `work_seconds`
-  for each forward and backward, and calls the hooks as a trainer does. So every
+  for each forward and backward, and calls the hooks as a trainer does (the
+  microbatches through the trainers' own loop, core.fold.fold_quota). So every
   fault of a plan, at any phase, happens for real (SIGKILL, SIGSTOP, a raise, a
   straggler's sleep) in a run that starts in well under a second.
 - Unlike a plain run, one replica's fault does not end the drill: every replica
@@ -35,10 +36,12 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from recover.core.hooks import load_hooks
+from recover.core.fold import fold_quota
+from recover.core.hooks import WorkerHooks, load_hooks
 from recover.core.launcher import Launcher, python_module_argv
 from recover.core.policy import quota_sizes
 from recover.core.results import write_summary
+from recover.core.startup import add_worker_flags
 
 from .injector import WORKER_HOOKS, launcher_hooks, process_state
 from .plan import FaultPlan, validate_plan
@@ -70,6 +73,23 @@ class _Trace:
         self.f.flush()
 
 
+class _TracedHooks(WorkerHooks):
+    """The run's hooks, with every point traced before it is called (a fault's last line is its point)."""
+
+    def __init__(self, hooks: WorkerHooks, trace: _Trace):
+        self.hooks, self.trace = hooks, trace
+
+    def at(self, step: int, phase: str, microbatch: int | None = None) -> None:
+        self.trace.write(event="point", step=step, phase=phase, microbatch=microbatch)
+        self.hooks.at(step, phase, microbatch)
+
+    def microbatch_done(self, step: int, microbatch: int, seconds: float) -> None:
+        start = time.perf_counter()
+        self.hooks.microbatch_done(step, microbatch, seconds)  # a straggler sleeps here
+        self.trace.write(event="microbatch_done", step=step, microbatch=microbatch, measured=seconds,
+                         total=seconds + time.perf_counter() - start)
+
+
 # ---- the stand-in worker -----------------------------------------------------------------------
 def worker(config: str, replica: int) -> int:
     cfg = SimpleNamespace(**json.loads(Path(config).read_text())["train"])
@@ -85,33 +105,24 @@ def worker(config: str, replica: int) -> int:
     while not (up.exists() and up.read_text()) and sidecar.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     trace.write(event="start", pid=os.getpid(), sidecar_pid=sidecar.pid)
-    hooks = load_hooks(cfg.hooks, cfg, replica)
+    hooks = _TracedHooks(load_hooks(cfg.hooks, cfg, replica), trace)
 
-    def point(step: int, phase: str, k: int | None = None) -> None:
-        trace.write(event="point", step=step, phase=phase, microbatch=k)
-        hooks.at(step, phase, k)
+    def stand_in_fold(k: int, at) -> None:  # a stand-in's microbatch ids are its indices k
+        at("forward", k)
+        time.sleep(cfg.work_seconds)
+        at("backward", k)
+        time.sleep(cfg.work_seconds)
 
     quota = quota_sizes(cfg.microbatches, list(range(cfg.replicas)))[replica]
     for step in range(cfg.steps):
-        for k in range(quota):
-            if k:
-                point(step, "between_microbatches", k)
-            start = time.perf_counter()
-            point(step, "forward", k)
-            time.sleep(cfg.work_seconds)
-            point(step, "backward", k)
-            time.sleep(cfg.work_seconds)
-            measured = time.perf_counter() - start
-            hooks.microbatch_done(step, k, measured)
-            trace.write(event="microbatch_done", step=step, microbatch=k, measured=measured,
-                        total=time.perf_counter() - start)
+        fold_quota(step, range(quota), stand_in_fold, hooks)
         try:
-            point(step, "allreduce")
+            hooks.at(step, "allreduce")
         except Exception as e:  # an injected link failure: a plain worker dies of it too
             trace.write(event="collective_failed", step=step, error=f"{type(e).__name__}: {e}")
             return 1
         for phase in ("commit", "optimizer_step", "checkpoint_save"):
-            point(step, phase)
+            hooks.at(step, phase)
     trace.write(event="end")
     sidecar.kill()
     sidecar.wait()
@@ -203,9 +214,7 @@ def run_drill(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
-    w = sub.add_parser("worker")
-    w.add_argument("--config", required=True)
-    w.add_argument("--replica", type=int, required=True)
+    add_worker_flags(sub.add_parser("worker"))
     s = sub.add_parser("sidecar")
     s.add_argument("--trace", required=True)
     s.add_argument("--parent", type=int, required=True)  # its worker may be gone before it starts

@@ -42,9 +42,10 @@ from typing import Any
 
 from recover.core.hooks import WorkerHooks
 from recover.core.launcher import ProcessExit
+from recover.core.startup import run_start_time
 
 from .plan import Fault, FaultPlan, load_plan, validate_plan
-from .record import PLAN_FILE, FAULTS_FILE, append_record, fault_record, fired_indices, run_start_time
+from .record import PLAN_FILE, FAULTS_FILE, append_record, fault_record, fired_indices
 
 WORKER_HOOKS = "recover.fault_injection.injector:worker_hooks"
 

@@ -28,15 +28,6 @@ FAULTS_FILE = "faults.jsonl"
 PLAN_FILE = "fault_plan.json"
 
 
-def run_start_time() -> float:
-    """The run's start on the time.time() clock: RECOVER_T0, as the launcher sets it.
-
-    (core.plain has the same helper; it is repeated here so that the injector,
-    which runs inside every worker and the launcher, never has to import torch.)
-    """
-    return float(os.environ.get("RECOVER_T0", time.time()))
-
-
 def fault_record(
     index: int, fault: Fault, pid: int, t0: float, step: int | None = None, phase: str | None = None,
     microbatch: int | None = None, fired_by: str = "worker",

@@ -1,0 +1,75 @@
+"""Worker start-up: what every worker process reads from its command line and its environment.
+
+Contract:
+- A worker is started as `python -m MODULE --config DIR/config.json --replica r`
+  (`worker_args`; TorchElastic's workers take no --replica: their node is
+  RECOVER_REPLICA) with the launcher's environment:
+    RECOVER_STORE_ADDR    host:port of the coordinator's c10d store (`connect_store`)
+    RECOVER_CONTROL_ADDR  host:port of the coordinator's control service (or a lighthouse)
+    RECOVER_T0            the run's start on the time.time() clock (`run_start_time`)
+  `env_addr(VAR)` parses a host:port variable; a missing one raises KeyError.
+- `begin(config, replica)` is every trainer's first lines: load the resolved
+  config, size torch's thread pool, pin this replica's GPU, build its hooks.
+- Importing this module imports no torch (the injector and the fault drill use it
+  in processes that never import torch): the functions that need torch import it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from .config import TrainConfig
+    from .hooks import WorkerHooks
+
+
+def add_worker_flags(ap: argparse.ArgumentParser, replica: bool = True) -> argparse.ArgumentParser:
+    """Add a worker's flags: --config (DIR/config.json) and, unless `replica` is False, --replica."""
+    ap.add_argument("--config", required=True)
+    if replica:
+        ap.add_argument("--replica", type=int, required=True)
+    return ap
+
+
+def worker_args(argv: list[str] | None, description: str, replica: bool = True) -> argparse.Namespace:
+    """Parse a worker's command line (`add_worker_flags`)."""
+    return add_worker_flags(argparse.ArgumentParser(description=description), replica).parse_args(argv)
+
+
+def env_addr(var: str) -> tuple[str, int]:
+    """(host, port) from the environment variable `var`, set as host:port by the launcher."""
+    host, port = os.environ[var].rsplit(":", 1)
+    return host, int(port)
+
+
+def connect_store(timeout: float = 60.0) -> "dist.TCPStore":
+    """A client of the coordinator's store, from RECOVER_STORE_ADDR=host:port."""
+    import torch.distributed as dist
+
+    host, port = env_addr("RECOVER_STORE_ADDR")
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+
+
+def run_start_time() -> float:
+    """The run's start on the time.time() clock: RECOVER_T0 as the launcher sets it (else now)."""
+    return float(os.environ.get("RECOVER_T0", time.time()))
+
+
+def begin(config_path: str, replica: int, pin_device: bool = True) -> tuple["TrainConfig", "WorkerHooks"]:
+    """Load DIR/config.json, set torch's threads, pin replica's GPU (`pin_device`), build its hooks."""
+    import torch
+
+    from .config import TrainConfig
+    from .hooks import load_hooks
+
+    cfg = TrainConfig.load(config_path)
+    torch.set_num_threads(cfg.threads)
+    hooks = load_hooks(cfg.hooks, cfg, replica)
+    if pin_device and cfg.resolved_device() == "cuda":
+        torch.cuda.set_device(replica % torch.cuda.device_count())
+    return cfg, hooks
