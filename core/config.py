@@ -15,10 +15,11 @@ import argparse
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .fields import doc_field as _f
 from .model import MODEL_CONFIGS, GPTConfig, model_config
 
 
@@ -29,10 +30,6 @@ class ConfigError(ValueError):
         super().__init__(f"{flag}: {message}")
         self.flag = flag
         self.message = message
-
-
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass

@@ -31,18 +31,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+from recover.core.fields import doc_field as _f
 
 from .model import JobModel
 
 LLAMA3_GPU_MTBF_HOURS = 54 * 24 * 16384 / 419
 """Per-GPU mean time between failures implied by Llama 3's 419 interruptions in 54 days on 16,384 GPUs."""
-
-
-def _f(default, doc: str):
-    return field(default=default, metadata={"help": doc})
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ Contract:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
 
+from recover.core.fields import doc_field as _f
 from recover.fault_injection import sampling
 
 from .model import JobModel
@@ -81,10 +82,6 @@ class FailureEvents:
     def first(self, n: int) -> "FailureEvents":
         """Only the first n timed failures (for 'more failures' comparisons)."""
         return FailureEvents(self.times[:n], self.replicas[:n], self.kinds[:n], self.step_faults, self.skipped)
-
-
-def _f(default, doc: str):
-    return field(default=default, metadata={"help": doc})
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from recover.core.fields import doc_field as _f
 
 from .calibration import Calibration
 from .failures import FailureEvents, FailureModel
@@ -26,10 +28,6 @@ from .record import RunRecord
 from .youngdaly import daly_interval, interval_iterations, young_interval
 
 ALL_SYSTEMS = tuple(SYSTEMS)
-
-
-def _f(default, doc: str):
-    return field(default=default, metadata={"help": doc})
 
 
 @dataclass(frozen=True)
