@@ -184,3 +184,24 @@ def test_restart_time_is_calibrated_leave_one_out(tmp_path):
     assert str(tmp_path / "a") in rows[1]["notes"][-1]
     # the run calibrated from the slower restarts of the other one takes longer in simulation
     assert rows[0]["sim"]["last_commit_seconds"] > rows[1]["sim"]["last_commit_seconds"]
+
+
+def test_cluster_scenarios_anchor_on_the_bench_files(tmp_path):
+    """The restart law's small anchor is the restart derived from results/bench (not a typed-in number),
+    and paper-512 / the cluster scenarios use the bench they are given."""
+    from recover.experiments.sim.calibration import restart_law
+    from recover.experiments.sim.scenarios import SCENARIOS
+
+    b = tmp_path / "bench"
+    b.mkdir()
+    (b / "recovery_ckpt-restart.json").write_text(json.dumps({
+        "kill_to_next_commit_s": {"p50": 30.0}, "work_lost_microbatches": {"p50": 8}, "microbatches": 8}))
+    law = restart_law(b)
+    assert law.small_seconds == pytest.approx(local_calibration(b).costs.restart_seconds)
+    assert law.small_seconds > 25.0 and str(b) in law.source
+    assert law(100_000) == pytest.approx(600.0)
+    for name in ("paper-512", "llama3-16k", "100k"):
+        slow, committed = SCENARIOS[name](bench=b), SCENARIOS[name]()
+        assert slow.calibration.costs.restart_seconds == pytest.approx(law(slow.calibration.job.n_gpus))
+        # a bigger measured anchor raises every restart below the published 100k-GPU one
+        assert slow.calibration.costs.join_seconds > committed.calibration.costs.join_seconds
