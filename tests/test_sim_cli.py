@@ -205,3 +205,21 @@ def test_cluster_scenarios_anchor_on_the_bench_files(tmp_path):
         assert slow.calibration.costs.restart_seconds == pytest.approx(law(slow.calibration.job.n_gpus))
         # a bigger measured anchor raises every restart below the published 100k-GPU one
         assert slow.calibration.costs.join_seconds > committed.calibration.costs.join_seconds
+
+
+def test_async_save_stalls_only_for_its_snapshot():
+    """An async save costs the run its snapshot stall, not the whole write: with the same failures,
+    ckpt-restart commits more, and the Young/Daly interval is set by the stall."""
+    from dataclasses import replace
+
+    from recover.experiments.sim.scenario import checkpoint_plan
+    from recover.experiments.sim.scenarios import paper_512
+
+    sc = replace(paper_512(), systems=("ckpt-restart",))
+    cal = sc.calibration
+    fast = replace(sc, calibration=replace(cal, costs=replace(cal.costs, checkpoint_async_stall_seconds=0.5)))
+    assert checkpoint_plan(fast)["young_seconds"] < checkpoint_plan(sc)["young_seconds"]
+    assert checkpoint_plan(fast)["checkpoint_stall_seconds"] == 0.5
+    blocking, async_ = run_scenario(sc).runs["ckpt-restart"], run_scenario(fast).runs["ckpt-restart"]
+    assert blocking.checkpoints > 0 and async_.checkpoints > 0
+    assert async_.effective_tokens > blocking.effective_tokens

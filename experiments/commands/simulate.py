@@ -94,8 +94,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         res = sweeps.sensitivity(args.seed)
         report.write_rows(res["restart_x_interval"], out / "restart_x_interval.csv")
         report.write_rows(res["loss_unit"], out / "loss_unit.csv")
+        report.write_rows(res["restart_x_save"], out / "restart_x_save.csv")
+        (out / "paper_range.json").write_text(json.dumps(res["paper_range"], indent=2) + "\n")
         (out / "restart_matching_paper.json").write_text(json.dumps(res["restart_matching_paper"], indent=2) + "\n")
-        print(f"sensitivity: {len(res['restart_x_interval'])} + {len(res['loss_unit'])} runs in "
+        print(f"sensitivity: {len(res['restart_x_interval'])} + {len(res['loss_unit'])} + {len(res['restart_x_save'])} runs in "
               f"{time.perf_counter() - t0:.1f}s -> {out}/")
         m = res["restart_matching_paper"]
         if m.get("restart_seconds") is not None:

@@ -58,10 +58,20 @@ class Costs:
     restart_seconds: float = _f(60.0, "ckpt-restart: fault to job running again (detect, tear down, relaunch), without the load")
     checkpoint_save_seconds: float = _f(10.0, "blocking checkpoint save (training stalls)")
     checkpoint_load_seconds: float = _f(20.0, "checkpoint load after a restart")
+    checkpoint_async_stall_seconds: float | None = _f(None, "async save (dcp.async_save): training stalls only for "
+                                                           "the snapshot, this long; None: a blocking save")
     elastic_restart_seconds: float = _f(90.0, "elastic: fault to workers running again (re-rendezvous, worker restart), without the load")
     torchft_detect_seconds: float = _f(5.0, "torchft: a crash to the survivors' next quorum (heartbeat-bound)")
     torchft_quorum_seconds: float = _f(0.5, "torchft: forming the new quorum / reconfiguring the process group")
     join_seconds: float = _f(10.0, "a replacement's launch and state transfer before it can join in place (recover, torchft)")
+
+
+def save_stall_seconds(costs: Costs) -> float:
+    """How long training stalls per checkpoint: the whole save, or an async save's snapshot.
+    The async save's background write is taken as complete at the end of the stall: a failure
+    during the write would really fall back one more checkpoint, so this favours the baseline."""
+    a = costs.checkpoint_async_stall_seconds
+    return costs.checkpoint_save_seconds if a is None else a
 
 
 @dataclass(frozen=True)
