@@ -223,3 +223,23 @@ def test_async_save_stalls_only_for_its_snapshot():
     blocking, async_ = run_scenario(sc).runs["ckpt-restart"], run_scenario(fast).runs["ckpt-restart"]
     assert blocking.checkpoints > 0 and async_.checkpoints > 0
     assert async_.effective_tokens > blocking.effective_tokens
+
+
+def test_cluster_checkpoint_cost_scales_measured_dcp_throughput(tmp_path):
+    """With checkpoint_dcp.json, paper-512's save stall, save and load are the bytes each GPU writes
+    over the measured async-stall, async-total and load throughputs; without it, the assumed 10 s / 20 s."""
+    from recover.experiments.sim.scenarios import PAPER_512_STATE_BYTES, paper_512
+
+    b = tmp_path / "bench"
+    b.mkdir()
+    (b / "checkpoint_dcp.json").write_text(json.dumps({
+        "save_s": {"bytes_per_s": 4e8}, "async_stall_s": {"bytes_per_s": 2e9},
+        "async_total_s": {"bytes_per_s": 1e8}, "load_s": {"bytes_per_s": 5e8}}))
+    c = paper_512(bench=b).calibration
+    per_gpu = PAPER_512_STATE_BYTES / c.job.gpus_per_replica
+    assert c.costs.checkpoint_async_stall_seconds == pytest.approx(per_gpu / 2e9)
+    assert c.costs.checkpoint_save_seconds == pytest.approx(per_gpu / 1e8)
+    assert c.costs.checkpoint_load_seconds == pytest.approx(per_gpu / 5e8)
+    assert str(b) in c.sources["checkpoint_async_stall_seconds"]
+    none = paper_512(bench=tmp_path / "empty").calibration.costs
+    assert none.checkpoint_async_stall_seconds is None and none.checkpoint_save_seconds == 10.0

@@ -374,14 +374,38 @@ def restart_seconds(n_gpus: int, bench: str | Path | None = None) -> float:
     return restart_law(bench)(n_gpus)
 
 
+CHECKPOINT_OPS = {"save_s": "dcp.save", "async_stall_s": "dcp.async_save's stall (until it returns)",
+                  "async_total_s": "dcp.async_save until its future completes", "load_s": "dcp.load"}
+
+
+def checkpoint_throughput(bench: str | Path | None = None) -> dict[str, tuple[float, str]] | None:
+    """Bytes per second of each DCP operation from results/bench/checkpoint_dcp.json (`recover bench
+    checkpoint`), op -> (bytes/s, source); None when the file is absent."""
+    p = Path(bench) if bench is not None else DEFAULT_BENCH_DIR
+    f = p / "checkpoint_dcp.json" if p.is_dir() else None
+    if f is None or not f.is_file():
+        return None
+    d = json.loads(f.read_text())
+    out = {}
+    for op, what in CHECKPOINT_OPS.items():
+        v = (d.get(op) or {}).get("bytes_per_s")
+        if not isinstance(v, (int, float)) or v <= 0:
+            raise ValueError(f"{f}: {op}.bytes_per_s must be a number > 0, got {v!r}")
+        out[op] = (float(v), f"{what} at {v / 1e6:.0f} MB/s, `{d.get('command', 'recover bench checkpoint')}` ({f})")
+    return out
+
+
 def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None = None,
-                  tuned: bool = True) -> tuple[Costs, dict[str, str]]:
+                  tuned: bool = True, state_bytes: float | None = None) -> tuple[Costs, dict[str, str]]:
     """Costs at cluster scale with their sources; everything restart-like scales with the restart law.
     Every small-scale value comes from `local_calibration(bench)`, i.e. from the committed results/bench
     measurements (or, only where none exists, LOCAL_MEASURED). `tuned`: the baselines set as a competent
     user would (torchft's heartbeat and elastic's last-call as short as the local baselines use, 1 s);
     otherwise their defaults (torchft's ~5 s detection measured with its default heartbeat, elastic's
-    30 s last-call)."""
+    30 s last-call). `state_bytes`: the checkpointed state of one model copy (weights + optimizer); with
+    it and results/bench/checkpoint_dcp.json the save (async, as the baseline saves: its stall and its
+    completion) and the load are state_bytes / gpus_per_replica (what each GPU writes or reads) over
+    the throughput measured here, assumed to be what each GPU gets from its storage."""
     local = local_calibration(bench)
     lc, ls = local.costs, local.sources
     law = restart_law(bench)
@@ -403,6 +427,18 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
         torchft_quorum_seconds=lc.recover_rebuild_seconds * scale,
         join_seconds=law(gpus_per_replica),
     )
+    ck_src: dict[str, str] = {}
+    tput = checkpoint_throughput(bench) if state_bytes else None
+    if tput:
+        per_gpu = state_bytes / gpus_per_replica
+        costs = replace(costs, checkpoint_save_seconds=per_gpu / tput["async_total_s"][0],
+                        checkpoint_async_stall_seconds=per_gpu / tput["async_stall_s"][0],
+                        checkpoint_load_seconds=per_gpu / tput["load_s"][0])
+        head = f"{per_gpu / 1e9:.2f} GB per GPU (state / {gpus_per_replica} GPUs per replica) over "
+        ck_src = {"checkpoint_save_seconds": head + tput["async_total_s"][1],
+                  "checkpoint_async_stall_seconds": head + tput["async_stall_s"][1] + " (the baseline saves with "
+                                                    "dcp.async_save)",
+                  "checkpoint_load_seconds": head + tput["load_s"][1]}
     sources = {
         "startup_seconds": "0: every system pays the same first launch, so it is left out at cluster scale",
         "recover_detect_seconds": f"the local value ({lc.recover_detect_seconds:.4f} s: "
@@ -422,5 +458,7 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
                                    if tuned else TORCHFT_DEFAULT_DETECT[1]) + "; assumed not to grow with scale",
         "torchft_quorum_seconds": "as recover_rebuild_seconds (a process-group reconfiguration): assumed",
         "join_seconds": "a replica-sized launch, restart_seconds(gpus_per_replica): assumed",
+        "checkpoint_async_stall_seconds": "None: a blocking save",
     }
+    sources.update(ck_src)
     return costs, sources

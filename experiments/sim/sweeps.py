@@ -73,7 +73,8 @@ def sensitivity(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
         for sv in SENS_SAVES:
             sc = paper_512(seed, restart=rs)
             cal = sc.calibration
-            costs = replace(cal.costs, checkpoint_save_seconds=sv, checkpoint_load_seconds=2 * sv)
+            costs = replace(cal.costs, checkpoint_save_seconds=sv, checkpoint_load_seconds=2 * sv,
+                            checkpoint_async_stall_seconds=None)  # the stall is the swept save
             sc = replace(sc, systems=("recover", "ckpt-restart"), calibration=replace(cal, costs=costs))
             res = run_scenario(sc)
             r = summarize(res)["ratio_recover_over_ckpt_restart"]
