@@ -30,6 +30,7 @@ def scale_sweep(seed: int = 0, days: float = 30.0, sizes=SCALE_SIZES, seeds: int
             for name, d in summ["systems"].items():
                 rows.append({"gpus": n, "seed": s, "system": name,
                              "effective_throughput_vs_failure_free": d["effective_throughput_vs_failure_free"],
+                             "goodput_vs_failure_free": d["goodput_vs_failure_free"],
                              "effective_tokens_per_gpu_hour": d["effective_tokens_per_gpu_hour"],
                              "ettr": d["ettr"], "failures": d["failures"],
                              "restart_seconds": res.scenario.calibration.costs.restart_seconds,
