@@ -1,4 +1,5 @@
-"""`recover bench recovery`: what a fault costs each system, measured with real kills.
+"""`recover bench recovery`: what a fault costs each system, measured with real kills;
+`recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
@@ -11,6 +12,7 @@ import argparse
 from recover.core.config import TrainConfig
 
 from ..bench import bench_recovery
+from ..bench_checkpoint import bench_checkpoint
 from ..systems import SYSTEMS
 from . import fail
 
@@ -33,6 +35,14 @@ def add_parser(sub) -> None:
     r.add_argument("--out", default="results/bench", help="where to write the figures (default: results/bench)")
     r.add_argument("--work", default="", help="directory for the runs themselves (default: a temp dir)")
     r.set_defaults(func=cmd_bench_recovery)
+    c = bsub.add_parser("checkpoint", help="DCP save, async save and load throughput on this machine",
+                        description="DCP save, async-save stall and load, one process, written to checkpoint_dcp.json.")
+    c.add_argument("--mib", type=int, default=256, help="state size in MiB (default: 256)")
+    c.add_argument("--tensors", type=int, default=16, help="tensors the state is split into (default: 16)")
+    c.add_argument("--repeats", type=int, default=5, help="repeats of each operation (default: 5)")
+    c.add_argument("--out", default="results/bench", help="where to write checkpoint_dcp.json (default: results/bench)")
+    c.add_argument("--work", default="", help="directory for the checkpoints (default: a temp dir)")
+    c.set_defaults(func=cmd_bench_checkpoint)
 
 
 def cmd_bench_recovery(args: argparse.Namespace) -> int:
@@ -45,3 +55,13 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
     if args.microbatches < args.replicas:
         return fail("--microbatches: must be >= --replicas")
     return bench_recovery(args)
+
+
+def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
+    if args.mib < 1:
+        return fail("--mib: must be >= 1")
+    if args.tensors < 1:
+        return fail("--tensors: must be >= 1")
+    if args.repeats < 1:
+        return fail("--repeats: must be >= 1")
+    return bench_checkpoint(args)
