@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -103,6 +104,8 @@ def test_lr_follows_the_committed_step_through_a_kill_at_the_warmups_last_step(t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not os.environ.get("RECOVER_SLOW"), reason="gpt2-124m on CPU takes minutes; RECOVER_SLOW=1 runs it")
 def test_gpt2_124m_short_run_does_not_spike(tmp_path):
     """The issue's new-user run: constant lr 1e-3 without warm-up went 5.42 -> 6.99 -> 8.22 -> 5.35."""
     out = tmp_path / "gpt2"
