@@ -9,7 +9,7 @@ Contract:
   step 0 already trains); step W is max_lr; steps W..D follow a half cosine from
   max_lr down to min_lr; steps >= D stay at min_lr.
 - `ScheduleDefaults` are a model size's values; `for_run(steps)` scales the
-  warm-up to the run (a fraction of its steps, at least one) and ends the decay at
+  warm-up to the run (a fraction of its steps, at least the size's minimum) and ends the decay at
   the run's last step, so short runs get the whole shape.
 Importing this module imports no torch.
 """
@@ -52,9 +52,11 @@ class ScheduleDefaults:
     max_lr: float = field(metadata={"help": "peak learning rate"})
     min_lr: float = field(metadata={"help": "floor of the cosine decay"})
     warmup_fraction: float = field(metadata={"help": "warm-up length as a fraction of the run's steps"})
+    min_warmup_steps: int = field(default=1, metadata={
+        "help": "warm-up steps however short the run (step 0's lr is max_lr / (this + 1))"})
 
     def warmup_for(self, steps: int) -> int:
-        """Warm-up steps for a run of `steps`: the fraction, rounded, at least 1 (if the run has 2+ steps)."""
+        """Warm-up steps for a run of `steps`: the fraction, rounded, at least `min_warmup_steps` (0 for 1 step)."""
         if steps < 2:
             return 0
-        return max(1, round(self.warmup_fraction * steps))
+        return max(self.min_warmup_steps, round(self.warmup_fraction * steps))

@@ -39,7 +39,9 @@ def test_schedule_values_at_chosen_steps():
 
 def test_model_defaults_and_flags_override_them():
     s = TrainConfig(model="gpt2-124m", steps=100).lr_schedule()
-    assert (s.max_lr, s.min_lr, s.warmup_steps, s.decay_steps) == (6e-4, pytest.approx(6e-5), 10, 99)
+    assert (s.max_lr, s.min_lr, s.warmup_steps, s.decay_steps) == (6e-4, pytest.approx(6e-5), 19, 99)
+    assert TrainConfig(model="gpt2-124m", steps=1000).lr_schedule().warmup_steps == 100  # 10% of the run
+    assert TrainConfig(model="small", steps=4).lr_schedule().warmup_steps == 1
     s = TrainConfig(model="gpt2-124m", steps=100, lr=1e-3, warmup_steps=0).lr_schedule()
     assert (s.max_lr, s.min_lr, s.warmup_steps) == (1e-3, pytest.approx(1e-4), 0)  # floor scales with --lr
     assert TrainConfig(model="small", steps=30, min_lr=0.0).lr_schedule().min_lr == 0.0
