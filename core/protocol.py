@@ -27,7 +27,7 @@ Messages, coordinator -> worker ("t" is the type):
 worker -> coordinator:
   hello  {replica, pid, tokens_per_mb}     first message; also the join of generation 0
   join   {gen, step, ledger}               rejoin after an abort
-  vote   {gen, step, ok, ledger, loss_sum, mb_seconds}
+  vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr}   lr: the rate the step will use
   fail   {gen, step, reason}               my collective failed
   hb     {}                                heartbeat (handled by the service)
 """
@@ -239,10 +239,16 @@ class Membership:
                 self.speeds[r] = (1 - SPEED_SMOOTHING) * self.speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
         self._count_slow_streak(measured)
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
+        lrs = {self.votes[r].get("lr") for r in self.members}
+        if len(lrs) > 1:
+            # The schedule is a function of the committed step: replicas that disagree would diverge.
+            raise ProtocolError(f"step {self.step}: replicas report different learning rates {sorted(map(str, lrs))}")
+        lr = lrs.pop()
         records = [Out("commit", msg={
             "step": self.step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
             "microbatch_ids": want, "generation": self.gen, "members": list(self.members),
             "recoveries": len(self.pending),
+            **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible
             "folded": {str(r): len(self.votes[r]["ledger"]) for r in self.members},
         })]
