@@ -8,7 +8,9 @@ Contract:
   run (DIR/faults.jsonl): a restarted worker that replays steps does not fire a
   fault twice.
 - A point fault fires at the first hook call matching its (step, phase[,
-  microbatch]); it is recorded in DIR/faults.jsonl (fsync'd) *before* it takes
+  microbatch]); one in a microbatch phase that this replica's step never reached
+  (its quota was shorter) fires at the step's "commit" point instead (see
+  fault_injection.plan). It is recorded in DIR/faults.jsonl (fsync'd) *before* it takes
   effect, and then it is real:
     crash            SIGKILL of this process;
     hang             SIGSTOP of this process (the launcher-side hooks SIGCONT it
@@ -44,7 +46,7 @@ from recover.core.hooks import WorkerHooks
 from recover.core.launcher import ProcessExit
 from recover.core.startup import run_start_time
 
-from .plan import Fault, FaultPlan, load_plan, validate_plan
+from .plan import MICROBATCH_PHASES, Fault, FaultPlan, load_plan, validate_plan
 from .record import PLAN_FILE, FAULTS_FILE, append_record, fault_record, fired_indices
 
 WORKER_HOOKS = "recover.fault_injection.injector:worker_hooks"
@@ -100,7 +102,11 @@ class FaultInjector(WorkerHooks):
             if f.kind == "collective_error" and phase != "allreduce":
                 return False  # armed: it breaks the first all-reduce after its time
             return time.time() - self.t0 >= f.at_seconds
-        return f.step == step and f.phase == phase and (f.microbatch is None or f.microbatch == microbatch)
+        if f.step == step and f.phase == phase and (f.microbatch is None or f.microbatch == microbatch):
+            return True
+        # Its microbatch never came: this replica folded fewer in the step (a shorter
+        # quota). Reaching the step's commit means no more will come, so it fires there.
+        return f.step == step and phase == "commit" and f.phase in MICROBATCH_PHASES
 
     def at(self, step: int, phase: str, microbatch: int | None = None) -> None:
         if not self.pending:

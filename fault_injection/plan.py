@@ -14,6 +14,13 @@ Contract:
   `at_seconds` since the run started. Steps count from 0, as metrics.jsonl does;
   k counts this replica's microbatches within the step from 0, in the order it
   folds them (`between_microbatches` k is the gap before microbatch k, so k >= 1).
+  A named microbatch always exists in a failure-free stretch: quotas stay equal
+  (sizes within 1) until one replica has been measured the slowest beyond
+  tolerance for several consecutive steps (core.protocol.SPEED_WINDOW), so load
+  noise does not move them. Should a replica still fold fewer microbatches in
+  that step than the trigger names (a sustained straggler, or no microbatch
+  at all), the fault fires at that step's "commit" point, once this replica's
+  share of the step is complete; faults.jsonl records where it really fired.
 - Two levels of checks, both raising `PlanError(index, field, message)` whose
   text is one line naming the fault's index (from 0) and the field:
   `from_dict` checks the form (types, known kinds, phases and fields, fields that
