@@ -74,6 +74,7 @@ class Membership:
         self.dead: set[int] = set()
         self.gen = -1  # generation in force (-1: none yet)
         self.members: list[int] = []
+        self.member_set: set[int] = set()  # the same replicas: O(1) membership tests per message
         self.step = 0
         self.state = "forming"  # forming | running | finished
         self.next_gen = 0
@@ -108,19 +109,20 @@ class Membership:
         return self._joined(r, list(msg.get("ledger", [])), now)
 
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
-        if self.state != "running" or msg.get("gen") != self.gen or r not in self.members:
+        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []
         if msg.get("step") != self.step:
             raise ProtocolError(f"replica {r} voted for step {msg.get('step')}, run is at {self.step}")
         if not msg.get("ok", False):
             return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
         self.votes[r] = msg
-        if set(self.votes) == set(self.members):
+        # votes holds members only (checked above), so a count says whether all have voted
+        if len(self.votes) == len(self.members):
             return self._commit(now)
         return []
 
     def on_fail(self, r: int, msg: dict, now: float) -> list[Out]:
-        if self.state != "running" or msg.get("gen") != self.gen or r not in self.members:
+        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []
         return self._fail(f"replica {r} reported: {msg.get('reason', 'collective failed')}", now)
 
@@ -130,7 +132,7 @@ class Membership:
         self.alive.discard(r)
         self.dead.add(r)
         out = [Out("close", r, reason=reason)]
-        if self.state == "running" and r in self.members:
+        if self.state == "running" and r in self.member_set:
             out += self._fail(f"replica {r} lost: {reason}", now)
         elif self.state == "forming" and r in self.expected:
             self._record_failure(f"replica {r} lost: {reason}", now)
@@ -183,7 +185,7 @@ class Membership:
         self._record_failure(reason, now)
         self.state = "forming"
         self.next_gen = self.gen + 1
-        self.expected = set(self.members) & self.alive
+        self.expected = self.member_set & self.alive
         self.joins = {}
         self.votes = {}
         self.deadline = now + self.join_timeout
@@ -202,15 +204,19 @@ class Membership:
             return []
         if not self.expected:
             return self._finish(1, "no replica left: every replica of the run has failed", now)
-        if set(self.joins) != self.expected:
+        # joins holds expected replicas only (on_join, on_lost and on_tick keep it so)
+        if len(self.joins) != len(self.expected):
             return []
         want = iteration_ids(self.step, self.M)
         done = [i for r in sorted(self.joins) for i in self.joins[r]]
-        if len(done) != len(set(done)) or not set(done) <= set(want):
+        done_set = set(done)
+        lo, hi = self.step * self.M, (self.step + 1) * self.M
+        if len(done) != len(done_set) or any(not lo <= i < hi for i in done):
             raise ProtocolError(f"survivor ledgers overlap or stray outside step {self.step}: {self.joins}")
-        todo = sorted(set(want) - set(done))
+        todo = [i for i in want if i not in done_set]
         self.gen = self.next_gen
         self.members = sorted(self.expected)
+        self.member_set = set(self.members)
         self.state = "running"
         self.votes = {}
         self.gen_started = now
@@ -226,7 +232,9 @@ class Membership:
     def _commit(self, now: float) -> list[Out]:
         want = iteration_ids(self.step, self.M)
         ledgers = [i for r in self.members for i in self.votes[r]["ledger"]]
-        if len(ledgers) != len(set(ledgers)) or sorted(ledgers) != want:
+        lo, hi = self.step * self.M, (self.step + 1) * self.M
+        # M ids, distinct, all in [lo, hi): exactly the M ids of the step (O(M), no sort)
+        if len(ledgers) != self.M or len(set(ledgers)) != self.M or any(not lo <= i < hi for i in ledgers):
             # Never commit a gradient that is not exactly the M ids, each once.
             raise ProtocolError(f"step {self.step}: ledgers {sorted(ledgers)} are not exactly {want}")
         measured: dict[int, float] = {}
@@ -278,7 +286,7 @@ class Membership:
         slower than the fastest by more than SPEED_TOLERANCE; every other streak ends.
         A streak holder that folded nothing this step keeps its streak: otherwise a
         straggler given no work would read as cured and get its full quota back."""
-        if any(r not in measured and r in self.members for r in self.slow_streak):
+        if any(r not in measured and r in self.member_set for r in self.slow_streak):
             return  # the slow one folded nothing this step (the policy gave it none): no new evidence
         slowest = None
         if len(measured) >= 2:

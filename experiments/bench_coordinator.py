@@ -11,10 +11,11 @@ Contract:
   Votes and rejoins arrive in a seeded random order.
 - Per R it measures, `--repeats` times each (the figure is the median):
   * `commit_s`: one step's R votes, parse + `on_vote`, up to and including the
-    commit (the last vote's call returns the commit and the next quotas);
+    commit (the last vote's call returns the commit and the next quotas); also
+    split into `commit_parse_s` (json.loads of the R lines) and `commit_machine_s`;
   * `recovery_s`: one crash mid-step (`on_lost`: the abort), then the R-1
     survivors' rejoins, parse + `on_join`, up to and including the new generation
-    and its quotas;
+    and its quotas; split the same way (`recovery_parse_s`, `recovery_machine_s`);
   * `*_encode_s` and `*_bytes_out`: encoding what those calls answered, every
     message to a worker and every record, as the service does (`json.dumps`);
   * `vote_bytes` / `join_bytes`: the size of one inbound message, on the wire.
@@ -94,15 +95,19 @@ class _Run:
         now = self._tick()
         outs: list[Out] = []
         start = time.perf_counter()
-        for r, line in lines:
-            outs += p.on_vote(r, json.loads(line), now)
-        seconds = time.perf_counter() - start
+        msgs = [(r, json.loads(line)) for r, line in lines]
+        parse_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for r, msg in msgs:
+            outs += p.on_vote(r, msg, now)
+        machine_s = time.perf_counter() - start
         commits = [a for a in outs if a.kind == "commit"]
         if len(commits) != 1 or commits[0].msg["microbatch_ids"] != iteration_ids(step, self.M):
             raise RuntimeError(f"R={self.R}: step {step} did not commit exactly its M ids")
         enc_s, enc_b = _encode(outs)
         self.quota = _quotas(outs, "commit")
-        return {"s": seconds, "encode_s": enc_s, "bytes_out": enc_b, "msg_bytes": len(lines[0][1])}
+        return {"s": parse_s + machine_s, "parse_s": parse_s, "machine_s": machine_s, "encode_s": enc_s,
+                "bytes_out": enc_b, "msg_bytes": len(lines[0][1])}
 
     def recovery(self) -> dict:
         p = self.proto
@@ -111,7 +116,7 @@ class _Run:
         now = self._tick()
         start = time.perf_counter()
         outs = p.on_lost(victim, "bench: crashed", now)
-        seconds = time.perf_counter() - start
+        machine_s = time.perf_counter() - start
         aborts = [a for a in outs if a.kind == "send" and a.msg.get("t") == "abort"]
         if len(aborts) != len(survivors):
             raise RuntimeError(f"R={self.R}: the crash did not abort the generation")
@@ -120,9 +125,12 @@ class _Run:
         lines = [(r, _wire({"t": "join", "gen": nxt, "step": p.step, "ledger": self.quota[r]})) for r in survivors]
         self.rng.shuffle(lines)
         start = time.perf_counter()
-        for r, line in lines:
-            outs += p.on_join(r, json.loads(line), now)
-        seconds += time.perf_counter() - start
+        msgs = [(r, json.loads(line)) for r, line in lines]
+        parse_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for r, msg in msgs:
+            outs += p.on_join(r, msg, now)
+        machine_s += time.perf_counter() - start
         gens = _quotas(outs, "gen")
         if p.state != "running" or p.gen != nxt or set(gens) != set(survivors):
             raise RuntimeError(f"R={self.R}: the survivors did not form generation {nxt}")
@@ -131,7 +139,8 @@ class _Run:
         # folding those too, what each reports is old ledger + redo quota: the next commit
         # round sends exactly that (as the worker's accumulator would hold it).
         self.quota = {r: _join_ledgers(self.quota[r], gens[r]) for r in survivors}
-        return {"s": seconds, "encode_s": enc_s, "bytes_out": enc_b, "msg_bytes": len(lines[0][1])}
+        return {"s": parse_s + machine_s, "parse_s": parse_s, "machine_s": machine_s, "encode_s": enc_s,
+                "bytes_out": enc_b, "msg_bytes": len(lines[0][1])}
 
 
 def _join_ledgers(kept, redo):
@@ -157,15 +166,19 @@ def bench_coordinator(args: argparse.Namespace) -> int:
             run.commit()  # the redo's commit: the run goes on (not timed as a plain commit)
         row = {
             "replicas": R, "microbatches": M, "formation_s": run.formation_s,
-            "commit_s": _median(commits, "s"), "commit_encode_s": _median(commits, "encode_s"),
+            "commit_s": _median(commits, "s"), "commit_parse_s": _median(commits, "parse_s"),
+            "commit_machine_s": _median(commits, "machine_s"), "commit_encode_s": _median(commits, "encode_s"),
             "commit_bytes_out": _median(commits, "bytes_out"), "vote_bytes": _median(commits, "msg_bytes"),
-            "recovery_s": _median(recoveries, "s"), "recovery_encode_s": _median(recoveries, "encode_s"),
+            "recovery_s": _median(recoveries, "s"), "recovery_parse_s": _median(recoveries, "parse_s"),
+            "recovery_machine_s": _median(recoveries, "machine_s"), "recovery_encode_s": _median(recoveries, "encode_s"),
             "recovery_bytes_out": _median(recoveries, "bytes_out"), "join_bytes": _median(recoveries, "msg_bytes"),
             "samples": {"commit_s": [c["s"] for c in commits], "recovery_s": [c["s"] for c in recoveries]},
         }
         rows.append(row)
-        print(f"R={R:>6} M={M:>7}  commit {row['commit_s'] * 1e3:9.2f} ms (+ encode {row['commit_encode_s'] * 1e3:8.2f} ms)"
-              f"  recovery {row['recovery_s'] * 1e3:9.2f} ms (+ encode {row['recovery_encode_s'] * 1e3:9.2f} ms)"
+        print(f"R={R:>6} M={M:>7}  commit {row['commit_s'] * 1e3:9.2f} ms (parse {row['commit_parse_s'] * 1e3:7.2f},"
+              f" machine {row['commit_machine_s'] * 1e3:7.2f}; + encode {row['commit_encode_s'] * 1e3:7.2f})"
+              f"  recovery {row['recovery_s'] * 1e3:9.2f} ms (parse {row['recovery_parse_s'] * 1e3:7.2f},"
+              f" machine {row['recovery_machine_s'] * 1e3:7.2f}; + encode {row['recovery_encode_s'] * 1e3:8.2f})"
               f"  vote {row['vote_bytes']} B  [{time.perf_counter() - t0:.1f}s]", flush=True)
     result = {
         "what": "coordinator state machine (core.protocol.Membership) in process: one commit = R votes parsed "

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core.policy import assign_quotas, makespan, quota_sizes
+from recover.core.policy import assign_quotas, greedy_quota_sizes, makespan, quota_sizes
 
 replica_sets = st.lists(st.integers(0, 63), min_size=1, max_size=12, unique=True)
 
@@ -29,6 +29,15 @@ def test_equal_speeds_give_quotas_within_one(n, replicas):
     sizes = quota_sizes(n, replicas, {r: 2.5 for r in replicas})
     assert max(sizes.values()) - min(sizes.values()) <= 1
     assert sum(sizes.values()) == n
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 500), replicas=replica_sets, speed=st.one_of(st.none(), st.floats(0.05, 20.0)))
+def test_equal_speeds_closed_form_is_the_greedy_split(n, replicas, speed):
+    """The O(R) closed form for equal speeds gives exactly what the greedy gives."""
+    speeds = None if speed is None else {r: speed for r in replicas}
+    rate = {r: 1.0 if speed is None else speed for r in replicas}
+    assert quota_sizes(n, replicas, speeds) == greedy_quota_sizes(n, replicas, rate)
 
 
 @settings(max_examples=200, deadline=None)
