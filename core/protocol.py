@@ -30,14 +30,17 @@ worker -> coordinator:
   vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr}   lr: the rate the step will use
   fail   {gen, step, reason}               my collective failed
   hb     {}                                heartbeat (handled by the service)
+Ids on the wire (quota, ledger, members) are `core.idranges` range lists,
+[[start, stop], ...]: a few numbers per message whatever M and R are.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import idranges
 from .data import iteration_ids
-from .policy import assign_quotas
+from .policy import assign_quota_ranges
 
 
 @dataclass
@@ -64,6 +67,14 @@ class ProtocolError(RuntimeError):
     """The protocol's own invariant was about to be broken (a bug, never a fault)."""
 
 
+def _ledger(r: int, msg: dict) -> idranges.Ranges:
+    """A vote's or join's ledger, checked to be a range list (O(pairs))."""
+    try:
+        return idranges.check(msg.get("ledger", []))
+    except ValueError as e:
+        raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
+
+
 class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
@@ -75,11 +86,12 @@ class Membership:
         self.gen = -1  # generation in force (-1: none yet)
         self.members: list[int] = []
         self.member_set: set[int] = set()  # the same replicas: O(1) membership tests per message
+        self.member_ranges: idranges.Ranges = []  # the same replicas as the gen message carries them
         self.step = 0
         self.state = "forming"  # forming | running | finished
         self.next_gen = 0
         self.expected: set[int] = set(range(replicas))  # forming: who must (re)join
-        self.joins: dict[int, list[int]] = {}
+        self.joins: dict[int, idranges.Ranges] = {}  # replica -> its ledger
         self.deadline = now + max(join_timeout, 300.0)  # the first start-up is slow
         self.votes: dict[int, dict] = {}
         self.speeds: dict[int, float] = {}
@@ -106,7 +118,7 @@ class Membership:
             return []  # stale or fenced
         if msg.get("step") != self.step:
             raise ProtocolError(f"replica {r} rejoined at step {msg.get('step')}, run is at {self.step}")
-        return self._joined(r, list(msg.get("ledger", [])), now)
+        return self._joined(r, _ledger(r, msg), now)
 
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
@@ -115,6 +127,7 @@ class Membership:
             raise ProtocolError(f"replica {r} voted for step {msg.get('step')}, run is at {self.step}")
         if not msg.get("ok", False):
             return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
+        _ledger(r, msg)
         self.votes[r] = msg
         # votes holds members only (checked above), so a count says whether all have voted
         if len(self.votes) == len(self.members):
@@ -195,7 +208,7 @@ class Membership:
         ]
         return out + self._maybe_publish(now)
 
-    def _joined(self, r: int, ledger: list[int], now: float) -> list[Out]:
+    def _joined(self, r: int, ledger: idranges.Ranges, now: float) -> list[Out]:
         self.joins[r] = ledger
         return self._maybe_publish(now)
 
@@ -207,36 +220,42 @@ class Membership:
         # joins holds expected replicas only (on_join, on_lost and on_tick keep it so)
         if len(self.joins) != len(self.expected):
             return []
-        want = iteration_ids(self.step, self.M)
-        done = [i for r in sorted(self.joins) for i in self.joins[r]]
-        done_set = set(done)
         lo, hi = self.step * self.M, (self.step + 1) * self.M
-        if len(done) != len(done_set) or any(not lo <= i < hi for i in done):
-            raise ProtocolError(f"survivor ledgers overlap or stray outside step {self.step}: {self.joins}")
-        todo = [i for i in want if i not in done_set]
+        try:
+            done = idranges.union_disjoint(self.joins[r] for r in sorted(self.joins))
+        except ValueError as e:
+            raise ProtocolError(f"survivor ledgers overlap at step {self.step}: {e}") from None
+        if done and (done[0][0] < lo or done[-1][1] > hi):
+            raise ProtocolError(f"survivor ledgers stray outside step {self.step}'s ids [{lo}, {hi}): {done}")
+        todo = idranges.difference(lo, hi, done)
         self.gen = self.next_gen
         self.members = sorted(self.expected)
         self.member_set = set(self.members)
+        self.member_ranges = idranges.from_ids(self.members)
         self.state = "running"
         self.votes = {}
         self.gen_started = now
-        quotas = assign_quotas(todo, self.members, self.balancing_speeds())
+        quotas = assign_quota_ranges(todo, self.members, self.balancing_speeds())
         if self.pending and "generation" not in self.pending[-1]:
-            self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=todo, formed_at=now)
+            self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=idranges.to_ids(todo),
+                                    formed_at=now)
         return [
-            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.members,
+            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
                             "quota": quotas[r], "microbatches": self.M, "steps": self.S})
             for r in self.members
         ]
 
     def _commit(self, now: float) -> list[Out]:
         want = iteration_ids(self.step, self.M)
-        ledgers = [i for r in self.members for i in self.votes[r]["ledger"]]
         lo, hi = self.step * self.M, (self.step + 1) * self.M
-        # M ids, distinct, all in [lo, hi): exactly the M ids of the step (O(M), no sort)
-        if len(ledgers) != self.M or len(set(ledgers)) != self.M or any(not lo <= i < hi for i in ledgers):
-            # Never commit a gradient that is not exactly the M ids, each once.
-            raise ProtocolError(f"step {self.step}: ledgers {sorted(ledgers)} are not exactly {want}")
+        # Never commit a gradient that is not exactly the M ids, each once: the union
+        # of the members' ledgers, no id twice, is [lo, hi) (O(ranges), not O(M)).
+        try:
+            got = idranges.union_disjoint(self.votes[r]["ledger"] for r in self.members)
+        except ValueError as e:
+            raise ProtocolError(f"step {self.step}: members' ledgers overlap: {e}") from None
+        if not idranges.is_exactly(got, lo, hi):
+            raise ProtocolError(f"step {self.step}: ledgers {got} are not exactly the ids [{lo}, {hi})")
         measured: dict[int, float] = {}
         for r in self.members:
             s = self.votes[r].get("mb_seconds")
@@ -258,7 +277,7 @@ class Membership:
             "recoveries": len(self.pending),
             **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible
-            "folded": {str(r): len(self.votes[r]["ledger"]) for r in self.members},
+            "folded": {str(r): idranges.count(self.votes[r]["ledger"]) for r in self.members},
         })]
         for rec in self.pending:
             rec["committed_at"] = now
@@ -269,8 +288,8 @@ class Membership:
         self.step += 1
         self.votes = {}
         last = self.step >= self.S
-        quotas = {r: [] for r in self.members} if last else assign_quotas(
-            iteration_ids(self.step, self.M), self.members, self.balancing_speeds())
+        quotas = {r: [] for r in self.members} if last else assign_quota_ranges(
+            [[self.step * self.M, (self.step + 1) * self.M]], self.members, self.balancing_speeds())
         # The commit messages go out before the records are written: the workers
         # are waiting on them, the files are not.
         sends = [

@@ -40,6 +40,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from . import idranges
 from .accumulator import GradAccumulator
 from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
@@ -152,7 +153,7 @@ class Replica:
             return self._recover(self._wait_for({"abort"}))
         n = len(self.acc.ledger)
         self.control.send({
-            "t": "vote", "gen": g, "step": step, "ok": True, "ledger": list(self.acc.ledger),
+            "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
             "loss_sum": float(buf[-1]), "mb_seconds": self._work_seconds / n if n else 0.0,
             "lr": self.stepper.lr(step),
         })
@@ -175,7 +176,8 @@ class Replica:
     def _recover(self, abort: dict) -> bool:
         """Rejoin the next generation with the ledger kept; take the redo quota."""
         self._abandon_comm()
-        self.control.send({"t": "join", "gen": abort["next"], "step": self.step, "ledger": list(self.acc.ledger)})
+        self.control.send({"t": "join", "gen": abort["next"], "step": self.step,
+                           "ledger": idranges.from_ids(self.acc.ledger)})
         self._wait_generation(abort["next"])
         return False
 
@@ -186,14 +188,14 @@ class Replica:
     def _wait_generation(self, gen: int) -> None:
         msg = self._wait_for({"gen"}, min_gen=gen)
         self.generation = msg["gen"]
-        self.members = list(msg["members"])
+        self.members = idranges.to_ids(msg["members"])
         self.step = msg["step"]
         self.microbatches = msg["microbatches"]
         self.steps = msg["steps"]
         self._set_quota(msg["quota"])
 
-    def _set_quota(self, quota: list[int]) -> None:
-        self._quota = list(quota)
+    def _set_quota(self, quota: list[list[int]]) -> None:
+        self._quota = idranges.to_ids(quota)  # on the wire as id ranges
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core.policy import assign_quotas, greedy_quota_sizes, makespan, quota_sizes
+from recover.core import idranges
+from recover.core.policy import assign_quota_ranges, assign_quotas, greedy_quota_sizes, makespan, quota_sizes
 
 replica_sets = st.lists(st.integers(0, 63), min_size=1, max_size=12, unique=True)
 
@@ -21,6 +22,14 @@ def test_quotas_always_partition_the_ids(ids, replicas, data):
     assert set(q) == set(replicas)
     flat = [i for r in q for i in q[r]]
     assert sorted(flat) == sorted(ids) and len(flat) == len(set(flat))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.sets(st.integers(0, 400), max_size=200), replicas=replica_sets, data=st.data())
+def test_quota_ranges_are_the_quotas_written_as_ranges(ids, replicas, data):
+    speeds = data.draw(st.one_of(st.none(), st.fixed_dictionaries({r: st.floats(0.05, 20.0) for r in replicas})))
+    q = assign_quota_ranges(idranges.from_ids(ids), replicas, speeds)
+    assert {r: idranges.to_ids(v) for r, v in q.items()} == assign_quotas(sorted(ids), replicas, speeds)
 
 
 @settings(max_examples=300, deadline=None)
