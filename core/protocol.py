@@ -43,7 +43,7 @@ from .data import iteration_ids
 from .policy import assign_quota_ranges
 
 
-@dataclass
+@dataclass(slots=True)  # one per message sent: R of them per step
 class Out:
     """One action for the service to carry out."""
 
@@ -256,17 +256,22 @@ class Membership:
             raise ProtocolError(f"step {self.step}: members' ledgers overlap: {e}") from None
         if not idranges.is_exactly(got, lo, hi):
             raise ProtocolError(f"step {self.step}: ledgers {got} are not exactly the ids [{lo}, {hi})")
+        # One pass over the votes (each pass over R members is a real cost at large R).
         measured: dict[int, float] = {}
+        folded: dict[str, int] = {}  # how many microbatches each member folded
+        lrs = set()
+        timed = self.step > 0  # step 0 pays one-time costs (first calls, allocations): not a speed
         for r in self.members:
-            s = self.votes[r].get("mb_seconds")
-            # Step 0 pays one-time costs (first calls, allocations): not a speed.
-            if s and s > 0 and self.step > 0:
+            vote = self.votes[r]
+            folded[str(r)] = idranges.count(vote["ledger"])
+            lrs.add(vote.get("lr"))
+            s = vote.get("mb_seconds")
+            if timed and s and s > 0:
                 measured[r] = 1.0 / s
                 # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
                 self.speeds[r] = (1 - SPEED_SMOOTHING) * self.speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
         self._count_slow_streak(measured)
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
-        lrs = {self.votes[r].get("lr") for r in self.members}
         if len(lrs) > 1:
             # The schedule is a function of the committed step: replicas that disagree would diverge.
             raise ProtocolError(f"step {self.step}: replicas report different learning rates {sorted(map(str, lrs))}")
@@ -277,7 +282,7 @@ class Membership:
             "recoveries": len(self.pending),
             **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible
-            "folded": {str(r): idranges.count(self.votes[r]["ledger"]) for r in self.members},
+            "folded": folded,
         })]
         for rec in self.pending:
             rec["committed_at"] = now
