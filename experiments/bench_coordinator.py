@@ -19,15 +19,22 @@ Contract:
   * `*_encode_s` and `*_bytes_out`: encoding what those calls answered, every
     message to a worker and every record, as the service does (`json.dumps`);
   * `vote_bytes` / `join_bytes`: the size of one inbound message, on the wire.
+  * `machine_over_parse`: commit_machine_s / commit_parse_s, a ratio taken in the
+    same run (these machines are noisy and shared: absolute times move with the
+    load, ratios much less): the state machine's cost in units of parsing the votes.
+  `--no-gc` runs with Python's cyclic garbage collector disabled, to show what
+  share of the cost is collection (the service runs with it on).
   It checks what it measured: each commit round ends in exactly one commit of the
   step's M ids, each recovery round in exactly one new generation.
 - Writes OUT/NAME.json (NAME: `--name`, default coordinator_state_machine) and
-  draws paper_figs/coordinator_scale.py's log-log figure from results/bench.
+  draws paper_figs/coordinator_scale.py's log-log figure from OUT (into paper_figs/
+  for results/bench, into OUT otherwise).
   Nothing here is asserted on: it is a measurement, not a test.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import random
@@ -155,6 +162,8 @@ def _median(rows: list[dict], key: str) -> float:
 def bench_coordinator(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     rows = []
+    if args.no_gc:
+        gc.disable()
     for R in args.replicas:
         M = args.per_replica * R
         t0 = time.perf_counter()
@@ -172,6 +181,7 @@ def bench_coordinator(args: argparse.Namespace) -> int:
             "recovery_s": _median(recoveries, "s"), "recovery_parse_s": _median(recoveries, "parse_s"),
             "recovery_machine_s": _median(recoveries, "machine_s"), "recovery_encode_s": _median(recoveries, "encode_s"),
             "recovery_bytes_out": _median(recoveries, "bytes_out"), "join_bytes": _median(recoveries, "msg_bytes"),
+            "machine_over_parse": _median(commits, "machine_s") / _median(commits, "parse_s"),
             "samples": {"commit_s": [c["s"] for c in commits], "recovery_s": [c["s"] for c in recoveries]},
         }
         rows.append(row)
@@ -184,7 +194,7 @@ def bench_coordinator(args: argparse.Namespace) -> int:
         "what": "coordinator state machine (core.protocol.Membership) in process: one commit = R votes parsed "
                 "from JSON + on_vote; one recovery round = on_lost + R-1 rejoins parsed + on_join; medians of "
                 "`repeats`; *_encode_s: json.dumps of what those calls answered",
-        "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
+        "gc": not args.no_gc, "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
         "command": " ".join(["recover", "bench", "coordinator", *sys.argv[3:]]) if len(sys.argv) > 2 else "",
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -195,7 +205,11 @@ def bench_coordinator(args: argparse.Namespace) -> int:
     path = out / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path}")
+    gc.enable()
     if not args.no_figure:
-        fig = REPO / "paper_figs" / "coordinator_scale.py"
-        subprocess.run([sys.executable, str(fig), "--results", str(out)], check=True)
+        figs = REPO / "paper_figs"
+        # results/bench's figure belongs to paper_figs/; any other results folder gets its own
+        dest = figs if out.resolve() == (REPO / "results" / "bench").resolve() else out
+        subprocess.run([sys.executable, str(figs / "coordinator_scale.py"), "--results", str(out), "--out", str(dest)],
+                       check=True)
     return 0

@@ -2,7 +2,8 @@
 
 Reads RESULTS/coordinator_state_machine.json (written by `recover bench coordinator`)
 and, when present, RESULTS/coordinator_state_machine_before.json (the same benchmark
-run on the code before the linear-cost change); never runs anything. Log-log, one
+run on the code before the linear-cost change) and RESULTS/coordinator_state_machine_nogc.json
+(`--no-gc`: the share of Python's garbage collector); never runs anything. Log-log, one
 panel per round (commit, recovery), solid: state machine + parsing, dashed: encoding
 what it answered; the horizontal line is the 50 ms target. Writes
 coordinator_scale.png and .pdf into --out (default: paper_figs/). A missing results
@@ -19,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exp_common import HERE, ROOT, plt, save, theme  # noqa: E402
 
 TARGET_S = 0.050  # the bound on a commit and on a recovery round at R = 16384
-SERIES = {"coordinator_state_machine_before": ("before", "#0072B2"), "coordinator_state_machine": ("now", "#D55E00")}
+SERIES = {"coordinator_state_machine_before": ("before", "#0072B2"), "coordinator_state_machine": ("now", "#D55E00"),
+          "coordinator_state_machine_nogc": ("now, garbage collector off", "#009E73")}
 
 
 def main(results: str, out: str, name: str = "coordinator_scale") -> list[Path]:

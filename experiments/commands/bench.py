@@ -72,6 +72,8 @@ def add_parser(sub) -> None:
     k.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
     k.add_argument("--name", default="coordinator_state_machine",
                    help="file stem of the results (default: coordinator_state_machine)")
+    k.add_argument("--no-gc", action="store_true",
+                   help="disable Python's garbage collector while measuring (to see its share; the service runs with it)")
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
     k.set_defaults(func=cmd_bench_coordinator)
 
