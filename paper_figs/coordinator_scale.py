@@ -5,7 +5,8 @@ and, when present, RESULTS/coordinator_state_machine_before.json (the same bench
 run on the code before the linear-cost change) and RESULTS/coordinator_state_machine_nogc.json
 (`--no-gc`: the share of Python's garbage collector); never runs anything. Log-log, one
 panel per round (commit, recovery), solid: state machine + parsing, dashed: encoding
-what it answered; the horizontal line is the 50 ms target. Writes
+what it answered, grey: parsing the inbound messages alone; the horizontal line is the
+50 ms target. Writes
 coordinator_scale.png and .pdf into --out (default: paper_figs/). A missing results
 file ends the script with one line naming it and exit code 1.
 """
@@ -40,6 +41,8 @@ def main(results: str, out: str, name: str = "coordinator_scale") -> list[Path]:
             ax.plot(R, [r[f"{key}_s"] for r in rows], "o-", color=colour, label=f"{label}: state machine + parse")
             ax.plot(R, [r[f"{key}_encode_s"] for r in rows], "s--", color=colour, alpha=0.6,
                     label=f"{label}: encoding the answers")
+            if label == "now" and f"{key}_parse_s" in rows[0]:  # the floor: json.loads of the R messages
+                ax.plot(R, [r[f"{key}_parse_s"] for r in rows], "^:", color="grey", label="now: parsing alone")
         ax.axhline(TARGET_S, color="black", lw=0.8, ls=":", label="50 ms target")
         ax.set_xscale("log")
         ax.set_yscale("log")
