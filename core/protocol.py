@@ -77,6 +77,7 @@ class Membership:
         self.deadline = now + max(join_timeout, 300.0)  # the first start-up is slow
         self.votes: dict[int, dict] = {}
         self.speeds: dict[int, float] = {}
+        self.slowest_microbatch = 0.0  # seconds, the longest any member reported (rejoin waits one out)
         self.tokens_per_mb = 0
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
         self.gen_started = now
@@ -176,7 +177,9 @@ class Membership:
         self.expected = set(self.members) & self.alive
         self.joins = {}
         self.votes = {}
-        self.deadline = now + self.join_timeout
+        # A survivor answers an abort at its next microbatch boundary (Replica.quota
+        # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
+        self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
         out = [
             Out("send", r, {"t": "abort", "gen": self.gen, "next": self.next_gen, "reason": reason})
             for r in sorted(self.expected)
@@ -221,6 +224,7 @@ class Membership:
             raise ProtocolError(f"step {self.step}: ledgers {sorted(ledgers)} are not exactly {want}")
         for r in self.members:
             s = self.votes[r].get("mb_seconds")
+            self.slowest_microbatch = max(self.slowest_microbatch, float(s or 0.0))
             # Step 0 pays one-time costs (first calls, allocations): not a speed.
             if s and s > 0 and self.step > 0:
                 # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
@@ -232,6 +236,8 @@ class Membership:
             "recoveries": len(self.pending),
             # how many microbatches each member folded: the policy's load balance, visible
             "folded": {str(r): len(self.votes[r]["ledger"]) for r in self.members},
+            # the slowest microbatch a member reported this step (seconds): what a rejoin waits out
+            "slowest_microbatch_seconds": max(float(self.votes[r].get("mb_seconds") or 0.0) for r in self.members),
         })]
         for rec in self.pending:
             rec["committed_at"] = now

@@ -10,7 +10,9 @@
 Contract:
 - `quota()` gives the ids this replica must fold before `commit()`. After a
   failure it gives only ids that no survivor had folded (the dead replica's work);
-  what this replica folded before the failure stays in its accumulator.
+  what this replica folded before the failure stays in its accumulator. It is
+  lazy: it stops early when the generation is aborted between microbatches, and
+  the `commit()` that follows goes straight to recovery.
 - `commit()` does the fault-tolerant all-reduce of a fresh copy of the
   accumulator (so a failed reduction never touches it), votes, and - once the
   coordinator has seen every member vote for exactly the iteration's M ids -
@@ -28,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -87,6 +89,7 @@ class Replica:
         self.microbatches = 0
         self.steps = 0
         self._quota: list[int] = []
+        self._abort: dict | None = None  # an abort seen between microbatches, not yet acted on
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
         self._wait_generation(0)
@@ -108,8 +111,26 @@ class Replica:
     def ledger(self) -> list[int]:
         return self.acc.ledger
 
-    def quota(self) -> list[int]:
-        """The ids still to fold before `commit()` (global microbatch ids)."""
+    def quota(self) -> Iterator[int]:
+        """The ids still to fold before `commit()` (global microbatch ids), consumed lazily.
+
+        Before handing out each id after the first, it looks (without blocking) for
+        an abort of this generation; on one it stops early, so the loop goes straight
+        to `commit()`, which recovers at once keeping what was folded. A survivor
+        therefore answers an abort within one microbatch, not one quota: no deadline
+        of the coordinator depends on how long a quota takes.
+        """
+        gen = self.generation
+        first = True
+        for i in self._quota:
+            if i in self.acc.ledger:
+                continue
+            if not first and (self._abort is not None or self._poll_abort(gen)):
+                return
+            first = False
+            yield i
+
+    def _still_to_fold(self) -> list[int]:
         folded = set(self.acc.ledger)
         return [i for i in self._quota if i not in folded]
 
@@ -122,10 +143,10 @@ class Replica:
 
     def commit(self) -> bool:
         """Reduce, vote, and step the optimizer; False if recovery needs more work."""
-        if missing := self.quota():
+        if (msg := self._abort or self._pending_abort()) is not None:
+            return self._recover(msg)  # what was folded so far is kept
+        if missing := self._still_to_fold():
             raise RuntimeError(f"commit() before folding the whole quota; still to fold: {missing}")
-        if (msg := self._pending_abort()) is not None:
-            return self._recover(msg)
         g, step = self.generation, self.step
         should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
         try:
@@ -166,6 +187,7 @@ class Replica:
     # ---- recovery ------------------------------------------------------------------------
     def _recover(self, abort: dict) -> bool:
         """Rejoin the next generation with the ledger kept; take the redo quota."""
+        self._abort = None
         self._abandon_comm()
         self.control.send({"t": "join", "gen": abort["next"], "step": self.step, "ledger": list(self.acc.ledger)})
         self._wait_generation(abort["next"])
@@ -188,6 +210,13 @@ class Replica:
         self._quota = list(quota)
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
+
+    def _poll_abort(self, gen: int) -> bool:
+        """Cheap check between microbatches: has generation `gen` been aborted?"""
+        if self.control.abort_reason(gen) is None:
+            return False
+        self._abort = self._pending_abort()
+        return self._abort is not None
 
     def _pending_abort(self) -> dict | None:
         while (msg := self.control.recv(0)) is not None:
