@@ -33,7 +33,6 @@ from .model import JobModel
 
 CRASH, HANG = 0, 1
 EFFECT_CODE = {"crash": CRASH, "hang": HANG}  # the kinds table's sim_effect -> the engine's code ("none": skipped)
-KIND_OF_FAULT = {name: EFFECT_CODE[k.sim_effect] for name, k in KINDS.items() if k.sim_effect in EFFECT_CODE}
 
 
 @dataclass(frozen=True)
@@ -140,11 +139,12 @@ def events_from_plan(plan: dict[str, Any]) -> FailureEvents:
     skipped: list[str] = []
     for i, f in enumerate(plan.get("faults", [])):
         kind = f.get("kind")
-        if kind not in KIND_OF_FAULT:
-            why = KINDS[kind].sim_why if kind in KINDS else "it changes speed, not membership"
+        spec = KINDS.get(kind) if isinstance(kind, str) else None
+        if spec is None or spec.sim_effect not in EFFECT_CODE:
+            why = spec.sim_why if spec is not None else "it changes speed, not membership"
             skipped.append(f"fault {i}: kind {kind!r} is not modelled ({why})")
             continue
-        k = KIND_OF_FAULT[kind]
+        k = EFFECT_CODE[spec.sim_effect]
         if f.get("at_seconds") is not None:
             timed.append((float(f["at_seconds"]), int(f["replica"]), k))
         else:
