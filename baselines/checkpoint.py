@@ -2,7 +2,10 @@
 
 Contract:
 - A checkpoint of step s holds the state *before* iteration s (model + AdamW, as
-  torch.distributed.checkpoint writes them): training resumes at step s. Complete
+  torch.distributed.checkpoint writes them, + the LR schedule's state from
+  `core.recipe.CommittedStep`): training resumes at step s, with step s's
+  learning rate; a load whose schedule state disagrees with s or with this run's
+  schedule raises. Complete
   checkpoints live in ROOT/step-<s:08d>; nothing else is ever loaded.
 - A save never writes over a checkpoint. Every rank writes into the fresh
   ROOT/.tmp-step-<s:08d>; only when every rank has finished (DCP's own finish step
@@ -100,10 +103,11 @@ class _MidSaveWriter(dcp.FileSystemWriter):
 
 
 def _state_dict(work: Workload) -> dict:
-    """Model and optimizer state keyed by parameter names (DCP's portable form)."""
+    """Model, optimizer and schedule state keyed by parameter names (DCP's portable form)."""
     return {
         "model": get_model_state_dict(work.model),
         "optim": get_optimizer_state_dict(work.model, work.optimizer),
+        "schedule": work.stepper.state_dict(),
     }
 
 
@@ -133,6 +137,10 @@ def load_checkpoint(work: Workload, path: Path, group) -> None:
     dcp.load(sd, checkpoint_id=str(path), process_group=group)
     set_model_state_dict(work.model, sd["model"])
     set_optimizer_state_dict(work.model, work.optimizer, sd["optim"])
+    work.stepper.load_state_dict(sd["schedule"])
+    step = int(path.name.split("-")[-1])
+    if work.stepper.committed != step:
+        raise ValueError(f"checkpoint {path} holds schedule state of step {work.stepper.committed}, not {step}")
     work.discard()
 
 

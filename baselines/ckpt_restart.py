@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recover.core.config import TrainConfig
+from recover.core.end_policy import FailFast
 from recover.core.launcher import LauncherHooks, Launcher, python_module_argv
 from recover.core.results import JsonlWriter
 
@@ -78,7 +79,7 @@ def supervise(
             members,
             env={**env, "RECOVER_MEMBERS": ",".join(map(str, members)), "RECOVER_ATTEMPT": str(attempt)},
             hooks=[*hooks, watch],
-            fail_fast=True,
+            end=FailFast(),
         )
         result = launcher.run()
         for e in result.exits:  # the launcher counts from its own start; the run from t0

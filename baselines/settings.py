@@ -15,18 +15,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from recover.core.config import ConfigError, TrainConfig, flag_name
+from recover.core.fields import doc_field as _f
 
 RESTART_MODES = ("survivors", "replace")
 ELASTIC_BATCH = ("keep-global", "keep-per-replica")
-
-
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

@@ -76,11 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     timeout = timedelta(seconds=settings.torchft_timeout)
 
     def state_dict() -> dict:
-        return {"model": work.model.state_dict(), "optim": work.optimizer.state_dict()}
+        return {"model": work.model.state_dict(), "optim": work.optimizer.state_dict(),
+                "schedule": work.stepper.state_dict()}
 
     def load_state_dict(sd: dict) -> None:  # a replica that fell behind heals from a peer
         work.model.load_state_dict(sd["model"])
         work.optimizer.load_state_dict(sd["optim"])
+        work.stepper.load_state_dict(sd["schedule"])
 
     # The replica group's own store (torchft keys it per group: manager address, replica id).
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -130,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             counts = buf[-(R + 1):]
             members = [r for r in range(R) if counts[r] > 0.5]
             n_mb = int(round(float(counts[R])))
-            loss = work.apply(buf[: -(R + 1)], n_mb)
+            loss, lr = work.apply(buf[: -(R + 1)], n_mb, step)
             ids = sorted(i for r in members for i in assign_quotas(iteration_ids(step, M), list(range(R)))[r])
             if replica == members[0]:
                 rec = metric_record(step, loss, n_mb * work.tokens_per_microbatch, ids, getattr(manager, "_quorum_id", -1),
-                                    members, t0, participants=manager.num_participants())
+                                    members, t0, participants=manager.num_participants(), lr=lr)
                 metrics.write(rec)
                 if members != prev_members or discarded:
                     seen = first_detection(out, step)

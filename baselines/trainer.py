@@ -136,10 +136,10 @@ def train(
             handle.wait()
             hooks.at(step, "commit")
             hooks.at(step, "optimizer_step")
-            loss = work.apply(buf, len(ids))
+            loss, lr = work.apply(buf, len(ids), step)
             if metrics is not None:
                 rec = metric_record(step, loss, len(ids) * work.tokens_per_microbatch, ids, inc.generation,
-                                    inc.members, inc.t0)
+                                    inc.members, inc.t0, lr=lr)
                 metrics.write(rec)
                 if events is not None:
                     restart["step"], restart["resumed_at"] = step, rec["wall_time"]

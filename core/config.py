@@ -15,11 +15,15 @@ import argparse
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .model import MODEL_CONFIGS, GPTConfig, model_config
+from .fields import doc_field as _f
+from .model import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
+from .schedule import WarmupCosine
+
+DTYPES = ("fp32", "bf16")
 
 
 class ConfigError(ValueError):
@@ -29,10 +33,6 @@ class ConfigError(ValueError):
         super().__init__(f"{flag}: {message}")
         self.flag = flag
         self.message = message
-
-
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
@@ -52,8 +52,11 @@ class TrainConfig:
     dropout: float = _f(0.0, "dropout probability")
     data: str = _f("", "training data: a text file, a uint16 .bin token file, or '' for the stdlib corpus")
     corpus_bytes: int = _f(4_000_000, "bytes of the built-in stdlib corpus to use")
-    lr: float = _f(1e-3, "AdamW learning rate")
-    weight_decay: float = _f(0.1, "AdamW weight decay")
+    lr: float = _f(0.0, "peak learning rate after warm-up (0 = the model's default, see core/model.py)")
+    min_lr: float = _f(-1.0, "floor the cosine decay reaches at the last step (-1 = the model's, scaled with --lr)")
+    warmup_steps: int = _f(-1, "steps of linear warm-up (-1 = the model's fraction of --steps)")
+    weight_decay: float = _f(0.1, "AdamW weight decay (applied to matrices and embeddings only)")
+    dtype: str = _f("fp32", "forward/backward precision: fp32, or bf16 autocast (weights, gradients, reduction stay fp32)")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
     backend: str = _f("auto", "collective backend: auto (nccl on GPUs, else gloo), gloo, nccl")
     device: str = _f("auto", "device: auto (cuda if available), cpu, cuda")
@@ -77,6 +80,14 @@ class TrainConfig:
         if self.vocab_size:
             overrides["vocab_size"] = self.vocab_size
         return model_config(self.model, **overrides)
+
+    def lr_schedule(self) -> WarmupCosine:
+        """The run's schedule: the model's defaults, with --lr/--min-lr/--warmup-steps applied."""
+        d = MODEL_SCHEDULES[self.model]
+        max_lr = self.lr if self.lr > 0 else d.max_lr
+        min_lr = self.min_lr if self.min_lr >= 0 else d.min_lr * max_lr / d.max_lr
+        warmup = self.warmup_steps if self.warmup_steps >= 0 else d.warmup_for(self.steps)
+        return WarmupCosine(max_lr=max_lr, min_lr=min_lr, warmup_steps=warmup, decay_steps=self.steps - 1)
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -111,8 +122,14 @@ class TrainConfig:
                 raise ConfigError(flag_name(name), f"must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("--dropout", f"must be in [0, 1), got {self.dropout}")
-        if self.lr <= 0:
-            raise ConfigError("--lr", f"must be > 0, got {self.lr}")
+        if self.lr < 0:
+            raise ConfigError("--lr", f"must be > 0 (or 0 for the model's default), got {self.lr}")
+        if (self.min_lr < 0 and self.min_lr != -1.0) or (self.min_lr >= 0 and self.min_lr > self.lr_schedule().max_lr):
+            raise ConfigError("--min-lr", f"must be in [0, peak lr] (or -1 for the model's default), got {self.min_lr}")
+        if self.warmup_steps < -1:
+            raise ConfigError("--warmup-steps", f"must be >= 0 (or -1 for the model's default), got {self.warmup_steps}")
+        if self.dtype not in DTYPES:
+            raise ConfigError("--dtype", f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         if self.weight_decay < 0 or self.grad_clip < 0:
             bad = "weight_decay" if self.weight_decay < 0 else "grad_clip"
             raise ConfigError(flag_name(bad), f"must be >= 0, got {getattr(self, bad)}")

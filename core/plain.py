@@ -3,7 +3,7 @@
 Contract:
 - Iteration t folds the M ids of `iteration_ids(t, M)`, split over the R replicas
   by the quota policy (equal speeds), sums gradients and losses with exactly one
-  all-reduce, divides by M and steps AdamW. With the same seed, any R gives the
+  all-reduce, divides by M and steps AdamW by the shared recipe (core/recipe.py). With the same seed, any R gives the
   same loss at every step up to floating-point summation order.
 - It has no fault tolerance: a fault anywhere ends the job (the launcher runs it
   fail-fast). Replica 0 writes metrics.jsonl.
@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         comm.allreduce(buf, cfg.collective_timeout, while_in_flight=lambda: hooks.at(step, "allreduce"))
         hooks.at(step, "commit")
         hooks.at(step, "optimizer_step")
-        loss = work.apply(buf, M)
+        loss, lr = work.apply(buf, M, step)
         if metrics is not None:
             metrics.write(
-                metric_record(step, loss, M * work.tokens_per_microbatch, iteration_ids(step, M), 0, members, t0)
+                metric_record(step, loss, M * work.tokens_per_microbatch, iteration_ids(step, M), 0, members, t0,
+                              lr=lr)
             )
     if metrics is not None:
         metrics.close()

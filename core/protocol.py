@@ -27,7 +27,7 @@ Messages, coordinator -> worker ("t" is the type):
 worker -> coordinator:
   hello  {replica, pid, tokens_per_mb}     first message; also the join of generation 0
   join   {gen, step, ledger}               rejoin after an abort
-  vote   {gen, step, ok, ledger, loss_sum, mb_seconds}
+  vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr}   lr: the rate the step will use
   fail   {gen, step, reason}               my collective failed
   hb     {}                                heartbeat (handled by the service)
 """
@@ -53,6 +53,11 @@ class Out:
 
 SPEED_SMOOTHING = 0.2  # weight of the newest measurement in a replica's speed estimate
 SPEED_TOLERANCE = 0.5  # speeds within 50% of each other are balanced as equal
+# A replica counts as slow only after it was the slowest, by more than the tolerance,
+# in this many consecutive committed steps: on a loaded machine one or two noisy
+# steps often read 2x apart, and a quota moved by noise would also move the
+# microbatches a fault plan names (a plan's "microbatch k" must exist to fire).
+SPEED_WINDOW = 4
 
 
 class ProtocolError(RuntimeError):
@@ -78,6 +83,7 @@ class Membership:
         self.votes: dict[int, dict] = {}
         self.speeds: dict[int, float] = {}
         self.slowest_microbatch = 0.0  # seconds, the longest any member reported (rejoin waits one out)
+        self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.tokens_per_mb = 0
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
         self.gen_started = now
@@ -152,10 +158,14 @@ class Membership:
 
         Measured speeds carry scheduling noise (seen here: 2x swings between equal
         replicas on a loaded machine); an uneven split only pays off when a replica
-        is really slower, so speeds within SPEED_TOLERANCE of each other count as equal.
+        is really slower, so speeds within SPEED_TOLERANCE of each other count as equal,
+        and so do any speeds until one member has been the slowest beyond that tolerance
+        in SPEED_WINDOW consecutive steps (a sustained difference, not noise).
         """
         known = [self.speeds[r] for r in self.members if r in self.speeds]
         if len(known) < len(self.members) or max(known) <= (1 + SPEED_TOLERANCE) * min(known):
+            return None
+        if max((self.slow_streak.get(r, 0) for r in self.members), default=0) < SPEED_WINDOW:
             return None
         return {r: self.speeds[r] for r in self.members}
 
@@ -222,18 +232,27 @@ class Membership:
         if len(ledgers) != len(set(ledgers)) or sorted(ledgers) != want:
             # Never commit a gradient that is not exactly the M ids, each once.
             raise ProtocolError(f"step {self.step}: ledgers {sorted(ledgers)} are not exactly {want}")
+        measured: dict[int, float] = {}
         for r in self.members:
             s = self.votes[r].get("mb_seconds")
             self.slowest_microbatch = max(self.slowest_microbatch, float(s or 0.0))
             # Step 0 pays one-time costs (first calls, allocations): not a speed.
             if s and s > 0 and self.step > 0:
+                measured[r] = 1.0 / s
                 # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
                 self.speeds[r] = (1 - SPEED_SMOOTHING) * self.speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
+        self._count_slow_streak(measured)
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
+        lrs = {self.votes[r].get("lr") for r in self.members}
+        if len(lrs) > 1:
+            # The schedule is a function of the committed step: replicas that disagree would diverge.
+            raise ProtocolError(f"step {self.step}: replicas report different learning rates {sorted(map(str, lrs))}")
+        lr = lrs.pop()
         records = [Out("commit", msg={
             "step": self.step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
             "microbatch_ids": want, "generation": self.gen, "members": list(self.members),
             "recoveries": len(self.pending),
+            **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible
             "folded": {str(r): len(self.votes[r]["ledger"]) for r in self.members},
             # the slowest microbatch a member reported this step (seconds): what a rejoin waits out
@@ -259,6 +278,21 @@ class Membership:
         if last:
             return sends + records + self._finish(0, "all steps committed", now)
         return sends + records
+
+    def _count_slow_streak(self, measured: dict[int, float]) -> None:
+        """One committed step's speeds: extend the slowest member's streak if it was
+        slower than the fastest by more than SPEED_TOLERANCE; every other streak ends.
+        A streak holder that folded nothing this step keeps its streak: otherwise a
+        straggler given no work would read as cured and get its full quota back."""
+        if any(r not in measured and r in self.members for r in self.slow_streak):
+            return  # the slow one folded nothing this step (the policy gave it none): no new evidence
+        slowest = None
+        if len(measured) >= 2:
+            r = min(measured, key=lambda k: (measured[k], k))
+            if max(measured.values()) > (1 + SPEED_TOLERANCE) * measured[r]:
+                slowest = r
+        if measured:  # a step without measurements (step 0) neither extends nor ends a streak
+            self.slow_streak = {slowest: self.slow_streak.get(slowest, 0) + 1} if slowest is not None else {}
 
     def _finish(self, code: int, reason: str, now: float) -> list[Out]:
         self.state = "finished"

@@ -1,6 +1,8 @@
 """The public API: this process's replica of a resilient job, for any training loop.
 
-    replica = Replica.from_env(model, optimizer)     # under `recover launch` / `recover train`
+    replica = Replica.from_env(model, optimizer,     # under `recover launch` / `recover train`
+                               lr_schedule=lambda step: 1e-3 * min(1.0, (step + 1) / 10),
+                               grad_clip=1.0)
     while not replica.done:
         for mb in replica.quota():                    # global microbatch ids to fold now
             loss = loss_fn(model, batch(mb)); loss.backward()
@@ -18,6 +20,11 @@ Contract:
   coordinator has seen every member vote for exactly the iteration's M ids -
   divides by M, clips (optional) and steps the optimizer. It returns True when
   the iteration committed, False when recovery needs more work from `quota()`.
+- `lr_schedule` (optional) is a function of the committed step giving its
+  learning rate, or a torch LRScheduler over `optimizer`: it is set/stepped only
+  on commit (`core.recipe.CommittedStep`), so a redone step keeps its learning
+  rate. Each vote reports the rate the step will use; the coordinator writes it
+  to metrics.jsonl as `lr` and refuses to commit a step whose replicas disagree.
 - Gradients live in a flat accumulator that the parameters' `.grad` tensors view:
   call `backward()` as usual, but neither `zero_grad()` nor replace `.grad`
   (commit clears the accumulator itself).
@@ -39,6 +46,7 @@ from .accumulator import GradAccumulator
 from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
+from .recipe import CommittedStep, LRSchedule
 from .startup import env_addr
 
 
@@ -66,6 +74,7 @@ class Replica:
         collective_timeout: float = 30.0,
         heartbeat_interval: float = 0.1,
         grad_clip: float = 0.0,
+        lr_schedule: LRSchedule | None = None,
         tokens_per_microbatch: int = 0,
         hooks: WorkerHooks | None = None,
     ):
@@ -74,7 +83,7 @@ class Replica:
         self.replica = replica
         self.backend = backend
         self.timeout = collective_timeout
-        self.grad_clip = grad_clip
+        self.stepper = CommittedStep(optimizer, self.acc.params, lr_schedule, grad_clip)
         self.hooks = hooks or WorkerHooks()
         self.store = dist.TCPStore(store_addr[0], store_addr[1], is_master=False,
                                    timeout=timedelta(seconds=max(60.0, collective_timeout)))
@@ -166,6 +175,7 @@ class Replica:
         self.control.send({
             "t": "vote", "gen": g, "step": step, "ok": True, "ledger": list(self.acc.ledger),
             "loss_sum": float(buf[-1]), "mb_seconds": self._work_seconds / n if n else 0.0,
+            "lr": self.stepper.lr(step),
         })
         self.hooks.at(step, "commit")
         msg = self._wait_for({"commit", "abort"})
@@ -173,9 +183,7 @@ class Replica:
             return self._recover(msg)
         self.hooks.at(step, "optimizer_step")
         self.acc.load_mean(buf, self.microbatches)
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.acc.params, self.grad_clip)
-        self.optimizer.step()
+        self.stepper(step)
         self.acc.clear()
         self.step = step + 1
         self._set_quota(msg["quota"])

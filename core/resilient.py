@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"),
         backend=cfg.resolved_backend(), collective_timeout=cfg.collective_timeout,
         heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip,
+        lr_schedule=work.schedule,
         tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks,
     )
     try:

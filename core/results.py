@@ -7,7 +7,8 @@ Contract (DIR = the run's --out):
   step at most once, with at least: step (from 0), loss (the iteration's mean
   microbatch loss), tokens, microbatch_ids (sorted ids folded into that step's
   gradient), generation, members (replica ids that took part), wall_time (seconds
-  since the run started).
+  since the run started), and lr (the learning rate that step used, as the
+  replicas that committed it reported it).
 - DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
 - DIR/events.jsonl (systems that recover): one object per recovery or restart.
 - DIR/final/replica<r>.json: {"replica", "step", "weights_checksum"} written by each
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-METRIC_FIELDS = ("step", "loss", "tokens", "microbatch_ids", "generation", "members", "wall_time")
+METRIC_FIELDS = ("step", "loss", "tokens", "microbatch_ids", "generation", "members", "wall_time", "lr")
 
 
 class JsonlWriter:

@@ -5,9 +5,13 @@ Contract:
   accumulator (`accumulator.py`) and records `id` in the ledger; nothing else
   changes the accumulator except `apply` (which consumes it) and `discard`.
 - `pack()` returns a fresh communication buffer (never the accumulator itself).
-- `apply(reduced, M)` divides the summed gradient by M (the iteration's fixed
-  microbatch count, whatever failed), clips, steps AdamW, and empties the
-  accumulator and ledger. It returns the iteration's mean microbatch loss.
+- `apply(reduced, M, step)` divides the summed gradient by M (the iteration's fixed
+  microbatch count, whatever failed) and hands it to the shared recipe
+  (`recipe.CommittedStep`: committed step `step`'s learning rate, clipping,
+  AdamW), then empties the accumulator and ledger. It returns the iteration's
+  mean microbatch loss and the learning rate it used.
+- With `--dtype bf16` the forward pass (and so the backward's matmuls) runs under
+  bf16 autocast; weights, gradients, the accumulator and the reduction stay fp32.
 - Every replica built from the same config holds identical weights at step 0.
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ from .config import TrainConfig
 from .data import MicrobatchSource, load_tokens, microbatch_seed
 from .fold import PhaseHook
 from .model import GPT
+from .recipe import CommittedStep, build_adamw
 
 
 class Workload:
@@ -39,9 +44,10 @@ class Workload:
         self.model = GPT(gcfg).to(self.device)
         self.model.train()
         self.acc = GradAccumulator(self.model.parameters())
-        self.optimizer = torch.optim.AdamW(
-            self.acc.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
-        )
+        self.schedule = cfg.lr_schedule()
+        self.optimizer = build_adamw(self.acc.params, self.schedule(0), cfg.weight_decay)
+        self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip)
+        self.autocast_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
 
     @property
     def ledger(self) -> list[int]:
@@ -70,7 +76,8 @@ class Workload:
         torch.manual_seed(microbatch_seed(self.cfg.seed, mb_id))
         if hook:
             hook("forward", k)
-        _, loss = self.model(x, y)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_dtype is not None):
+            _, loss = self.model(x, y)
         if hook:
             hook("backward", k)
         loss.backward()
@@ -80,14 +87,12 @@ class Workload:
         """A fresh communication buffer: [gradient sum ..., loss sum]."""
         return self.acc.pack()
 
-    def apply(self, reduced: torch.Tensor, microbatches: int) -> float:
-        """Step the optimizer with reduced/M; empty accumulator and ledger; return mean loss."""
+    def apply(self, reduced: torch.Tensor, microbatches: int, step: int) -> tuple[float, float]:
+        """Commit step `step` with reduced/M; empty accumulator and ledger; return (mean loss, lr)."""
         mean_loss = self.acc.load_mean(reduced, microbatches)
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.acc.params, self.cfg.grad_clip)
-        self.optimizer.step()
+        lr = self.stepper(step)
         self.acc.clear()
-        return mean_loss
+        return mean_loss, lr
 
     def discard(self) -> None:
         """Empty the accumulator and ledger (a new iteration starts)."""

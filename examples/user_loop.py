@@ -15,7 +15,11 @@ from recover.core import Replica
 torch.manual_seed(0)  # every replica starts from the same weights
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-replica = Replica.from_env(model, optimizer)
+# Any torch LR scheduler (or a function of the step: lr_schedule=lambda step: ...).
+# The replica steps it only when a step commits, so a step redone after a failure
+# keeps its learning rate; grad_clip clips the committed (averaged) gradient.
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 5))  # 5-step warm-up
+replica = Replica.from_env(model, optimizer, lr_schedule=scheduler, grad_clip=1.0)
 
 
 def batch(mb_id: int):

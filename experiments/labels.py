@@ -38,6 +38,10 @@ class VariantSetting:
 
 VARIANT_SETTINGS: tuple[VariantSetting, ...] = (
     VariantSetting("elastic", "elastic_batch", "keep-global", str, always=True),
+    # The cluster-scale simulation runs these baselines both tuned (the defaults here, as the
+    # local baselines are set) and at the upstream defaults (torch's 30 s last-call, torchft's 5 s).
+    VariantSetting("elastic", "rdzv_last_call_timeout", 1, lambda v: f"lastcall{v:g}s"),
+    VariantSetting("torchft", "torchft_heartbeat_timeout_ms", 1000, lambda v: f"hb{v / 1000:g}s"),
 )
 
 

@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from recover.core.config import TrainConfig
+from recover.core.end_policy import CoordinatorEnds, FailFast
 from recover.core.launcher import Launcher, python_module_argv
 from recover.core.results import read_finals, read_jsonl, write_summary
 from recover.fault_injection.injector import launcher_hooks
@@ -83,7 +84,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         cfg.replicas,
         env={"RECOVER_T0": repr(t0)},
         hooks=[progress, *extra_hooks],
-        fail_fast=system.fail_fast,
+        end=FailFast() if system.fail_fast else CoordinatorEnds(),
     )
     supervise = system.load_supervisor()
     if supervise is not None:  # a restarting baseline runs its own sequence of launches

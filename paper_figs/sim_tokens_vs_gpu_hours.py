@@ -38,15 +38,15 @@ def main(results: str, out: str) -> list[Path]:
     paper = summary.get("paper", {})
     title = "paper-512 (simulated)"
     if r.get("effective_throughput"):
-        title += f": recover/ckpt-restart {r['effective_throughput']:.2f}x"
+        title += f": recover/ckpt-restart {r['effective_throughput']:.2f}x trajectory-equivalent"
         if r.get("more_tokens_percent_at_gpu_hour_mark") is not None:
             title += f", +{r['more_tokens_percent_at_gpu_hour_mark']:.0f}% tokens at {mark:g} GPU-h"
     if paper:
         title += f"\n(paper: {paper['effective_throughput_ratio']}x, +{paper['more_tokens_percent_at_gpu_hours']}%)"
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("GPU-hours held")
-    ax.set_ylabel("effective tokens (millions)")
-    ax.plot([], [], color="0.4", lw=1, ls=":", label="all tokens (shrunk batches)")
+    ax.set_ylabel("trajectory-equivalent tokens (millions)")
+    ax.plot([], [], color="0.4", lw=1, ls=":", label="goodput: all kept tokens (shrunk batches)")
     ax.legend(fontsize=8, loc="upper left")
     return save(fig, out, "sim_tokens_vs_gpu_hours")
 

@@ -1,4 +1,11 @@
-"""Shared helpers: run the real CLI in a subprocess, read a run's results."""
+"""Shared helpers: run the real CLI in a subprocess, read a run's results; hypothesis profiles.
+
+Hypothesis: with the environment variable CI set (`.ci/run` sets it), the "ci"
+profile is loaded: derandomized, so every CI run draws the same examples and a red
+CI run is reproducible anywhere with `CI=1`; each test's own max_examples still
+applies. Without CI, the "dev" profile keeps searching at random, so local runs go
+on finding new counterexamples (which then become @example regression cases).
+"""
 from __future__ import annotations
 
 import json
@@ -8,6 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev")
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import pid_alive, run_recover
 
 from recover.core.data import iteration_ids
@@ -50,6 +52,8 @@ def test_user_loop_survives_a_killed_replica(tmp_path):
     for m, r in zip(metrics, ref_loss):
         assert m["microbatch_ids"] == iteration_ids(m["step"], 8)
         assert abs(m["loss"] - r) <= 1e-5 * abs(r)
+    # the example's LambdaLR, stepped only on commit: its 5-step warm-up, by committed step, kill or not
+    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(40)])
     events = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
     assert len(events) == 1 and "replica 2" in events[0]["fault"]
 

@@ -26,6 +26,7 @@ import pytest
 
 from conftest import load_run, pid_alive, run_recover
 
+from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
 
@@ -94,6 +95,9 @@ def test_crash_with_replacement_resumes_at_the_checkpoint_and_ends_with_identica
     assert summary["weights_checksum"] == reference["checksum"]
     assert [m["loss"] for m in metrics] == reference["losses"]
     assert summary["restarts"] == 1 and summary["status"] == "ok"
+    # the schedule state came back with the checkpoint: every step, redone or not, at its committed step's lr
+    schedule = TrainConfig.from_dict(config["train"]).lr_schedule()
+    assert [m["lr"] for m in metrics] == [schedule(m["step"]) for m in metrics]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -226,6 +226,34 @@ def test_more_failures_never_raise_effective_throughput(jc, data):
         assert b.effective_throughput <= a.effective_throughput + 1e-12, system
 
 
+def test_a_failure_during_the_first_launch_does_not_shorten_it():
+    """Regression: the counterexample hypothesis found for the property above (issue 10).
+
+    It was a simulator bug, not an untrue property: a failure during ckpt-restart's
+    first launch (t=0, inside the 3 s startup) ended the launch early, the relaunch
+    (restart 0 s) replacing the rest of the startup, so the run with the failure
+    trained 80 iterations in 80 s against 77 without it (4.0 vs 3.85 tokens/s). The
+    relaunch now ends no earlier than the launch would have (c62f9d2). Hand-derived:
+    3 s startup, then an iteration is ceil(4/3)=2 microbatches x 0.25 s (the same 2 with
+    the 2 survivors) + a 0.5 s checkpoint = 1 s, so 77 iterations x 4 tokens in 80 s,
+    with or without the failure.
+    """
+    job = JobModel(n_gpus=3, gpus_per_replica=1, microbatches=4, tokens_per_microbatch=1, microbatch_seconds=0.25,
+                   grad_bytes=0, link_latency=0.0)
+    costs = Costs(startup_seconds=3.0, recover_detect_seconds=0.0, recover_rebuild_seconds=0.0,
+                  hang_detect_seconds=3.0, restart_seconds=0.0, checkpoint_save_seconds=0.5,
+                  checkpoint_load_seconds=0.0, elastic_restart_seconds=0.0, torchft_detect_seconds=0.0,
+                  torchft_quorum_seconds=0.0, join_seconds=10.0)
+    fewer, more = FailureEvents.none(), FailureEvents.from_pairs([(0.0, 0)])
+    for system in SYSTEMS:
+        a = simulate_one(system, job, costs, fewer, 80.0, checkpoint_every=1)
+        b = simulate_one(system, job, costs, more, 80.0, checkpoint_every=1)
+        assert b.effective_throughput <= a.effective_throughput + 1e-12, system
+    ckpt = [simulate_one("ckpt-restart", job, costs, ev, 80.0, checkpoint_every=1) for ev in (fewer, more)]
+    assert [r.effective_iterations for r in ckpt] == [77, 77]
+    assert [r.effective_throughput for r in ckpt] == [77 * 4 / 80.0] * 2
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jc=jobs_and_costs(), data=st.data())
 def test_no_failure_inside_the_run_equals_the_failure_free_run(jc, data):

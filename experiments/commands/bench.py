@@ -1,8 +1,11 @@
-"""`recover bench recovery`: what a fault costs each system, measured with real kills.
+"""`recover bench recovery`: what a fault costs each system, measured with real kills;
+`recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py);
+`recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
-itself, and what it writes, is experiments/bench.py's `bench_recovery`.
+itself, and what it writes, is experiments/bench.py's `bench_recovery`,
+experiments/bench_checkpoint.py's `bench_checkpoint` and experiments/bench_dtype.py's `bench_dtype`.
 """
 from __future__ import annotations
 
@@ -10,7 +13,11 @@ import argparse
 
 from recover.core.config import TrainConfig
 
+from recover.core.model import MODEL_CONFIGS
+
 from ..bench import bench_recovery
+from ..bench_checkpoint import bench_checkpoint
+from ..bench_dtype import bench_dtype
 from ..systems import SYSTEMS
 from . import fail
 
@@ -33,6 +40,25 @@ def add_parser(sub) -> None:
     r.add_argument("--out", default="results/bench", help="where to write the figures (default: results/bench)")
     r.add_argument("--work", default="", help="directory for the runs themselves (default: a temp dir)")
     r.set_defaults(func=cmd_bench_recovery)
+    c = bsub.add_parser("checkpoint", help="DCP save, async save and load throughput on this machine",
+                        description="DCP save, async-save stall and load, one process, written to checkpoint_dcp.json.")
+    c.add_argument("--mib", type=int, default=256, help="state size in MiB (default: 256)")
+    c.add_argument("--tensors", type=int, default=16, help="tensors the state is split into (default: 16)")
+    c.add_argument("--repeats", type=int, default=5, help="repeats of each operation (default: 5)")
+    c.add_argument("--out", default="results/bench", help="where to write checkpoint_dcp.json (default: results/bench)")
+    c.add_argument("--work", default="", help="directory for the checkpoints (default: a temp dir)")
+    c.set_defaults(func=cmd_bench_checkpoint)
+    d = bsub.add_parser("dtype", help="time per iteration, fp32 vs bf16 autocast, per model",
+                        description="Iteration time of the real workload, fp32 vs bf16 autocast, interleaved in one run.")
+    d.add_argument("--models", nargs="+", default=["small", "gpt2-124m"], help="models (default: small gpt2-124m)")
+    d.add_argument("--batch-size", type=int, default=4, help="sequences per microbatch (default: 4)")
+    d.add_argument("--microbatches", type=int, default=1, help="microbatches per iteration (default: 1)")
+    d.add_argument("--iters", type=int, default=2, help="timed iterations per dtype per round (default: 2)")
+    d.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default: 2)")
+    d.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
+    d.add_argument("--corpus-bytes", type=int, default=1_000_000, help="bytes of the stdlib corpus (default: 1e6)")
+    d.add_argument("--out", default="results/bench", help="where to write dtype.json (default: results/bench)")
+    d.set_defaults(func=cmd_bench_dtype)
 
 
 def cmd_bench_recovery(args: argparse.Namespace) -> int:
@@ -45,3 +71,21 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
     if args.microbatches < args.replicas:
         return fail("--microbatches: must be >= --replicas")
     return bench_recovery(args)
+
+
+def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
+    if args.mib < 1:
+        return fail("--mib: must be >= 1")
+    if args.tensors < 1:
+        return fail("--tensors: must be >= 1")
+    if args.repeats < 1:
+        return fail("--repeats: must be >= 1")
+    return bench_checkpoint(args)
+def cmd_bench_dtype(args: argparse.Namespace) -> int:
+    for m in args.models:
+        if m not in MODEL_CONFIGS:
+            return fail(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_CONFIGS)}")
+    for name in ("batch_size", "microbatches", "iters", "repeats", "threads", "corpus_bytes"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    return bench_dtype(args)

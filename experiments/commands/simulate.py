@@ -94,8 +94,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         res = sweeps.sensitivity(args.seed)
         report.write_rows(res["restart_x_interval"], out / "restart_x_interval.csv")
         report.write_rows(res["loss_unit"], out / "loss_unit.csv")
+        report.write_rows(res["restart_x_save"], out / "restart_x_save.csv")
+        (out / "paper_range.json").write_text(json.dumps(res["paper_range"], indent=2) + "\n")
         (out / "restart_matching_paper.json").write_text(json.dumps(res["restart_matching_paper"], indent=2) + "\n")
-        print(f"sensitivity: {len(res['restart_x_interval'])} + {len(res['loss_unit'])} runs in "
+        print(f"sensitivity: {len(res['restart_x_interval'])} + {len(res['loss_unit'])} + {len(res['restart_x_save'])} runs in "
               f"{time.perf_counter() - t0:.1f}s -> {out}/")
         m = res["restart_matching_paper"]
         if m.get("restart_seconds") is not None:
@@ -116,14 +118,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _print_summary(s: dict) -> None:
     print(f"{s['scenario']}: {s['description']}; {s['failures_drawn']} failures drawn")
-    print(f"  {'system':<20} {'eff. tokens/s':>14} {'vs failure-free':>16} {'tokens/GPU-h':>14} {'ETTR':>6}")
+    print(f"  {'system':<24} {'goodput tok/s':>14} {'traj.-eq. tok/s':>15} {'vs failure-free':>16} "
+          f"{'tokens/GPU-h':>14} {'ETTR':>6}")
     for name, d in s["systems"].items():
-        print(f"  {name:<20} {d['effective_throughput_tokens_per_s']:14.4g} "
+        print(f"  {name:<24} {d['goodput_tokens_per_s']:14.4g} {d['effective_throughput_tokens_per_s']:15.4g} "
               f"{d['effective_throughput_vs_failure_free']:16.3f} {d['effective_tokens_per_gpu_hour']:14.4g} "
               f"{d['ettr']:6.3f}")
     r = s.get("ratio_recover_over_ckpt_restart") or {}
     if r.get("effective_throughput") is not None:
-        line = f"  recover / ckpt-restart effective throughput: {r['effective_throughput']:.2f}x"
+        line = (f"  recover / ckpt-restart trajectory-equivalent throughput: {r['effective_throughput']:.2f}x, "
+                f"goodput {r['goodput']:.2f}x")
         if r.get("effective_throughput_last_quarter"):
             line += f" (last quarter {r['effective_throughput_last_quarter']:.2f}x)"
         if r.get("more_tokens_percent_at_gpu_hour_mark") is not None:

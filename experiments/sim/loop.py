@@ -27,6 +27,7 @@ import numpy as np
 
 from .failures import FailureEvents, StepFault
 from .model import JobModel
+from .calibration import save_stall_seconds
 from .policy import INF, Policy
 from .record import RunRecord
 
@@ -83,7 +84,7 @@ def simulate(policy: Policy, events: FailureEvents, horizon: float) -> RunRecord
                     continue
                 return None
             when = phase_offset(f.phase, f.microbatch, span[0], span[1], job, len(policy.members),
-                                policy.costs.checkpoint_save_seconds)
+                                save_stall_seconds(policy.costs))
             return when, f
         return None
 

@@ -28,11 +28,9 @@ Why each piece:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-def _f(default, doc: str):
-    return field(default=default, metadata={"help": doc})
+from recover.core.fields import doc_field as _f
 
 
 @dataclass(frozen=True)

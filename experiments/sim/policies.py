@@ -35,6 +35,11 @@ M = microbatches per iteration, R0 = replicas at the start):
   in flight is discarded; the next starts after torchft_detect (heartbeat-bound) +
   torchft_quorum. No checkpoints; a replacement heals from a peer (join_seconds)
   and is admitted at the next step with a new quorum.
+Settings variants (labels.VARIANT_SETTINGS): the costs hold each baseline as tuned here
+(BaselineConfig's 1 s last-call and 1 s torchft heartbeat timeout);
+`elastic-keep-global-lastcall30s` adds the 29 s more of torch's default last-call to
+every restart, `torchft-hb5s` the 4 s more of torchft's default heartbeat timeout to
+every detection.
 A hang adds hang_detect to the detection of every system. When the last replica dies
 recover and torchft end; the checkpointing systems wait for a replacement if one is
 coming.
@@ -52,6 +57,14 @@ from .loop import simulate
 from .model import JobModel
 from .policy import INF, Policy
 from .record import RunRecord
+
+
+BASELINE_LAST_CALL_S = 1
+"""BaselineConfig.rdzv_last_call_timeout: what the costs' elastic restart was measured (or set) with."""
+BASELINE_HEARTBEAT_TIMEOUT_MS = 1000
+"""BaselineConfig.torchft_heartbeat_timeout_ms: what the costs' torchft detection was measured with."""
+UPSTREAM_LAST_CALL_S = 30  # torch's rendezvous last-call default (documented)
+UPSTREAM_HEARTBEAT_TIMEOUT_MS = 5000  # torchft's lighthouse heartbeat-timeout default (documented)
 
 
 class Recover(Policy):
@@ -205,7 +218,11 @@ class Elastic(CheckpointRestart):
 
     def restart_seconds(self, kind: int) -> float:
         c = self.costs
-        return c.elastic_restart_seconds + (c.hang_detect_seconds if kind == HANG else 0.0) + c.checkpoint_load_seconds
+        # A longer rendezvous last-call than the costs were set with adds the difference to every restart.
+        last_call = self.settings.get("rdzv_last_call_timeout", BASELINE_LAST_CALL_S)
+        extra = max(0.0, float(last_call - BASELINE_LAST_CALL_S))
+        return (c.elastic_restart_seconds + extra + (c.hang_detect_seconds if kind == HANG else 0.0)
+                + c.checkpoint_load_seconds)
 
     def microbatches_per_iteration(self) -> float:
         if not self.shrink:
@@ -251,7 +268,10 @@ class Torchft(Policy):
         if not self.members:
             self.dead = True
             return
-        back = t + c.torchft_detect_seconds + (c.hang_detect_seconds if kind == HANG else 0.0) + c.torchft_quorum_seconds
+        # A longer heartbeat timeout than the costs were measured with delays detection by the difference.
+        hb = self.settings.get("torchft_heartbeat_timeout_ms", BASELINE_HEARTBEAT_TIMEOUT_MS)
+        detect = c.torchft_detect_seconds + max(0.0, (hb - BASELINE_HEARTBEAT_TIMEOUT_MS) / 1000.0)
+        back = t + detect + (c.hang_detect_seconds if kind == HANG else 0.0) + c.torchft_quorum_seconds
         # The step in flight is discarded: whatever it had done is lost.
         self.stall(back if self.resume_at is None else max(self.resume_at, back))
 
@@ -280,6 +300,8 @@ VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("elastic", {"elastic_batch": "keep-global"}),
     ("elastic", {"elastic_batch": "keep-per-replica"}),
     ("torchft", {}),
+    ("elastic", {"elastic_batch": "keep-global", "rdzv_last_call_timeout": UPSTREAM_LAST_CALL_S}),
+    ("torchft", {"torchft_heartbeat_timeout_ms": UPSTREAM_HEARTBEAT_TIMEOUT_MS}),
 )
 """Every simulated (system, settings) pair: the settings are BaselineConfig fields."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from .calibration import save_stall_seconds
 from .model import JobModel
 from .record import RunRecord
 
@@ -149,7 +150,7 @@ class Policy:
         """Start a blocking save at t if K iterations have passed since the last checkpoint."""
         if self.K and self.run.since_checkpoint >= self.K:
             self.saving = True
-            self.stall(t + self.costs.checkpoint_save_seconds)
+            self.stall(t + save_stall_seconds(self.costs))
             return True
         return False
 
@@ -177,7 +178,7 @@ class Policy:
             since += 1
             t = end
             if self.K and since >= self.K:
-                t += self.costs.checkpoint_save_seconds
+                t += save_stall_seconds(self.costs)
                 since = 0
             start, end = t, t + T
             j += 1

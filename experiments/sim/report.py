@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .record import RunRecord, interp_last
+from .record import THROUGHPUT_METRICS, RunRecord, interp_last
 from .scenario import ScenarioResult
 
 
@@ -53,6 +53,7 @@ def summarize(res: ScenarioResult) -> dict[str, Any]:
     for name, run in res.runs.items():
         d = run.summary()
         d["effective_throughput_vs_failure_free"] = d["effective_throughput_tokens_per_s"] / ff_tput
+        d["goodput_vs_failure_free"] = d["goodput_tokens_per_s"] / ff_tput
         d["effective_throughput_last_quarter_tokens_per_s"] = late_throughput(run, sc.horizon_seconds)
         if sc.gpu_hour_mark is not None:
             d["effective_tokens_at_gpu_hour_mark"] = tokens_at_gpu_hours(run, sc.gpu_hour_mark)
@@ -69,6 +70,8 @@ def summarize(res: ScenarioResult) -> dict[str, Any]:
                 return None
             return x / y
         ratios = {
+            "goodput": ratio("goodput_tokens_per_s"),
+            "goodput_per_gpu_hour": ratio("goodput_tokens_per_gpu_hour"),
             "effective_throughput": ratio("effective_throughput_tokens_per_s"),
             "effective_throughput_last_quarter": ratio("effective_throughput_last_quarter_tokens_per_s"),
             "effective_tokens_per_gpu_hour": ratio("effective_tokens_per_gpu_hour"),
@@ -108,12 +111,15 @@ def summarize(res: ScenarioResult) -> dict[str, Any]:
 
 
 DEFINITIONS = {
+    "throughput_metrics": THROUGHPUT_METRICS,
     "effective_tokens": "tokens of committed iterations kept at the end that processed exactly M microbatches "
                         "(the failure-free run's batch); shrunk-batch iterations count in tokens only",
     "exact_tokens": "effective tokens committed before the first shrunk-batch iteration",
     "effective_throughput_tokens_per_s": "effective tokens / wall seconds (the horizon, or the last commit when "
                                          "the run stops at max_iterations)",
     "effective_tokens_per_gpu_hour": "effective tokens / GPU-hours held (working, restarting or stalled; not dead)",
+    "goodput_tokens_per_s": "kept tokens (any batch size) / wall seconds",
+    "goodput_tokens_per_gpu_hour": "kept tokens (any batch size) / GPU-hours held",
     "ettr": "failure-free duration of every kept effective iteration (at its replica count) / wall seconds",
     "effective_throughput_last_quarter_tokens_per_s": "effective tokens gained in the last 25% of the horizon "
                                                       "per second: the rate after most failures happened",

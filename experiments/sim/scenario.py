@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .calibration import Calibration
+from recover.core.fields import doc_field as _f
+
+from .calibration import Calibration, save_stall_seconds
 from .failures import FailureEvents, FailureModel
 from .policies import SYSTEMS, simulate_one
 from .record import RunRecord
 from .youngdaly import daly_interval, interval_iterations, young_interval
 
 ALL_SYSTEMS = tuple(SYSTEMS)
-
-
-def _f(default, doc: str):
-    return field(default=default, metadata={"help": doc})
 
 
 @dataclass(frozen=True)
@@ -75,11 +73,12 @@ def checkpoint_plan(sc: Scenario) -> dict[str, Any]:
     job, costs = sc.calibration.job, sc.calibration.costs
     t_it = job.iteration_seconds(job.replicas)
     mtbf = sc.failures.job_mtbf_seconds(job, sc.horizon_seconds)
+    stall = save_stall_seconds(costs)  # what a checkpoint costs the run, blocking or async
     out: dict[str, Any] = {"job_mtbf_seconds": mtbf, "checkpoint_save_seconds": costs.checkpoint_save_seconds,
-                           "iteration_seconds": t_it}
+                           "checkpoint_stall_seconds": stall, "iteration_seconds": t_it}
     if math.isfinite(mtbf):
-        out["young_seconds"] = young_interval(costs.checkpoint_save_seconds, mtbf)
-        out["daly_seconds"] = daly_interval(costs.checkpoint_save_seconds, mtbf)
+        out["young_seconds"] = young_interval(stall, mtbf)
+        out["daly_seconds"] = daly_interval(stall, mtbf)
     if sc.checkpoint_every == "young-daly":
         out["mode"] = "young-daly (Daly's formula, rounded to whole iterations)"
         if math.isfinite(mtbf):

@@ -28,6 +28,13 @@ PAPER = {"effective_throughput_ratio": 2.23, "more_tokens_percent_at_gpu_hours":
          "source": "ReCoVer (arXiv 2605.11215), abstract: 512 GPUs, 256 lost spread across the run"}
 
 
+STATE_BYTES_PER_PARAMETER = 12
+"""Checkpointed state per parameter: fp32 weights and AdamW's two fp32 moments (assumed; bf16 copies
+are derived, not saved)."""
+PAPER_512_STATE_BYTES = 7e9 * STATE_BYTES_PER_PARAMETER  # the assumed 7B-class model
+LLAMA3_STATE_BYTES = 405e9 * STATE_BYTES_PER_PARAMETER  # Llama 3 405B
+
+
 LOCAL_PLAN = (
     {"kind": "crash", "replica": 3, "step": 6, "phase": "backward"},
     {"kind": "crash", "replica": 2, "step": 13, "phase": "allreduce"},
@@ -78,7 +85,7 @@ def paper_512(seed: int = 0, bench: str | None = None, restart: float | None = N
     if gpus_per_replica is not None and gpus_per_replica != job.gpus_per_replica:
         per = job.microbatches // job.replicas
         job = replace(job, gpus_per_replica=gpus_per_replica, microbatches=per * (512 // gpus_per_replica))
-    costs, csrc = cluster_costs(job.n_gpus, job.gpus_per_replica)
+    costs, csrc = cluster_costs(job.n_gpus, job.gpus_per_replica, bench, state_bytes=PAPER_512_STATE_BYTES)
     if restart is not None:
         costs = replace(costs, restart_seconds=restart)
         csrc["restart_seconds"] = f"sensitivity sweep: {restart} s"
@@ -122,9 +129,10 @@ def llama3_job(n_gpus: int) -> tuple[JobModel, dict[str, str]]:
     return job, src
 
 
-def cluster_scenario(name: str, n_gpus: int, days: float, seed: int, description: str, replacement: float = 3600.0) -> Scenario:
+def cluster_scenario(name: str, n_gpus: int, days: float, seed: int, description: str, replacement: float = 3600.0,
+                     bench: str | None = None) -> Scenario:
     job, src = llama3_job(n_gpus)
-    costs, csrc = cluster_costs(job.n_gpus, job.gpus_per_replica)
+    costs, csrc = cluster_costs(job.n_gpus, job.gpus_per_replica, bench, state_bytes=LLAMA3_STATE_BYTES)
     return Scenario(
         name=name, description=description, calibration=Calibration(f"cluster-{n_gpus}", job, costs, {**src, **csrc}),
         failures=FailureModel("exponential", mtbf_hours=LLAMA3_GPU_MTBF_HOURS, seed=seed),
@@ -143,11 +151,13 @@ def cluster_scenario(name: str, n_gpus: int, days: float, seed: int, description
 
 
 def llama3_16k(seed: int = 0, bench: str | None = None) -> Scenario:
-    return cluster_scenario("llama3-16k", 16384, 54.0, seed, "16,384 GPUs for 54 days at Llama 3's failure rate")
+    return cluster_scenario("llama3-16k", 16384, 54.0, seed, "16,384 GPUs for 54 days at Llama 3's failure rate",
+                            bench=bench)
 
 
 def cluster_100k(seed: int = 0, bench: str | None = None) -> Scenario:
-    return cluster_scenario("100k", 100_000, 30.0, seed, "100,000 GPUs for 30 days at Llama 3's per-GPU failure rate")
+    return cluster_scenario("100k", 100_000, 30.0, seed, "100,000 GPUs for 30 days at Llama 3's per-GPU failure rate",
+                            bench=bench)
 
 
 SCENARIOS: dict[str, Callable[..., Scenario]] = {

@@ -30,6 +30,7 @@ def scale_sweep(seed: int = 0, days: float = 30.0, sizes=SCALE_SIZES, seeds: int
             for name, d in summ["systems"].items():
                 rows.append({"gpus": n, "seed": s, "system": name,
                              "effective_throughput_vs_failure_free": d["effective_throughput_vs_failure_free"],
+                             "goodput_vs_failure_free": d["goodput_vs_failure_free"],
                              "effective_tokens_per_gpu_hour": d["effective_tokens_per_gpu_hour"],
                              "ettr": d["ettr"], "failures": d["failures"],
                              "restart_seconds": res.scenario.calibration.costs.restart_seconds,
@@ -40,10 +41,13 @@ def scale_sweep(seed: int = 0, days: float = 30.0, sizes=SCALE_SIZES, seeds: int
 SENS_RESTARTS = (10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 SENS_INTERVALS = ("young-daly", 2, 4, 8, 16, 32, 64, 128)
 SENS_UNITS = (8, 16, 32, 64, 128)
+SENS_SAVES = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0)
+"""Checkpoint stall per save (s): a blocking save's whole length, or an async save's snapshot."""
 
 
 def sensitivity(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """paper-512's recover/ckpt-restart ratios against restart time x interval, and the loss unit."""
+    """paper-512's recover/ckpt-restart ratios against restart time x interval, the loss unit, and
+    restart time x checkpoint stall (load = 2 x save, Young/Daly interval for each)."""
     grid = []
     for rs in SENS_RESTARTS:
         for k in SENS_INTERVALS:
@@ -65,8 +69,38 @@ def sensitivity(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
         units.append({"gpus_per_replica": g, "losses": 256 // g, "ratio_effective_throughput": r["effective_throughput"],
                       "ratio_last_quarter": r["effective_throughput_last_quarter"],
                       "more_tokens_percent_at_234": r.get("more_tokens_percent_at_gpu_hour_mark")})
-    return {"restart_x_interval": grid, "loss_unit": units,
+    saves = []
+    for rs in SENS_RESTARTS:
+        for sv in SENS_SAVES:
+            sc = paper_512(seed, restart=rs)
+            cal = sc.calibration
+            costs = replace(cal.costs, checkpoint_save_seconds=sv, checkpoint_load_seconds=2 * sv,
+                            checkpoint_async_stall_seconds=None)  # the stall is the swept save
+            sc = replace(sc, systems=("recover", "ckpt-restart"), calibration=replace(cal, costs=costs))
+            res = run_scenario(sc)
+            r = summarize(res)["ratio_recover_over_ckpt_restart"]
+            saves.append({"restart_seconds": rs, "save_stall_seconds": sv, "load_seconds": 2 * sv,
+                          "interval_iterations": res.checkpoint["interval_iterations"],
+                          "ratio_effective_throughput": r["effective_throughput"],
+                          "more_tokens_percent_at_234": r.get("more_tokens_percent_at_gpu_hour_mark")})
+    return {"restart_x_interval": grid, "loss_unit": units, "restart_x_save": saves,
+            "paper_range": paper_range(saves),
             "restart_matching_paper": restart_matching_ratio(PAPER["effective_throughput_ratio"], seed)}
+
+
+def paper_range(rows: list[dict[str, Any]], tolerance: float = 0.10) -> dict[str, Any]:
+    """Which (restart, save stall) points of the restart x save grid give the paper's 2.23x, its +74.9%
+    at 234 GPU-hours, or both, each within `tolerance` (relative)."""
+    def near(v, target):
+        return v is not None and abs(v / target - 1) <= tolerance
+    ratio = [r for r in rows if near(r["ratio_effective_throughput"], PAPER["effective_throughput_ratio"])]
+    tokens = [r for r in rows if near(r["more_tokens_percent_at_234"], PAPER["more_tokens_percent_at_gpu_hours"])]
+    both = [r for r in ratio if r in tokens]
+    pick = lambda rs: [{"restart_seconds": r["restart_seconds"], "save_stall_seconds": r["save_stall_seconds"],  # noqa: E731
+                        "ratio": r["ratio_effective_throughput"], "more_tokens_percent": r["more_tokens_percent_at_234"]}
+                       for r in rs]
+    return {"tolerance": tolerance, "paper": PAPER, "ratio_matches": pick(ratio), "tokens_matches": pick(tokens),
+            "both_match": pick(both)}
 
 
 def restart_matching_ratio(target: float, seed: int = 0) -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""The README's simulator headline numbers agree with the committed results they come from.
+
+Each number is found in README.md by the sentence around it and compared, at the precision
+the README prints, with the results/sim (or results/bench-derived) value it reports, so a
+regenerated result that moves a headline fails here until the README is regenerated too.
+Pure file reads plus one calibration call (no simulation, no processes).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SIM = ROOT / "results" / "sim"
+
+
+def summary(name: str) -> dict:
+    return json.loads((SIM / name / "summary.json").read_text())
+
+
+def found(pattern: str) -> tuple[str, ...]:
+    m = re.search(pattern, README)
+    assert m, f"README.md lost the sentence matching {pattern!r}"
+    return m.groups()
+
+
+def same(printed: str, value: float) -> None:
+    """`printed` is `value` rounded to the digits the README shows."""
+    digits = len(printed.split(".")[1]) if "." in printed else 0
+    assert float(printed) == pytest.approx(round(value, digits), abs=0.51 * 10 ** -digits), (printed, value)
+
+
+def test_scenario_table_matches_results():
+    p5 = summary("paper-512")["ratio_recover_over_ckpt_restart"]
+    whole, last, more = found(r"\| `paper-512`[^|]*\| ([\d.]+)x whole run, ([\d.]+)x in its last quarter; "
+                              r"\+([\d.]+)% tokens at 234 GPU-h")
+    same(whole, p5["effective_throughput"])
+    same(last, p5["effective_throughput_last_quarter"])
+    same(more, p5["more_tokens_percent_at_gpu_hour_mark"])
+    l16 = summary("llama3-16k")
+    ratio, ettr = found(r"\| `llama3-16k`[^|]*\| ([\d.]+)x \| ckpt-restart's ETTR ([\d.]+)")
+    same(ratio, l16["ratio_recover_over_ckpt_restart"]["effective_throughput"])
+    same(ettr, l16["systems"]["ckpt-restart"]["ettr"])
+    k = summary("100k")
+    ratio, ck, rec, ft_good, ft_ettr = found(
+        r"\| `100k`[^|]*\| ([\d.]+)x \| ckpt-restart's ETTR ([\d.]+), recover's ([\d.]+); torchft's goodput is "
+        r"([\d.]+)x recover's, its ETTR ([\d.]+)")
+    s = k["systems"]
+    same(ratio, k["ratio_recover_over_ckpt_restart"]["effective_throughput"])
+    same(ck, s["ckpt-restart"]["ettr"])
+    same(rec, s["recover"]["ettr"])
+    same(ft_good, s["torchft"]["goodput_tokens_per_s"] / s["recover"]["goodput_tokens_per_s"])
+    same(ft_ettr, s["torchft"]["ettr"])
+
+
+def test_sensitivity_and_restart_law_match_results():
+    from recover.experiments.sim.calibration import restart_law
+
+    law = restart_law(ROOT / "results" / "bench")
+    anchor, exponent, at512 = found(r"(?s)load: ([\d.]+) s on\s+4 processes\).*?exponent of\s+"
+                                    r"([\d.]+)\s+and\s+([\d.]+) s at 512 GPUs")
+    same(anchor, law.small_seconds)
+    same(exponent, law.exponent)
+    same(at512, law(512))
+    match = json.loads((SIM / "sensitivity" / "restart_matching_paper.json").read_text())
+    (restart,) = found(r"the ratio is 2\.23x at a ([\d.]+) s restart")
+    same(restart, match["restart_seconds"])
+    units = [float(r["ratio_effective_throughput"]) for r in csv.DictReader(open(SIM / "sensitivity" / "loss_unit.csv"))]
+    lo, hi = found(r"([\d.]+)-([\d.]+)x over the loss unit")
+    same(lo, min(units))
+    same(hi, max(units))
+
+
+def test_paper_range_sentence_matches_results():
+    """Every (restart, save) point the sensitivity sweep finds near the paper's numbers is named in the
+    README with its ratio and token gain, and 'no point gives both' only when none does."""
+    d = json.loads((SIM / "sensitivity" / "paper_range.json").read_text())
+    assert d["ratio_matches"], "the sweep should bracket the paper's 2.23x"
+    for r in d["ratio_matches"] + d["tokens_matches"]:
+        ratio, more = found(rf"{r['restart_seconds']:g} s restart with a {r['save_stall_seconds']:g} s save "
+                            r"\(([\d.]+)x, \+([\d.]+)%\)")
+        same(ratio, r["ratio"])
+        same(more, r["more_tokens_percent"])
+    assert ("no point gives both" in README) == (not d["both_match"])
+
+
+def test_fast_baseline_range_matches_results():
+    rows = [r for r in csv.DictReader(open(SIM / "sensitivity" / "restart_x_save.csv"))
+            if float(r["restart_seconds"]) <= 40 and float(r["save_stall_seconds"]) <= 1.0]
+    lo, hi = found(r"restarts up to 40 s with a\s+0\.5-1 s stall give ([\d.]+)-([\d.]+)x")
+    ratios = [float(r["ratio_effective_throughput"]) for r in rows]
+    same(lo, min(ratios))
+    same(hi, max(ratios))
