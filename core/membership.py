@@ -163,6 +163,11 @@ class MembershipService:
 
     # ---- actions ------------------------------------------------------------------------
     def _apply(self, actions: list[Out], origin: _Conn | None = None) -> None:
+        # A failed send makes its replica lost, and that loss has consequences (an
+        # abort, a new generation) that are applied only after every action of this
+        # batch: applied at once, they would overtake the rest of a broadcast, and
+        # the other replicas would read [abort, commit] or [abort(g), gen(g)].
+        lost: list[tuple[int, str]] = []
         for a in actions:
             if a.kind == "send":
                 conn = self.by_replica.get(a.replica)
@@ -172,7 +177,7 @@ class MembershipService:
                     conn.sock.sendall((json.dumps(a.msg) + "\n").encode())
                 except OSError as e:
                     self._drop(conn)
-                    self._apply(self.proto.on_lost(a.replica, f"send failed: {e}", self.now()))
+                    lost.append((a.replica, f"send failed: {e}"))
             elif a.kind == "close":
                 # A refused hello closes the connection it came on, not the member's.
                 conn = origin if origin is not None and origin.replica == a.replica else self.by_replica.get(a.replica)
@@ -190,3 +195,5 @@ class MembershipService:
                 self.events.write({"kind": "recovery", **rec})
             elif a.kind == "finish":
                 self.result = (a.code, a.reason)
+        for r, reason in lost:
+            self._apply(self.proto.on_lost(r, reason, self.now()))

@@ -21,7 +21,7 @@ Invariants it keeps:
 Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
   commit {gen, step, loss, quota}          step committed; `quota` is for step+1
-  abort  {gen, next, reason}               gen failed; rejoin `next` with your ledger
+  abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
 worker -> coordinator:
@@ -188,7 +188,7 @@ class Membership:
         self.votes = {}
         self.deadline = now + self.join_timeout
         out = [
-            Out("send", r, {"t": "abort", "gen": self.gen, "next": self.next_gen, "reason": reason})
+            Out("send", r, {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason})
             for r in sorted(self.expected)
         ]
         return out + self._maybe_publish(now)

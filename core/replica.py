@@ -175,6 +175,11 @@ class Replica:
     def _recover(self, abort: dict) -> bool:
         """Rejoin the next generation with the ledger kept; take the redo quota."""
         self._abandon_comm()
+        if abort["step"] != self.step:
+            # Messages arrive in the order they were sent, so this is a coordinator bug:
+            # rejoining at the wrong step would mix two iterations' gradients.
+            raise RunEnded(f"protocol: the coordinator aborted step {abort['step']} "
+                           f"while this replica is at step {self.step}")
         self.control.send({"t": "join", "gen": abort["next"], "step": self.step, "ledger": list(self.acc.ledger)})
         self._wait_generation(abort["next"])
         return False
