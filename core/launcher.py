@@ -13,6 +13,8 @@ Contract:
 - `run()` reports how every process exited (`ProcessExit`), and the launcher's
   hooks (`LauncherHooks`) see the PIDs and a periodic tick, which is how the fault
   injector fires wall-clock faults and ends timed hangs.
+- Each run gets a fresh random join token (RECOVER_JOIN_TOKEN), set in the
+  environment of the coordinator and of every worker, and of nothing else.
 - The job ends when the coordinator exits (its code is the job's verdict), or,
   with `fail_fast`, as soon as any worker exits non-zero (a plain data-parallel
   job cannot outlive a worker).
@@ -30,6 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
+
+from .startup import JOIN_TOKEN_ENV, new_join_token
 
 _PR_SET_PDEATHSIG = 1
 
@@ -173,6 +177,9 @@ class Launcher:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
+        # A fresh random join token per run: the coordinator requires it in every
+        # hello, so only the workers started here (their environment) can join.
+        self.env[JOIN_TOKEN_ENV] = new_join_token()
         try:
             info = self._start_coordinator()
             env = {

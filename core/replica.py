@@ -55,7 +55,7 @@ from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
 from .recipe import CommittedStep, LRSchedule
-from .startup import env_addr
+from .startup import JOIN_TOKEN_ENV, env_addr
 
 
 class RunEnded(RuntimeError):
@@ -89,6 +89,7 @@ class Replica:
         lr_schedule: LRSchedule | None = None,
         tokens_per_microbatch: int = 0,
         hooks: WorkerHooks | None = None,
+        join_token: str | None = None,
     ):
         self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
         self.optimizer = optimizer
@@ -101,7 +102,9 @@ class Replica:
                                    timeout=timedelta(seconds=max(60.0, collective_timeout)))
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
         self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
-                           "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest()})
+                           "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
+                           # None: the launcher's, from the environment
+                           "token": os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token})
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
         self.generation = -1

@@ -129,7 +129,7 @@ class World:
         self.declared_dead: set[int] = set()
         self.failing_sends: set[int] = set()
         for w in self.workers:
-            w.outbox.append({"t": "hello", "replica": w.r, "tokens_per_mb": 1})
+            w.outbox.append({"t": "hello", "replica": w.r, "tokens_per_mb": 1, "token": self.service.join_token})
 
     @property
     def finished(self) -> tuple[int, str] | None:

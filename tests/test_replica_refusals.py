@@ -68,7 +68,8 @@ def solo(tmp_path):
     def make(model: torch.nn.Module) -> Replica:
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         replica = Replica(model.parameters(), opt, replica=0, control_addr=("127.0.0.1", service.port),
-                          store_addr=("127.0.0.1", store.port), collective_timeout=20.0)
+                          store_addr=("127.0.0.1", store.port), collective_timeout=20.0,
+                          join_token=service.join_token)
         made.append(replica)
         return replica
 
