@@ -13,6 +13,8 @@ Contract:
 - `run()` reports how every process exited (`ProcessExit`), and the launcher's
   hooks (`LauncherHooks`) see the PIDs and a periodic tick, which is how the fault
   injector fires wall-clock faults and ends timed hangs.
+- Each run gets a fresh random join token (RECOVER_JOIN_TOKEN), set in the
+  environment of the coordinator and of every worker, and of nothing else.
 - When the job is over, and its verdict, is the end policy's call
   (core/end_policy.py): by default the job ends when the coordinator exits and
   its code is the verdict; `FailFast` ends it as soon as a worker exits non-zero
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from .end_policy import CoordinatorEnds, EndPolicy, JobView
+from .startup import JOIN_TOKEN_ENV, new_join_token
 
 _PR_SET_PDEATHSIG = 1
 
@@ -177,6 +180,9 @@ class Launcher:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
+        # A fresh random join token per run: the coordinator requires it in every
+        # hello, so only the workers started here (their environment) can join.
+        self.env[JOIN_TOKEN_ENV] = new_join_token()
         try:
             info = self._start_coordinator()
             env = {

@@ -21,11 +21,12 @@ Invariants it keeps:
 Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
   commit {gen, step, loss, quota}          step committed; `quota` is for step+1
-  abort  {gen, next, reason}               gen failed; rejoin `next` with your ledger
+  abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
 worker -> coordinator:
-  hello  {replica, pid, tokens_per_mb}     first message; also the join of generation 0
+  hello  {replica, pid, tokens_per_mb, weights_digest}   first message; also the join of generation 0
+                                           (generation 0 forms only if the digests agree)
   join   {gen, step, ledger}               rejoin after an abort
   vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr}   lr: the rate the step will use
   fail   {gen, step, reason}               my collective failed
@@ -85,6 +86,7 @@ class Membership:
         self.slowest_microbatch = 0.0  # seconds, the longest any member reported (rejoin waits one out)
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.tokens_per_mb = 0
+        self.digests: dict[int, str] = {}  # replica -> digest of its initial weights (from its hello)
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
         self.gen_started = now
 
@@ -94,6 +96,8 @@ class Membership:
             return [Out("close", r, reason="unknown, duplicate or dead replica")]
         self.alive.add(r)
         self.tokens_per_mb = int(msg.get("tokens_per_mb", self.tokens_per_mb))
+        if msg.get("weights_digest"):
+            self.digests[r] = str(msg["weights_digest"])
         if self.state == "forming" and self.next_gen == 0:
             return self._joined(r, [], now)
         # A late start-up hello after generation 0 formed: it was dropped from the run.
@@ -191,7 +195,7 @@ class Membership:
         # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
         self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
         out = [
-            Out("send", r, {"t": "abort", "gen": self.gen, "next": self.next_gen, "reason": reason})
+            Out("send", r, {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason})
             for r in sorted(self.expected)
         ]
         return out + self._maybe_publish(now)
@@ -207,6 +211,8 @@ class Membership:
             return self._finish(1, "no replica left: every replica of the run has failed", now)
         if set(self.joins) != self.expected:
             return []
+        if self.next_gen == 0 and (differ := self._initial_weights_differ()):
+            return self._finish(1, differ, now)
         want = iteration_ids(self.step, self.M)
         done = [i for r in sorted(self.joins) for i in self.joins[r]]
         if len(done) != len(set(done)) or not set(done) <= set(want):
@@ -225,6 +231,24 @@ class Membership:
                             "quota": quotas[r], "microbatches": self.M, "steps": self.S})
             for r in self.members
         ]
+
+    def _initial_weights_differ(self) -> str:
+        """Why generation 0 must not form ('' if the joined replicas' initial weights agree).
+
+        The replicas in the minority (ties: those not agreeing with the lowest
+        replica) are named: a per-replica seed or init is a user's bug, and training
+        from different weights would commit a gradient no failure-free run takes."""
+        digests = {r: self.digests[r] for r in sorted(self.joins) if r in self.digests}
+        if len(set(digests.values())) <= 1:
+            return ""
+        groups: dict[str, list[int]] = {}
+        for r, d in digests.items():
+            groups.setdefault(d, []).append(r)
+        ref = max(groups, key=lambda d: (len(groups[d]), -groups[d][0]))
+        odd = sorted(r for r, d in digests.items() if d != ref)
+        return (f"initial weights differ: replica(s) {odd} do not match replica(s) {groups[ref]} "
+                f"(weights digest {', '.join(f'{r}: {digests[r][:12]}' for r in digests)}); every replica "
+                "must start from the same weights (same seed, same initialisation)")
 
     def _commit(self, now: float) -> list[Out]:
         want = iteration_ids(self.step, self.M)

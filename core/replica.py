@@ -27,7 +27,17 @@ Contract:
   to metrics.jsonl as `lr` and refuses to commit a step whose replicas disagree.
 - Gradients live in a flat accumulator that the parameters' `.grad` tensors view:
   call `backward()` as usual, but neither `zero_grad()` nor replace `.grad`
-  (commit clears the accumulator itself).
+  (commit clears the accumulator itself). `fold()` and `commit()` check that
+  every `.grad` still views the accumulator (`zero_grad()`, set_to_none by
+  default, or a DDP wrapper's buckets detach it) and raise `GradientDetached`
+  naming the cause instead of reducing a gradient that is not the ledger's.
+- A refused `fold()` (an id outside the quota, an id folded twice, a detached
+  `.grad`) and a refused `commit()` raise, and discard what this replica folded
+  in the iteration (its accumulator is zeroed, `.grad` re-attached, and
+  `quota()` lists those ids again): a stray backward can never be committed.
+- The hello carries a digest of the initial weights; generation 0 forms only if
+  every replica's digest agrees, else the run stops naming the replica(s) that
+  differ (e.g. a per-replica seed): replicas must start from the same weights.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit).
@@ -47,7 +57,7 @@ from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
 from .recipe import CommittedStep, LRSchedule
-from .startup import env_addr
+from .startup import JOIN_TOKEN_ENV, env_addr
 
 
 class RunEnded(RuntimeError):
@@ -57,6 +67,10 @@ class RunEnded(RuntimeError):
         super().__init__(reason)
         self.reason = reason
         self.fenced = fenced
+
+
+class GradientDetached(RuntimeError):
+    """A parameter's .grad no longer views the replica's accumulator (zero_grad, DDP)."""
 
 
 class Replica:
@@ -77,6 +91,7 @@ class Replica:
         lr_schedule: LRSchedule | None = None,
         tokens_per_microbatch: int = 0,
         hooks: WorkerHooks | None = None,
+        join_token: str | None = None,
     ):
         self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
         self.optimizer = optimizer
@@ -89,7 +104,9 @@ class Replica:
                                    timeout=timedelta(seconds=max(60.0, collective_timeout)))
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
         self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
-                           "tokens_per_mb": tokens_per_microbatch})
+                           "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
+                           # None: the launcher's, from the environment
+                           "token": os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token})
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
         self.generation = -1
@@ -145,8 +162,12 @@ class Replica:
 
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward (with loss `loss`) is in the gradients."""
-        if mb_id not in self._quota:
-            raise ValueError(f"microbatch {mb_id} is not in this replica's quota {self._quota}")
+        if mb_id not in self._quota or mb_id in self.acc.ledger:
+            why = "folded twice" if mb_id in self.acc.ledger else f"not in this replica's quota {self._quota}"
+            self._discard_folded()  # its backward is in the accumulator already
+            raise ValueError(f"microbatch {mb_id} is {why}; this iteration's folds were discarded "
+                             f"(quota() lists them again)")
+        self._check_attached("fold")
         self.acc.fold(mb_id, loss)
         self._work_seconds = time.perf_counter() - self._work_started
 
@@ -156,6 +177,7 @@ class Replica:
             return self._recover(msg)  # what was folded so far is kept
         if missing := self._still_to_fold():
             raise RuntimeError(f"commit() before folding the whole quota; still to fold: {missing}")
+        self._check_attached("commit")
         g, step = self.generation, self.step
         should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
         try:
@@ -192,11 +214,38 @@ class Replica:
     def close(self) -> None:
         self.control.close()
 
+    # ---- refusals --------------------------------------------------------------------
+    def _discard_folded(self) -> None:
+        """Zero the accumulator and re-attach .grad; the ids folded this iteration are owed again."""
+        owed = list(self.acc.ledger) + [i for i in self._quota if i not in self.acc.ledger]
+        self.acc.clear()
+        self.acc.reattach()
+        self._quota = owed
+
+    def _check_attached(self, where: str) -> None:
+        if not (detached := self.acc.detached()):
+            return
+        first = self.acc.params[detached[0]]
+        self._discard_folded()
+        raise GradientDetached(
+            f"{where}(): the .grad of {len(detached)} of {len(self.acc.params)} parameters (first: #{detached[0]}, "
+            f"shape {tuple(first.shape)}) no longer views replica {self.replica}'s gradient accumulator, so "
+            "backward() wrote where no reduction reads. Something removed or replaced .grad: "
+            "optimizer.zero_grad() (it sets .grad to None by default) or a DDP/FSDP wrapper. Call neither: "
+            "commit() clears the gradients and reduces across replicas itself. This iteration's folds were "
+            "discarded (quota() lists them again)."
+        )
+
     # ---- recovery ------------------------------------------------------------------------
     def _recover(self, abort: dict) -> bool:
         """Rejoin the next generation with the ledger kept; take the redo quota."""
         self._abort = None
         self._abandon_comm()
+        if abort["step"] != self.step:
+            # Messages arrive in the order they were sent, so this is a coordinator bug:
+            # rejoining at the wrong step would mix two iterations' gradients.
+            raise RunEnded(f"protocol: the coordinator aborted step {abort['step']} "
+                           f"while this replica is at step {self.step}")
         self.control.send({"t": "join", "gen": abort["next"], "step": self.step, "ledger": list(self.acc.ledger)})
         self._wait_generation(abort["next"])
         return False
