@@ -18,6 +18,8 @@ Contract:
                      after `seconds`; without `seconds` it stays frozen);
     slow             from then on every microbatch takes `factor` times as long
                      (microbatch_done sleeps (factor-1) x the measured time);
+    pace             from then on every microbatch lasts at least `seconds`
+                     (microbatch_done sleeps out the rest);
     collective_error the all-reduce in flight fails: `at(step, "allreduce")`
                      raises `InjectedLinkError`, which core's Communicator turns
                      into a CollectiveError, as a broken link would;
@@ -84,6 +86,7 @@ class FaultInjector(WorkerHooks):
         ]
         self.pending: list[tuple[int, Fault]] = [(i, f) for i, f in mine if i not in fired]
         self.slow_factor = 1.0
+        self.pace_seconds = 0.0
         # A straggler stays one across a restart of its worker: the fault fired
         # once, but the slow device it stands for is still slow.
         for i, f in mine:
@@ -111,8 +114,10 @@ class FaultInjector(WorkerHooks):
                 self._fire(i, f, step, phase, microbatch)
 
     def microbatch_done(self, step: int, microbatch: int, seconds: float) -> None:
-        if self.slow_factor > 1.0:
-            time.sleep((self.slow_factor - 1.0) * seconds)
+        extra = (self.slow_factor - 1.0) * seconds if self.slow_factor > 1.0 else 0.0
+        extra = max(extra, self.pace_seconds - seconds)
+        if extra > 0:
+            time.sleep(extra)
 
     def _fire(self, index: int, f: Fault, step: int, phase: str, microbatch: int | None) -> None:
         pid = os.getpid()

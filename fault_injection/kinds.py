@@ -54,6 +54,7 @@ class InjectorState(Protocol):
 
     replica: int  # the replica this worker belongs to
     slow_factor: float  # every later microbatch takes this many times as long (1.0: normal speed)
+    pace_seconds: float  # every later microbatch lasts at least this long (0.0: no floor)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,14 @@ def _stay_slow(state: InjectorState, fault: Any) -> None:
     state.slow_factor = float(fault.factor)
 
 
+def _set_pace(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    state.pace_seconds = float(fault.seconds)
+
+
+def _keep_pace(state: InjectorState, fault: Any) -> None:
+    state.pace_seconds = float(fault.seconds)
+
+
 def _break_link(state: InjectorState, index: int, fault: Any, step: int) -> None:
     raise InjectedLinkError(
         f"injected collective_error (fault {index}): replica {state.replica} lost its link at step {step}"
@@ -177,6 +186,13 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind(
         "slow", "every later microbatch takes `factor` times as long (a straggler)", _slow_down,
         accepts=("factor",), requires=("factor",), on_restart=_stay_slow,
+        sim_effect="none", sim_why="it changes speed, not membership",
+    ),
+    FaultKind(
+        # A big model's microbatch time on the tiny one: a floor, not a factor, so the
+        # time a quota takes is known whatever the machine's load.
+        "pace", "every later microbatch lasts at least `seconds` (a slow model, deterministic)", _set_pace,
+        accepts=("seconds",), requires=("seconds",), on_restart=_keep_pace,
         sim_effect="none", sim_why="it changes speed, not membership",
     ),
     FaultKind(

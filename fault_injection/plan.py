@@ -147,7 +147,8 @@ class Fault:
             if p.name in spec.requires and params[p.name] is None:
                 raise PlanError(index, p.name, f"missing; a {kind} fault needs {p.needed_as}")
             if params[p.name] is not None and p.name not in spec.accepts:
-                owners = " or ".join(n for n, k in kinds.items() if p.name in k.accepts)
+                names = [n for n, k in kinds.items() if p.name in k.accepts]
+                owners = " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
                 raise PlanError(index, p.name, f"{p.only.format(owners=owners)}, not a {kind}")
         if spec.at_phase is not None and point and phase != spec.at_phase:
             raise PlanError(

@@ -104,7 +104,7 @@ def test_a_toy_kind_in_a_copy_of_the_table_flows_through_validation():
     with pytest.raises(PlanError, match="factor: only a slow fault has a factor, not a toy_freeze"):
         FaultPlan.from_dict({"faults": [{**good, "factor": 2}]}, kinds=table)
     # Other kinds' errors now name it among the owners of the parameter it shares.
-    with pytest.raises(PlanError, match="seconds: only a hang or toy_freeze lasts seconds, not a crash"):
+    with pytest.raises(PlanError, match="seconds: only a hang, pace or toy_freeze lasts seconds, not a crash"):
         FaultPlan.from_dict({"faults": [{"kind": "crash", "replica": 0, "step": 1, "phase": "forward",
                                          "seconds": 1}]}, kinds=table)
     # The real table knows nothing of it.

@@ -96,7 +96,7 @@ def assert_committed_failure_free(model: torch.nn.Module) -> None:
 def test_zero_grad_before_a_backward_is_refused_by_fold_and_nothing_wrong_is_committed(solo):
     model = make_model()
     replica = solo(model)
-    first, second = replica.quota()
+    first, second = list(replica.quota())
     loss = loss_of(model, first)
     loss.backward()
     replica.fold(first, loss.item())
@@ -105,7 +105,7 @@ def test_zero_grad_before_a_backward_is_refused_by_fold_and_nothing_wrong_is_com
     loss.backward()
     with pytest.raises(RuntimeError, match=r"zero_grad\(\)"):
         replica.fold(second, loss.item())
-    assert replica.quota() == [first, second]  # both are owed again
+    assert list(replica.quota()) == [first, second]  # both are owed again
     fold_all(replica, model)
     assert replica.commit()
     assert_committed_failure_free(model)
@@ -129,7 +129,7 @@ def test_a_grad_replaced_after_the_last_fold_is_refused_by_commit(solo):
 def test_a_fold_refused_for_an_id_outside_the_quota_leaves_no_gradient_behind(solo):
     model = make_model()
     replica = solo(model)
-    first, _ = replica.quota()
+    first, _ = list(replica.quota())
     loss = loss_of(model, first)
     loss.backward()
     replica.fold(first, loss.item())

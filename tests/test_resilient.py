@@ -26,9 +26,6 @@ R, M, STEPS, SEED = 4, 8, 20, 11
 # leaves room for other machines' BLAS without admitting a wrong gradient: a
 # single microbatch dropped or counted twice moves the loss by >1e-3.
 LOSS_RTOL = 1e-5
-# A tiny-model microbatch takes a few ms here; x400 makes it ~1 s, so a quota of 4
-# outlasts a 2 s deadline while one microbatch does not (checked from the records).
-SLOW_FACTOR = 400.0
 COMMON = ["--replicas", str(R), "--microbatches", str(M), "--steps", str(STEPS), "--seed", str(SEED),
           "--heartbeat-timeout", "1.5", "--collective-timeout", "20", "--no-progress"]
 
@@ -151,19 +148,20 @@ def test_the_last_replica_dying_ends_the_run_with_a_clear_error(tmp_path):
 
 
 def test_an_abort_is_seen_between_microbatches_when_a_quota_outlasts_the_deadline(tmp_path):
-    """Issue 12 item 1: every microbatch is slow (all three replicas, so quotas stay
-    equal) and a quota of 4 takes about twice the collective timeout, which is also the
-    rejoin deadline. Replica 2 is killed in step 1: the survivors must answer the abort
-    at their next microbatch, not after their quota, or they miss the deadline and the
-    run ends with no replica left."""
-    r, m, steps, timeout = 3, 12, 3, 2.0
+    """Issue 12 item 1: every microbatch lasts 0.8 s (a `pace` fault on all three
+    replicas, so quotas stay equal), so a quota of 4 takes 3.2 s, longer than the
+    2 s collective timeout, which is also the rejoin deadline; one microbatch does
+    not. Replica 2 is killed in step 1: the survivors must answer the abort at their
+    next microbatch, not after their quota, or they miss the deadline and the run
+    ends with no replica left."""
+    r, m, steps, timeout, pace = 3, 12, 3, 2.0, 0.8
     common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps), "--seed", str(SEED),
-              "--heartbeat-timeout", "1.5", "--collective-timeout", str(timeout), "--no-progress"]
+              "--heartbeat-timeout", "3", "--collective-timeout", str(timeout), "--no-progress"]
     ref_out = tmp_path / "plain"
     run_recover("train", "--system", "plain", *common, "--out", str(ref_out), check=True)
     reference = [x["loss"] for x in load_run(ref_out)[1]]
-    faults = [{"kind": "slow", "replica": i, "step": 0, "phase": "forward", "factor": SLOW_FACTOR} for i in range(r)]
-    faults.append({"kind": "crash", "replica": 2, "step": 1, "phase": "forward", "microbatch": 0})
+    faults = [{"kind": "pace", "replica": i, "step": 0, "phase": "forward", "seconds": pace} for i in range(r)]
+    faults.append({"kind": "crash", "replica": 2, "step": 1, "phase": "forward", "microbatch": 1})
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"faults": faults}))
     out = tmp_path / "run"
@@ -171,11 +169,13 @@ def test_an_abort_is_seen_between_microbatches_when_a_quota_outlasts_the_deadlin
     assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
     _, metrics, summary = load_run(out)
     fired = read_jsonl(out / "faults.jsonl")
-    assert [(f["replica"], f["step"]) for f in fired if f["kind"] == "crash"] == [(2, 1)]
+    assert sorted((f["kind"], f["replica"]) for f in fired) == [("crash", 2), ("pace", 0), ("pace", 1), ("pace", 2)]
+    assert [(f["step"], f["microbatch"]) for f in fired if f["kind"] == "crash"] == [(1, 1)]
     # precondition, from what the workers measured: a quota outlasts the deadline
     assert metrics[0]["folded"] == {"0": 4, "1": 4, "2": 4}
     assert 4 * metrics[0]["slowest_microbatch_seconds"] > timeout, metrics[0]
     assert [x["step"] for x in metrics] == list(range(steps))
+    assert metrics[0]["members"] == [0, 1, 2]
     assert all(x["members"] == [0, 1] for x in metrics[1:])  # both survivors kept going
     for x, ref in zip(metrics, reference):
         assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
