@@ -29,7 +29,7 @@ from recover.core.policy import assign_quotas
 from recover.core.results import read_jsonl
 
 pytest.importorskip("torchft", reason="the torchft extra is not installed: pip install -e '.[torchft]'")
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 
 BASE = ["--replicas", "3", "--microbatches", "6", "--no-progress", "--seed", "5"]
 

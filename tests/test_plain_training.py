@@ -16,6 +16,8 @@ from conftest import load_run, pid_alive, run_recover
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 # Measured: 1 vs 4 replicas differ only by summation order; over 8 steps of the
 # tiny model the largest relative loss difference seen was ~1e-6 (fp32).
 LOSS_RTOL = 1e-4
