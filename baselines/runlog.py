@@ -33,6 +33,11 @@ def baseline_dir(out: str | os.PathLike) -> Path:
     return Path(out) / "baseline"
 
 
+def fault_notice_path(out: str | os.PathLike, generation: int) -> Path:
+    """Where the supervisor leaves what it knows of the fault that caused attempt `generation`."""
+    return baseline_dir(out) / f"fault-{generation}.json"
+
+
 def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]:
     """Keep only metrics.jsonl lines with step < start; return the dropped ones."""
     path = Path(out) / "metrics.jsonl"

@@ -29,10 +29,12 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def run_recover(*args: str, timeout: float = 240, check: bool = False) -> subprocess.CompletedProcess:
-    """`recover ARGS...` as a user would run it; a hang fails the test at `timeout`."""
+def run_recover(*args: str, timeout: float = 240, check: bool = False,
+                python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`recover ARGS...` as a user would run it; a hang fails the test at `timeout`.
+    `python_flags` go to the launcher's own interpreter only (e.g. -X importtime)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "recover.experiments.cli", *args],
+        [sys.executable, *python_flags, "-m", "recover.experiments.cli", *args],
         capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
