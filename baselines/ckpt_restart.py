@@ -37,8 +37,7 @@ from recover.core.end_policy import FailFast
 from recover.core.launcher import LauncherHooks, Launcher, python_module_argv
 from recover.core.results import JsonlWriter
 
-from .ckpt_worker import fault_notice_path
-from .runlog import baseline_dir
+from .runlog import baseline_dir, fault_notice_path
 from .settings import BaselineConfig
 from .supervise import FirstFailure, SupervisedResult
 

@@ -16,6 +16,7 @@ Contract:
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 import shutil
@@ -42,13 +43,11 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "events.jsonl", "fa
 
 def resolved_config_dict(cfg: TrainConfig) -> dict:
     """DIR/config.json: the run's config, its model, its system and the environment it ran in."""
-    import torch
-
     return {
         "train": cfg.to_dict(),
         "model": asdict(cfg.gpt_config()),
         "system": {"name": cfg.system, "description": SYSTEMS[cfg.system].description},
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+        "environment": {"torch": importlib.metadata.version("torch"), "python": platform.python_version(),
                         "backend": cfg.resolved_backend(), "device": cfg.resolved_device()},
     }
 

@@ -140,6 +140,7 @@ def test_recover_train_rejects_a_bad_plan_before_starting(capsys, tmp_path, plan
     assert not (tmp_path / "never").exists()  # nothing started, nothing written
 
 
+@pytest.mark.procs
 def test_recover_train_bad_plan_exit_code_from_the_real_command(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text('{"faults": [{"kind": "crash", "replica": 2, "step": 0, "phase": "forward"}]}')

@@ -19,6 +19,8 @@ from conftest import load_run, run_recover
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 R, M, STEPS, SEED = 4, 8, 20, 11
 # Measured: with faults the gradient of a step is summed in another order (3, 2
 # or 1 partial sums instead of 4); over 20 steps of the tiny model the largest
