@@ -39,11 +39,13 @@ def reference(tmp_path_factory) -> list[float]:
     return [m["loss"] for m in load_run(out)[1]]
 
 
-def run_with_faults(tmp_path: Path, faults: list[dict]) -> tuple[list[dict], dict, list[dict], list[dict]]:
+def run_with_faults(
+    tmp_path: Path, faults: list[dict], common: list[str] = COMMON,
+) -> tuple[list[dict], dict, list[dict], list[dict]]:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"faults": faults}))
     out = tmp_path / "run"
-    proc = run_recover("train", "--system", "recover", *COMMON, "--faults", str(plan), "--out", str(out))
+    proc = run_recover("train", "--system", "recover", *common, "--faults", str(plan), "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
     _, metrics, summary = load_run(out)
     events = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
@@ -164,13 +166,7 @@ def test_an_abort_is_seen_between_microbatches_when_a_quota_outlasts_the_deadlin
     reference = [x["loss"] for x in load_run(ref_out)[1]]
     faults = [{"kind": "pace", "replica": i, "step": 0, "phase": "forward", "seconds": pace} for i in range(r)]
     faults.append({"kind": "crash", "replica": 2, "step": 1, "phase": "forward", "microbatch": 1})
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"faults": faults}))
-    out = tmp_path / "run"
-    proc = run_recover("train", "--system", "recover", *common, "--faults", str(plan), "--out", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
-    _, metrics, summary = load_run(out)
-    fired = read_jsonl(out / "faults.jsonl")
+    metrics, summary, _, fired = run_with_faults(tmp_path, faults, common)
     assert sorted((f["kind"], f["replica"]) for f in fired) == [("crash", 2), ("pace", 0), ("pace", 1), ("pace", 2)]
     assert [(f["step"], f["microbatch"]) for f in fired if f["kind"] == "crash"] == [(1, 1)]
     # precondition, from what the workers measured: a quota outlasts the deadline
