@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The inner loop: pure and property tests only, no process started (RECOVER_FAST=1
+# makes any unmarked test that starts one fail; see tests/conftest.py).
+test-fast: $(STAMP)
+	RECOVER_FAST=1 $(PY) -m pytest -q -m "not procs and not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

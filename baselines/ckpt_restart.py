@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Sequence
 
 from recover.core.config import TrainConfig
+from recover.core.end_policy import FailFast
 from recover.core.launcher import LauncherHooks, Launcher, python_module_argv
 from recover.core.results import JsonlWriter
 
-from .ckpt_worker import fault_notice_path
-from .runlog import baseline_dir
+from .runlog import baseline_dir, fault_notice_path
 from .settings import BaselineConfig
 from .supervise import FirstFailure, SupervisedResult
 
@@ -78,7 +78,7 @@ def supervise(
             members,
             env={**env, "RECOVER_MEMBERS": ",".join(map(str, members)), "RECOVER_ATTEMPT": str(attempt)},
             hooks=[*hooks, watch],
-            fail_fast=True,
+            end=FailFast(),
         )
         result = launcher.run()
         for e in result.exits:  # the launcher counts from its own start; the run from t0

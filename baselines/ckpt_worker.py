@@ -27,14 +27,9 @@ import torch.distributed as dist  # noqa: E402
 
 from recover.core.startup import begin, connect_store, run_start_time, worker_args  # noqa: E402
 
-from .runlog import baseline_dir  # noqa: E402
+from .runlog import fault_notice_path  # noqa: E402
 from .settings import load_settings  # noqa: E402
 from .trainer import Incarnation, train  # noqa: E402
-
-
-def fault_notice_path(out: str, generation: int):
-    """Where the supervisor leaves what it knows of the fault that caused attempt `generation`."""
-    return baseline_dir(out) / f"fault-{generation}.json"
 
 
 def init_groups(backend: str, store, rank: int, world: int, timeout: float):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recover.core.config import TrainConfig
-from recover.core.launcher import LauncherHooks, python_module_argv
+from recover.core.launcher import Launcher, LauncherHooks, python_module_argv
 
 from .runlog import baseline_dir
 from .settings import BaselineConfig
@@ -112,13 +112,14 @@ def supervise(
     t0 = float(env["RECOVER_T0"])
     args = torchrun_argv(cfg, settings, config_path, f"recover-{int(t0 * 1000)}")
     (baseline_dir(out) / "torchrun.json").write_text(json.dumps({"torchrun_args": args}, indent=1))
-    launcher = UntilWorkersExit(
+    launcher = Launcher(
         out,
         python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", "store"),
         lambda r: python_module_argv("recover.baselines.elastic_agent", *args),
         cfg.replicas,
         env={**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"},
         hooks=[*hooks, LostNodes(out)],
+        end=UntilWorkersExit(),
     )
     result = launcher.run()
     extra: dict = {}

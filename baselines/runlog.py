@@ -9,12 +9,17 @@ Contract (DIR = the run's --out; everything baseline-internal lives in DIR/basel
   so the microbatches lost to a fault (committed, done, or still in flight) can be
   counted after the process that did them is dead, and the furthest step any
   incarnation began is known (`furthest_step_begun`).
+- `append_step_once(path, record)` appends a JSON line keyed by its "step" only if
+  the file's last whole record has a lower step, under an exclusive lock on the file:
+  any replica that holds a committed step's record may write it, it lands once and in
+  step order, and a writer that wakes up late (frozen, then resumed) finds it written.
 - Detections DIR/baseline/detections.jsonl: a surviving worker appends when and how
   it saw its group fail (an exception, or its agent stopping it), so the next
   incarnation can date the fault it recovered from.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -28,6 +33,11 @@ def baseline_dir(out: str | os.PathLike) -> Path:
     return Path(out) / "baseline"
 
 
+def fault_notice_path(out: str | os.PathLike, generation: int) -> Path:
+    """Where the supervisor leaves what it knows of the fault that caused attempt `generation`."""
+    return baseline_dir(out) / f"fault-{generation}.json"
+
+
 def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]:
     """Keep only metrics.jsonl lines with step < start; return the dropped ones."""
     path = Path(out) / "metrics.jsonl"
@@ -39,6 +49,46 @@ def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, path)
     return dropped
+
+
+def _last_step(f) -> int:
+    """The step of the last whole record in the open file `f` (-1 if none)."""
+    size = f.seek(0, os.SEEK_END)
+    tail = 1 << 16
+    while True:
+        f.seek(max(0, size - tail))
+        lines = f.read().split(b"\n")
+        if size > tail:
+            lines = lines[1:]  # the first may start mid-record
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):  # empty, torn by a killed writer
+                continue
+        if size <= tail:
+            return -1
+        tail *= 4
+
+
+def append_step_once(path: str | os.PathLike, record: dict[str, Any]) -> bool:
+    """Append `record` unless a record of its step or a later one is already there; True if written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released by the kernel if this process dies holding it
+        try:
+            if _last_step(f) >= record["step"]:
+                return False
+            f.seek(0, os.SEEK_END)
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":  # a writer killed mid-line: end its torn line first
+                    f.write(b"\n")
+            f.write((json.dumps(record) + "\n").encode())
+            f.flush()
+            return True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class WorkLog:

@@ -11,16 +11,18 @@ Contract:
   that moment is a culprit; a worker that merely exited with an error because a
   peer vanished under its collective is a bystander. Only if no process was
   killed or frozen is the first one to fail the culprit (it raised by itself).
-- `UntilWorkersExit` is a `Launcher` for jobs that shrink in place (torchft,
-  TorchElastic agents): one worker's failure does not end the job; the job ends
-  when no worker is left, and succeeds if any of them finished cleanly.
+- `UntilWorkersExit` is the launcher's end-of-job policy (core/end_policy.py)
+  for jobs that shrink in place (torchft, TorchElastic agents): one worker's
+  failure does not end the job; the job ends when no worker is left, and
+  succeeds if any of them finished cleanly.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from recover.core.launcher import Launcher, LaunchResult, ProcessExit
+from recover.core.end_policy import EndVerdict, JobView
+from recover.core.launcher import LaunchResult, ProcessExit
 
 
 @dataclass
@@ -79,37 +81,28 @@ class FirstFailure:
         self.culprits = sorted(others) if others else [exit.replica]
 
 
-class UntilWorkersExit(Launcher):
-    """A Launcher whose job lasts as long as any worker does (systems that shrink in place).
+class UntilWorkersExit:
+    """EndPolicy: the job lasts as long as any worker does (systems that shrink in place).
 
     The plain launcher's job ends with its coordinator; here the coordinator is
     a bare rendezvous service (torchft's lighthouse, TorchElastic's store) that
-    never decides the run's end. It ends when no worker is left running (the
-    ones left, if any, are frozen). The verdict: 0 if some worker finished with 0
-    (the survivors completed the run), else 1 with how the last one ended.
+    never decides the run's end: its exit is noted, the workers decide. The job
+    ends when no worker is left running (the ones left, if any, are frozen and
+    can never finish; the cleanup kills them). The verdict: 0 if some worker
+    finished with 0 (the survivors completed the run), else 1 with how the last
+    one ended.
     """
 
-    def _watch(self, t0: float) -> LaunchResult:
-        live = dict(self.workers)
-        while True:
-            if self._interrupted:
-                return LaunchResult(130, time.monotonic() - t0, self.exits, f"interrupted by {self._interrupted}")
-            for r, p in list(live.items()):
-                if p.poll() is not None:
-                    del live[r]
-                    self._record("worker", r, p, t0)
-            # Workers frozen (SIGSTOP) with nobody else running can never finish the
-            # run; the cleanup kills them.
-            frozen = all((proc_status(p.pid) or ("?",))[0] == "T" for p in live.values())
-            if (not live or frozen) and any(e.role == "worker" for e in self.exits):
-                ok = any(e.role == "worker" and e.returncode == 0 for e in self.exits)
-                last = [e for e in self.exits if e.role == "worker"][-1]
-                reason = "" if ok else f"no replica finished (last: replica {last.replica} {last.how})"
-                if live and not ok:
-                    reason += f"; replicas {sorted(live)} frozen"
-                return LaunchResult(0 if ok else 1, time.monotonic() - t0, self.exits, reason)
-            if self.coordinator.poll() is not None and not any(e.role == "coordinator" for e in self.exits):
-                self._record("coordinator", -1, self.coordinator, t0)  # noted; the workers decide
-            for h in self.hooks:
-                h.on_tick(time.monotonic() - t0)
-            time.sleep(self.tick_seconds)
+    def decide(self, job: JobView) -> EndVerdict | None:
+        workers = job.worker_exits()
+        if not workers:
+            return None
+        frozen = all((proc_status(p.pid) or ("?",))[0] == "T" for p in job.live.values())
+        if job.live and not frozen:
+            return None
+        ok = any(e.returncode == 0 for e in workers)
+        last = workers[-1]
+        reason = "" if ok else f"no replica finished (last: replica {last.replica} {last.how})"
+        if job.live and not ok:
+            reason += f"; replicas {sorted(job.live)} frozen"
+        return EndVerdict(0 if ok else 1, reason)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recover.core.config import TrainConfig
-from recover.core.launcher import LauncherHooks, python_module_argv
+from recover.core.launcher import Launcher, LauncherHooks, python_module_argv
 
 from .runlog import baseline_dir
 from .settings import BaselineConfig
@@ -43,11 +43,11 @@ def supervise(
         "--join-timeout-ms", str(settings.torchft_join_timeout_ms),
         "--heartbeat-timeout-ms", str(settings.torchft_heartbeat_timeout_ms),
     )
-    launcher = UntilWorkersExit(
+    launcher = Launcher(
         out, lighthouse,
         lambda r: python_module_argv("recover.baselines.torchft_worker", "--config", str(config_path),
                                      "--replica", str(r)),
-        cfg.replicas, env=env, hooks=hooks,
+        cfg.replicas, env=env, hooks=hooks, end=UntilWorkersExit(),
     )
     result = launcher.run()
     extra: dict = {}

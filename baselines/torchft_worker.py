@@ -17,8 +17,11 @@ Contract:
 - The all-reduce also carries, beside gradient and loss sums, a one-hot of the
   participating replica ids and their microbatch count, so every survivor knows
   exactly which microbatches were committed (metrics.jsonl's microbatch_ids and
-  members). The lowest participating replica writes the step's metrics line and,
-  when the group changed or attempts were discarded, an events.jsonl record.
+  members). Every participant that committed the step writes its metrics line and,
+  when the group changed or attempts were discarded, its events.jsonl record, with
+  `append_step_once`: the first lands, the others find it there. (One writer was
+  not enough: a replica SIGKILLed after its share of the all-reduce but before its
+  write leaves the survivors with a step committed and no line for it.)
 - Replicas start together: each waits (up to --torchft-timeout x 3) until every
   replica's manager is up before its first quorum, as a scheduler gang-starts a
   job, so the first quorum has everyone and the short join timeout is for faults.
@@ -43,11 +46,11 @@ import torch.distributed as dist  # noqa: E402
 from recover.core.data import iteration_ids  # noqa: E402
 from recover.core.fold import fold_quota  # noqa: E402
 from recover.core.policy import assign_quotas  # noqa: E402
-from recover.core.results import JsonlWriter, metric_record  # noqa: E402
+from recover.core.results import metric_record  # noqa: E402
 from recover.core.startup import begin, run_start_time, worker_args  # noqa: E402
 from recover.core.workload import Workload  # noqa: E402
 
-from .runlog import baseline_dir, first_detection, record_detection  # noqa: E402
+from .runlog import append_step_once, baseline_dir, first_detection, record_detection  # noqa: E402
 from .settings import load_settings  # noqa: E402
 
 
@@ -100,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     _gang_start(out, replica, R, 3 * settings.torchft_timeout)
     full = assign_quotas(iteration_ids(0, M), list(range(R)))  # sizes only; ids per step below
     share = {r: len(q) for r, q in full.items()}
-    metrics = JsonlWriter(out / "metrics.jsonl")
-    events = JsonlWriter(out / "events.jsonl")
+    metrics, events = out / "metrics.jsonl", out / "events.jsonl"
     prev_members: list[int] = list(range(R))
     discarded: list[dict] = []  # failed attempts of the current step
     try:
@@ -134,31 +136,28 @@ def main(argv: list[str] | None = None) -> int:
             n_mb = int(round(float(counts[R])))
             loss, lr = work.apply(buf[: -(R + 1)], n_mb, step)
             ids = sorted(i for r in members for i in assign_quotas(iteration_ids(step, M), list(range(R)))[r])
-            if replica == members[0]:
-                rec = metric_record(step, loss, n_mb * work.tokens_per_microbatch, ids, getattr(manager, "_quorum_id", -1),
-                                    members, t0, participants=manager.num_participants(), lr=lr)
-                metrics.write(rec)
-                if members != prev_members or discarded:
-                    seen = first_detection(out, step)
-                    detected_at = seen["at"] if seen else None
-                    events.write({k: v for k, v in {
-                        "kind": "quorum_change" if members != prev_members else "step_retried",
-                        "step": step, "previous_members": prev_members, "members": members,
-                        "lost_replicas": sorted(set(prev_members) - set(members)),
-                        "detected_at": detected_at, "resumed_at": rec["wall_time"],
-                        "restart_seconds": None if detected_at is None else rec["wall_time"] - detected_at,
-                        "discarded_attempts": len(discarded),
-                        # each discarded attempt lost the shares its group had folded
-                        "work_lost_microbatches": len(discarded) * sum(share[r] for r in prev_members),
-                        "global_batch": n_mb,
-                    }.items() if v is not None})  # unknown values are left out, not null
+            rec = metric_record(step, loss, n_mb * work.tokens_per_microbatch, ids, getattr(manager, "_quorum_id", -1),
+                                members, t0, participants=manager.num_participants(), lr=lr)
+            if members != prev_members or discarded:
+                seen = first_detection(out, step)
+                detected_at = seen["at"] if seen else None
+                # before the metrics line: a reader that sees step s's line finds its event
+                append_step_once(events, {k: v for k, v in {
+                    "kind": "quorum_change" if members != prev_members else "step_retried",
+                    "step": step, "previous_members": prev_members, "members": members,
+                    "lost_replicas": sorted(set(prev_members) - set(members)),
+                    "detected_at": detected_at, "resumed_at": rec["wall_time"],
+                    "restart_seconds": None if detected_at is None else rec["wall_time"] - detected_at,
+                    "discarded_attempts": len(discarded),
+                    # each discarded attempt lost the shares its group had folded
+                    "work_lost_microbatches": len(discarded) * sum(share[r] for r in prev_members),
+                    "global_batch": n_mb,
+                }.items() if v is not None})  # unknown values are left out, not null
+            append_step_once(metrics, rec)
             prev_members, discarded = members, []
     except BaseException as e:
         record_detection(out, -1, replica, t0, f"{type(e).__name__}: {e}")
         raise
-    finally:
-        metrics.close()
-        events.close()
     if replica == prev_members[0]:
         final = {"step": cfg.steps, "weights_checksum": work.state_checksum(), "replica": replica}
         (baseline_dir(out) / "final.json").write_text(json.dumps(final))

@@ -9,7 +9,7 @@ It is imported lazily so that light modules (hooks, config) stay torch-free to i
 
 
 def __getattr__(name):
-    if name in ("Replica", "RunEnded"):
+    if name in ("Replica", "RunEnded", "GradientDetached"):
         from . import replica
 
         return getattr(replica, name)

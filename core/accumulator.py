@@ -15,6 +15,7 @@ Contract:
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Iterable
 
 import torch
@@ -63,6 +64,29 @@ class GradAccumulator:
         """Empty the accumulator and the ledger (the next iteration starts)."""
         self.buffer.zero_()
         self.ledger.clear()
+
+    def detached(self) -> list[int]:
+        """Indices (in `params`) of the parameters whose .grad no longer views the buffer.
+
+        `optimizer.zero_grad()` (set_to_none, torch's default) or a DDP wrapper (its
+        own gradient buckets) replaces .grad; a backward after that accumulates into
+        the new tensor, which no reduction ever sees.
+        """
+        out, offset = [], 0
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if p.numel() and (g is None or g.data_ptr() != self.buffer[offset:].data_ptr() or g.shape != p.shape):
+                out.append(i)
+            offset += p.numel()
+        return out
+
+    def weights_digest(self) -> str:
+        """sha256 of the parameters' values, in order: equal digests, equal weights."""
+        h = hashlib.sha256()
+        with torch.no_grad():
+            for p in self.params:
+                h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        return h.hexdigest()
 
     def reattach(self) -> None:
         """Re-point each .grad at the flat buffer (after code that replaced .grad)."""

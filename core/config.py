@@ -12,7 +12,9 @@ Contract:
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, fields
@@ -20,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .fields import doc_field as _f
-from .model import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
 from .schedule import WarmupCosine
+from .shapes import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
 
 DTYPES = ("fp32", "bf16")
 
@@ -33,6 +35,26 @@ class ConfigError(ValueError):
         super().__init__(f"{flag}: {message}")
         self.flag = flag
         self.message = message
+
+
+def _torch_is_a_gpu_build() -> bool:
+    """False when the installed torch was built without CUDA or ROCm, read from its
+    version.py without importing torch (seconds of CPU in a process that only
+    launches others). Anything unexpected answers True: the caller then asks torch."""
+    spec = importlib.util.find_spec("torch")  # finds the package; imports nothing
+    if spec is None or not spec.submodule_search_locations:
+        return True
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError):
+        return True
+    built_for = {}
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and isinstance(node.value, ast.Constant):
+            built_for[target.id] = node.value.value
+    return set(built_for) != {"cuda", "hip"} or any(v is not None for v in built_for.values())
 
 
 @dataclass
@@ -97,6 +119,8 @@ class TrainConfig:
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
+        if not _torch_is_a_gpu_build():  # a CPU wheel: no need to import torch to know
+            return "cpu"
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,7 +5,9 @@ Contract:
   it is never a worker: killing any worker, replica 0 included, leaves the store up.
 - Its first line on stdout is one JSON object {"host", "store_port",
   "control_port"} (ports chosen by the OS: port 0), which the launcher - or, on a
-  cluster, the job script - hands to the workers.
+  cluster, the job script - hands to the workers. The run's join token is
+  RECOVER_JOIN_TOKEN from its environment (the launcher sets it); when that is
+  unset, `--mode recover` generates one and adds it to that line as "join_token".
 - `--mode store`: only the store; it runs until SIGTERM/SIGINT and exits 0.
 - `--mode recover`: also the membership service of `membership.py` (heartbeats,
   generations, the commit vote, metrics.jsonl); it exits 0 when the run's last
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -56,12 +59,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import TrainConfig
     from .membership import MembershipService
+    from .startup import JOIN_TOKEN_ENV
 
     cfg = TrainConfig.load(args.config)
     service = MembershipService(cfg, host=args.host, port=args.control_port, stop=stop)
-    print(
-        json.dumps({"host": args.host, "store_port": store.port, "control_port": service.port}), flush=True
-    )
+    info = {"host": args.host, "store_port": store.port, "control_port": service.port}
+    if not os.environ.get(JOIN_TOKEN_ENV):
+        info["join_token"] = service.join_token
+    print(json.dumps(info), flush=True)
     return service.serve()
 
 

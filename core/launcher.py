@@ -13,9 +13,13 @@ Contract:
 - `run()` reports how every process exited (`ProcessExit`), and the launcher's
   hooks (`LauncherHooks`) see the PIDs and a periodic tick, which is how the fault
   injector fires wall-clock faults and ends timed hangs.
-- The job ends when the coordinator exits (its code is the job's verdict), or,
-  with `fail_fast`, as soon as any worker exits non-zero (a plain data-parallel
-  job cannot outlive a worker).
+- Each run gets a fresh random join token (RECOVER_JOIN_TOKEN), set in the
+  environment of the coordinator and of every worker, and of nothing else.
+- When the job is over, and its verdict, is the end policy's call
+  (core/end_policy.py): by default the job ends when the coordinator exits and
+  its code is the verdict; `FailFast` ends it as soon as a worker exits non-zero
+  (a plain data-parallel job cannot outlive a worker). The launcher stays the
+  only loop that reaps and kills processes.
 """
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
+
+from .end_policy import CoordinatorEnds, EndPolicy, JobView
+from .startup import JOIN_TOKEN_ENV, new_join_token
 
 _PR_SET_PDEATHSIG = 1
 
@@ -80,7 +87,7 @@ class LauncherHooks(Protocol):
 class LaunchResult:
     """The verdict of one launch."""
 
-    returncode: int  # the coordinator's code, 1 if a fail_fast worker failed, 130 on interrupt
+    returncode: int  # the end policy's verdict (the coordinator's code by default), 130 on interrupt
     wall_time: float
     exits: list[ProcessExit] = field(default_factory=list)
     reason: str = ""
@@ -100,7 +107,7 @@ class Launcher:
         replicas: int | Sequence[int],
         env: dict[str, str] | None = None,
         hooks: Sequence[LauncherHooks] = (),
-        fail_fast: bool = False,
+        end: EndPolicy | None = None,
         tick_seconds: float = 0.02,
         grace_seconds: float = 10.0,
     ):
@@ -113,7 +120,7 @@ class Launcher:
         self.replicas = len(self.replica_ids)
         self.env = {**os.environ, **(env or {})}
         self.hooks = list(hooks)
-        self.fail_fast = fail_fast
+        self.end: EndPolicy = end if end is not None else CoordinatorEnds()
         self.tick_seconds = tick_seconds
         self.grace_seconds = grace_seconds
         self.coordinator: subprocess.Popen | None = None
@@ -173,6 +180,9 @@ class Launcher:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
+        # A fresh random join token per run: the coordinator requires it in every
+        # hello, so only the workers started here (their environment) can join.
+        self.env[JOIN_TOKEN_ENV] = new_join_token()
         try:
             info = self._start_coordinator()
             env = {
@@ -207,40 +217,35 @@ class Launcher:
         return e
 
     def _watch(self, t0: float) -> LaunchResult:
+        """Reap exits and tick the hooks until the end policy says the job is over."""
         live = dict(self.workers)
         while True:
             if self._interrupted:
                 return LaunchResult(130, time.monotonic() - t0, self.exits, f"interrupted by {self._interrupted}")
-            for r, p in list(live.items()):
-                if p.poll() is not None:
-                    del live[r]
-                    e = self._record("worker", r, p, t0)
-                    if self.fail_fast and p.returncode != 0:
-                        return LaunchResult(
-                            1, time.monotonic() - t0, self.exits, f"replica {r} (pid {p.pid}) {e.how}"
-                        )
-            if self.coordinator.poll() is not None:
-                self._record("coordinator", -1, self.coordinator, t0)
-                # Give the workers a moment to see the end and exit by themselves.
-                end = time.monotonic() + self.grace_seconds
-                while live and time.monotonic() < end:
-                    for r, p in list(live.items()):
-                        if p.poll() is not None:
-                            del live[r]
-                            self._record("worker", r, p, t0)
-                    for h in self.hooks:  # e.g. a timed hang ends and its process leaves
-                        h.on_tick(time.monotonic() - t0)
-                    time.sleep(self.tick_seconds)
-                code = self.coordinator.returncode
-                reason = "" if code == 0 else f"coordinator {describe_exit(code)}"
-                return LaunchResult(code, time.monotonic() - t0, self.exits, reason)
-            if not live and self.fail_fast:
-                # Every worker finished cleanly; the coordinator (a bare store
-                # host here) is stopped by the cleanup.
-                return LaunchResult(0, time.monotonic() - t0, self.exits, "")
+            self._reap(live, t0)
+            verdict = self.end.decide(JobView(live, tuple(self.exits)))
+            if verdict is not None:
+                if verdict.wait_for_workers:
+                    # Give the workers a moment to see the end and exit by themselves.
+                    end = time.monotonic() + self.grace_seconds
+                    while live and time.monotonic() < end:
+                        self._reap(live, t0)
+                        for h in self.hooks:  # e.g. a timed hang ends and its process leaves
+                            h.on_tick(time.monotonic() - t0)
+                        time.sleep(self.tick_seconds)
+                return LaunchResult(verdict.returncode, time.monotonic() - t0, self.exits, verdict.reason)
             for h in self.hooks:
                 h.on_tick(time.monotonic() - t0)
             time.sleep(self.tick_seconds)
+
+    def _reap(self, live: dict[int, subprocess.Popen], t0: float) -> None:
+        """Record every worker that exited since the last look, and the coordinator once."""
+        for r, p in list(live.items()):
+            if p.poll() is not None:
+                del live[r]
+                self._record("worker", r, p, t0)
+        if self.coordinator.poll() is not None and not any(e.role == "coordinator" for e in self.exits):
+            self._record("coordinator", -1, self.coordinator, t0)
 
     def _cleanup(self, t0: float) -> None:
         """Kill, by PID, every child still running: SIGCONT+SIGTERM, then SIGKILL."""

@@ -11,12 +11,20 @@ Contract:
   special, so any of them can die.
 - Times in the records are seconds since the run started (RECOVER_T0), on the
   same clock as the fault injector's DIR/faults.jsonl.
+- A connection is a replica's only after a hello carrying the run's join token
+  (RECOVER_JOIN_TOKEN, set by the launcher; generated here when unset). Any line
+  that is malformed, oversized, of an unknown type, ill-typed (`wire.py`) or out
+  of protocol (a second hello, a message before the hello, a wrong token) is
+  dropped and recorded in events.jsonl as {"kind": "refused", "peer", "replica",
+  "what"}; a wrong token, or `wire.MAX_REFUSALS` refused lines, closes the
+  connection. Nothing a peer sends crashes the coordinator.
 - `serve()` returns 0 when the last step is committed, 1 when no replica is left
   (everything committed so far is already on disk), 130 when stopped by a signal;
   its verdict and reason are the last line of events.jsonl ("kind": "run_end").
 """
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import selectors
@@ -29,24 +37,34 @@ from pathlib import Path
 from .config import TrainConfig
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
+from .startup import JOIN_TOKEN_ENV, new_join_token
+from .wire import MAX_LINE_BYTES, MAX_REFUSALS, parse_line
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
+MAX_REFUSAL_RECORDS = 1000  # events.jsonl lines for refused messages; past it they are only counted
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket, now: float):
+    def __init__(self, sock: socket.socket, now: float, peer: str = "?"):
         self.sock = sock
         self.buf = b""
         self.replica: int | None = None
         self.last_seen = now
+        self.peer = peer  # host:port, for the records of what it sent that was refused
+        self.refusals = 0
+        self.skipping = False  # inside an oversized line: drop bytes up to its newline
 
 
 class MembershipService:
     """Serves the control connections of one run until it ends."""
 
-    def __init__(self, cfg: TrainConfig, host: str, port: int, stop: threading.Event):
+    def __init__(self, cfg: TrainConfig, host: str, port: int, stop: threading.Event, join_token: str = ""):
         self.cfg = cfg
         self.stop = stop
+        # Without it a connection cannot become a replica; a job script that did not
+        # set one reads the generated one from the coordinator's first line.
+        self.join_token = join_token or os.environ.get(JOIN_TOKEN_ENV, "") or new_join_token()
+        self.refused = 0
         self.t0 = float(os.environ.get("RECOVER_T0", time.time()))
         self.listener = socket.create_server((host, port))
         self.listener.setblocking(False)
@@ -104,7 +122,7 @@ class MembershipService:
             if self.result is not None:
                 code, reason = self.result
                 self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now(),
-                                  "max_heartbeat_gap": self.max_gap})
+                                  "max_heartbeat_gap": self.max_gap, "refused": self.refused})
             self.metrics.close()
             self.events.close()
             for conn in list(self.by_replica.values()):
@@ -114,10 +132,14 @@ class MembershipService:
         return code
 
     def _accept(self) -> None:
-        sock, _ = self.listener.accept()
+        try:
+            sock, addr = self.listener.accept()
+        except OSError:  # the peer gave up between the poll and the accept
+            return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(SEND_TIMEOUT)
-        self.sel.register(sock, selectors.EVENT_READ, _Conn(sock, self.now()))
+        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        self.sel.register(sock, selectors.EVENT_READ, _Conn(sock, self.now(), peer))
 
     def _drop(self, conn: _Conn) -> None:
         try:
@@ -144,30 +166,74 @@ class MembershipService:
         conn.last_seen = now
         conn.buf += chunk
         *lines, conn.buf = conn.buf.split(b"\n")
+        if conn.skipping and lines:  # the first line ends the oversized one being dropped
+            lines.pop(0)
+            conn.skipping = False
+        if conn.skipping:
+            conn.buf = b""
+        elif len(conn.buf) > MAX_LINE_BYTES:
+            lines.append(conn.buf)  # refused as oversized below; drop the rest of it as it comes
+            conn.buf, conn.skipping = b"", True
         for line in lines:
-            if line.strip():
-                self._dispatch(conn, json.loads(line), now)
+            if not line.strip():
+                continue
+            msg, why = parse_line(line)
+            if msg is None:
+                self._refuse(conn, why, now)
+            else:
+                self._dispatch(conn, msg, now)
+            if conn.refusals < 0 or self.result is not None:
+                return  # closed (refusals < 0), or the run ended
+
+    def _refuse(self, conn: _Conn, what: str, now: float, close: bool = False) -> None:
+        """Drop what `conn` sent, with a record naming the peer; close it if it keeps at it."""
+        self.refused += 1
+        conn.refusals += 1
+        close = close or conn.refusals >= MAX_REFUSALS
+        if self.refused <= MAX_REFUSAL_RECORDS:
+            self.events.write({"kind": "refused", "peer": conn.peer, "replica": conn.replica, "what": what,
+                               "at": now, **({"closed": True} if close else {})})
+        if not close:
+            return
+        self.log(f"closed the connection of {conn.peer}: {what}")
+        member = conn.replica is not None and self.by_replica.get(conn.replica) is conn
+        conn.refusals = -1  # closed: read nothing more from it
+        self._drop(conn)
+        if member:
+            self._apply(self.proto.on_lost(conn.replica, f"its connection was closed: {what}", now))
 
     def _dispatch(self, conn: _Conn, msg: dict, now: float) -> None:
         kind = msg.get("t")
         if kind == "hb":
             return
         if kind == "hello":
-            r = int(msg["replica"])
+            if conn.replica is not None:
+                return self._refuse(conn, "a second hello on one connection", now)
+            if not hmac.compare_digest(str(msg.get("token", "")).encode(), self.join_token.encode()):
+                return self._refuse(conn, f"hello as replica {msg.get('replica')} with a wrong join token", now,
+                                    close=True)
+            r = msg["replica"]
             conn.replica = r
-            if r not in self.by_replica and r not in self.proto.dead:
+            if 0 <= r < self.cfg.replicas and r not in self.by_replica and r not in self.proto.dead:
                 self.by_replica[r] = conn
             self._apply(self.proto.on_hello(r, msg, now), conn)
             return
         r = conn.replica
-        if r is None or self.by_replica.get(r) is not conn:
-            return  # not a member (fenced or never said hello)
+        if r is None:
+            return self._refuse(conn, f"{kind} before a hello", now)
+        if self.by_replica.get(r) is not conn:
+            return  # fenced: it was a member once, and is closed
         handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "fail": self.proto.on_fail}.get(kind)
         if handler is not None:
             self._apply(handler(r, msg, now))
 
     # ---- actions ------------------------------------------------------------------------
     def _apply(self, actions: list[Out], origin: _Conn | None = None) -> None:
+        # A failed send makes its replica lost, and that loss has consequences (an
+        # abort, a new generation) that are applied only after every action of this
+        # batch: applied at once, they would overtake the rest of a broadcast, and
+        # the other replicas would read [abort, commit] or [abort(g), gen(g)].
+        lost: list[tuple[int, str]] = []
         for a in actions:
             if a.kind == "send":
                 conn = self.by_replica.get(a.replica)
@@ -177,11 +243,13 @@ class MembershipService:
                     conn.sock.sendall((json.dumps(a.msg) + "\n").encode())
                 except OSError as e:
                     self._drop(conn)
-                    self._apply(self.proto.on_lost(a.replica, f"send failed: {e}", self.now()))
+                    lost.append((a.replica, f"send failed: {e}"))
             elif a.kind == "close":
                 # A refused hello closes the connection it came on, not the member's.
                 conn = origin if origin is not None and origin.replica == a.replica else self.by_replica.get(a.replica)
-                if conn is not None:
+                if conn is not None and conn is origin and self.by_replica.get(a.replica) is not conn:
+                    self._refuse(conn, f"hello as replica {a.replica} refused: {a.reason}", self.now(), close=True)
+                elif conn is not None:
                     self.log(f"replica {a.replica} removed: {a.reason}")
                     self._drop(conn)
             elif a.kind == "commit":
@@ -195,3 +263,5 @@ class MembershipService:
                 self.events.write({"kind": "recovery", **rec})
             elif a.kind == "finish":
                 self.result = (a.code, a.reason)
+        for r, reason in lost:
+            self._apply(self.proto.on_lost(r, reason, self.now()))

@@ -21,11 +21,12 @@ Invariants it keeps:
 Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
   commit {gen, step, loss, quota}          step committed; `quota` is for step+1
-  abort  {gen, next, reason}               gen failed; rejoin `next` with your ledger
+  abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
 worker -> coordinator:
-  hello  {replica, pid, tokens_per_mb}     first message; also the join of generation 0
+  hello  {replica, pid, tokens_per_mb, weights_digest}   first message; also the join of generation 0
+                                           (generation 0 forms only if the digests agree)
   join   {gen, step, ledger}               rejoin after an abort
   vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr}   lr: the rate the step will use
   fail   {gen, step, reason}               my collective failed
@@ -95,8 +96,10 @@ class Membership:
         self.deadline = now + max(join_timeout, 300.0)  # the first start-up is slow
         self.votes: dict[int, dict] = {}
         self.speeds: dict[int, float] = {}
+        self.slowest_microbatch = 0.0  # seconds, the longest any member reported (rejoin waits one out)
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.tokens_per_mb = 0
+        self.digests: dict[int, str] = {}  # replica -> digest of its initial weights (from its hello)
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
         self.gen_started = now
 
@@ -106,6 +109,8 @@ class Membership:
             return [Out("close", r, reason="unknown, duplicate or dead replica")]
         self.alive.add(r)
         self.tokens_per_mb = int(msg.get("tokens_per_mb", self.tokens_per_mb))
+        if msg.get("weights_digest"):
+            self.digests[r] = str(msg["weights_digest"])
         if self.state == "forming" and self.next_gen == 0:
             return self._joined(r, [], now)
         # A late start-up hello after generation 0 formed: it was dropped from the run.
@@ -201,9 +206,11 @@ class Membership:
         self.expected = self.member_set & self.alive
         self.joins = {}
         self.votes = {}
-        self.deadline = now + self.join_timeout
+        # A survivor answers an abort at its next microbatch boundary (Replica.quota
+        # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
+        self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
         out = [
-            Out("send", r, {"t": "abort", "gen": self.gen, "next": self.next_gen, "reason": reason})
+            Out("send", r, {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason})
             for r in sorted(self.expected)
         ]
         return out + self._maybe_publish(now)
@@ -220,6 +227,8 @@ class Membership:
         # joins holds expected replicas only (on_join, on_lost and on_tick keep it so)
         if len(self.joins) != len(self.expected):
             return []
+        if self.next_gen == 0 and (differ := self._initial_weights_differ()):
+            return self._finish(1, differ, now)
         lo, hi = self.step * self.M, (self.step + 1) * self.M
         try:
             done = idranges.union_disjoint(self.joins[r] for r in sorted(self.joins))
@@ -245,6 +254,24 @@ class Membership:
             for r in self.members
         ]
 
+    def _initial_weights_differ(self) -> str:
+        """Why generation 0 must not form ('' if the joined replicas' initial weights agree).
+
+        The replicas in the minority (ties: those not agreeing with the lowest
+        replica) are named: a per-replica seed or init is a user's bug, and training
+        from different weights would commit a gradient no failure-free run takes."""
+        digests = {r: self.digests[r] for r in sorted(self.joins) if r in self.digests}
+        if len(set(digests.values())) <= 1:
+            return ""
+        groups: dict[str, list[int]] = {}
+        for r, d in digests.items():
+            groups.setdefault(d, []).append(r)
+        ref = max(groups, key=lambda d: (len(groups[d]), -groups[d][0]))
+        odd = sorted(r for r, d in digests.items() if d != ref)
+        return (f"initial weights differ: replica(s) {odd} do not match replica(s) {groups[ref]} "
+                f"(weights digest {', '.join(f'{r}: {digests[r][:12]}' for r in digests)}); every replica "
+                "must start from the same weights (same seed, same initialisation)")
+
     def _commit(self, now: float) -> list[Out]:
         want = iteration_ids(self.step, self.M)
         lo, hi = self.step * self.M, (self.step + 1) * self.M
@@ -261,11 +288,13 @@ class Membership:
         folded: dict[str, int] = {}  # how many microbatches each member folded
         lrs = set()
         timed = self.step > 0  # step 0 pays one-time costs (first calls, allocations): not a speed
+        slowest = 0.0  # the slowest microbatch a member reported this step (seconds)
         for r in self.members:
             vote = self.votes[r]
             folded[str(r)] = idranges.count(vote["ledger"])
             lrs.add(vote.get("lr"))
             s = vote.get("mb_seconds")
+            slowest = max(slowest, float(s or 0.0))
             if timed and s and s > 0:
                 measured[r] = 1.0 / s
                 # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
@@ -283,6 +312,8 @@ class Membership:
             **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible
             "folded": folded,
+            # the slowest microbatch a member reported this step (seconds): what a rejoin waits out
+            "slowest_microbatch_seconds": slowest,
         })]
         for rec in self.pending:
             rec["committed_at"] = now

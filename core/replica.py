@@ -12,7 +12,9 @@
 Contract:
 - `quota()` gives the ids this replica must fold before `commit()`. After a
   failure it gives only ids that no survivor had folded (the dead replica's work);
-  what this replica folded before the failure stays in its accumulator.
+  what this replica folded before the failure stays in its accumulator. It is
+  lazy: it stops early when the generation is aborted between microbatches, and
+  the `commit()` that follows goes straight to recovery.
 - `commit()` does the fault-tolerant all-reduce of a fresh copy of the
   accumulator (so a failed reduction never touches it), votes, and - once the
   coordinator has seen every member vote for exactly the iteration's M ids -
@@ -25,7 +27,17 @@ Contract:
   to metrics.jsonl as `lr` and refuses to commit a step whose replicas disagree.
 - Gradients live in a flat accumulator that the parameters' `.grad` tensors view:
   call `backward()` as usual, but neither `zero_grad()` nor replace `.grad`
-  (commit clears the accumulator itself).
+  (commit clears the accumulator itself). `fold()` and `commit()` check that
+  every `.grad` still views the accumulator (`zero_grad()`, set_to_none by
+  default, or a DDP wrapper's buckets detach it) and raise `GradientDetached`
+  naming the cause instead of reducing a gradient that is not the ledger's.
+- A refused `fold()` (an id outside the quota, an id folded twice, a detached
+  `.grad`) and a refused `commit()` raise, and discard what this replica folded
+  in the iteration (its accumulator is zeroed, `.grad` re-attached, and
+  `quota()` lists those ids again): a stray backward can never be committed.
+- The hello carries a digest of the initial weights; generation 0 forms only if
+  every replica's digest agrees, else the run stops naming the replica(s) that
+  differ (e.g. a per-replica seed): replicas must start from the same weights.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit).
@@ -35,7 +47,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -46,7 +58,7 @@ from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
 from .recipe import CommittedStep, LRSchedule
-from .startup import env_addr
+from .startup import JOIN_TOKEN_ENV, env_addr
 
 
 class RunEnded(RuntimeError):
@@ -56,6 +68,10 @@ class RunEnded(RuntimeError):
         super().__init__(reason)
         self.reason = reason
         self.fenced = fenced
+
+
+class GradientDetached(RuntimeError):
+    """A parameter's .grad no longer views the replica's accumulator (zero_grad, DDP)."""
 
 
 class Replica:
@@ -76,6 +92,7 @@ class Replica:
         lr_schedule: LRSchedule | None = None,
         tokens_per_microbatch: int = 0,
         hooks: WorkerHooks | None = None,
+        join_token: str | None = None,
     ):
         self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
         self.optimizer = optimizer
@@ -88,7 +105,9 @@ class Replica:
                                    timeout=timedelta(seconds=max(60.0, collective_timeout)))
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
         self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
-                           "tokens_per_mb": tokens_per_microbatch})
+                           "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
+                           # None: the launcher's, from the environment
+                           "token": os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token})
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
         self.generation = -1
@@ -97,6 +116,7 @@ class Replica:
         self.microbatches = 0
         self.steps = 0
         self._quota: list[int] = []
+        self._abort: dict | None = None  # an abort seen between microbatches, not yet acted on
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
         self._wait_generation(0)
@@ -118,24 +138,47 @@ class Replica:
     def ledger(self) -> list[int]:
         return self.acc.ledger
 
-    def quota(self) -> list[int]:
-        """The ids still to fold before `commit()` (global microbatch ids)."""
+    def quota(self) -> Iterator[int]:
+        """The ids still to fold before `commit()` (global microbatch ids), consumed lazily.
+
+        Before handing out each id after the first, it looks (without blocking) for
+        an abort of this generation; on one it stops early, so the loop goes straight
+        to `commit()`, which recovers at once keeping what was folded. A survivor
+        therefore answers an abort within one microbatch, not one quota: no deadline
+        of the coordinator depends on how long a quota takes.
+        """
+        gen = self.generation
+        first = True
+        for i in self._quota:
+            if i in self.acc.ledger:
+                continue
+            if not first and (self._abort is not None or self._poll_abort(gen)):
+                return
+            first = False
+            yield i
+
+    def _still_to_fold(self) -> list[int]:
         folded = set(self.acc.ledger)
         return [i for i in self._quota if i not in folded]
 
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward (with loss `loss`) is in the gradients."""
-        if mb_id not in self._quota:
-            raise ValueError(f"microbatch {mb_id} is not in this replica's quota {self._quota}")
+        if mb_id not in self._quota or mb_id in self.acc.ledger:
+            why = "folded twice" if mb_id in self.acc.ledger else f"not in this replica's quota {self._quota}"
+            self._discard_folded()  # its backward is in the accumulator already
+            raise ValueError(f"microbatch {mb_id} is {why}; this iteration's folds were discarded "
+                             f"(quota() lists them again)")
+        self._check_attached("fold")
         self.acc.fold(mb_id, loss)
         self._work_seconds = time.perf_counter() - self._work_started
 
     def commit(self) -> bool:
         """Reduce, vote, and step the optimizer; False if recovery needs more work."""
-        if missing := self.quota():
+        if (msg := self._abort or self._pending_abort()) is not None:
+            return self._recover(msg)  # what was folded so far is kept
+        if missing := self._still_to_fold():
             raise RuntimeError(f"commit() before folding the whole quota; still to fold: {missing}")
-        if (msg := self._pending_abort()) is not None:
-            return self._recover(msg)
+        self._check_attached("commit")
         g, step = self.generation, self.step
         should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
         try:
@@ -172,10 +215,38 @@ class Replica:
     def close(self) -> None:
         self.control.close()
 
+    # ---- refusals --------------------------------------------------------------------
+    def _discard_folded(self) -> None:
+        """Zero the accumulator and re-attach .grad; the ids folded this iteration are owed again."""
+        owed = list(self.acc.ledger) + [i for i in self._quota if i not in self.acc.ledger]
+        self.acc.clear()
+        self.acc.reattach()
+        self._quota = owed
+
+    def _check_attached(self, where: str) -> None:
+        if not (detached := self.acc.detached()):
+            return
+        first = self.acc.params[detached[0]]
+        self._discard_folded()
+        raise GradientDetached(
+            f"{where}(): the .grad of {len(detached)} of {len(self.acc.params)} parameters (first: #{detached[0]}, "
+            f"shape {tuple(first.shape)}) no longer views replica {self.replica}'s gradient accumulator, so "
+            "backward() wrote where no reduction reads. Something removed or replaced .grad: "
+            "optimizer.zero_grad() (it sets .grad to None by default) or a DDP/FSDP wrapper. Call neither: "
+            "commit() clears the gradients and reduces across replicas itself. This iteration's folds were "
+            "discarded (quota() lists them again)."
+        )
+
     # ---- recovery ------------------------------------------------------------------------
     def _recover(self, abort: dict) -> bool:
         """Rejoin the next generation with the ledger kept; take the redo quota."""
+        self._abort = None
         self._abandon_comm()
+        if abort["step"] != self.step:
+            # Messages arrive in the order they were sent, so this is a coordinator bug:
+            # rejoining at the wrong step would mix two iterations' gradients.
+            raise RunEnded(f"protocol: the coordinator aborted step {abort['step']} "
+                           f"while this replica is at step {self.step}")
         self.control.send({"t": "join", "gen": abort["next"], "step": self.step,
                            "ledger": idranges.from_ids(self.acc.ledger)})
         self._wait_generation(abort["next"])
@@ -198,6 +269,13 @@ class Replica:
         self._quota = idranges.to_ids(quota)  # on the wire as id ranges
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
+
+    def _poll_abort(self, gen: int) -> bool:
+        """Cheap check between microbatches: has generation `gen` been aborted?"""
+        if self.control.abort_reason(gen) is None:
+            return False
+        self._abort = self._pending_abort()
+        return self._abort is not None
 
     def _pending_abort(self) -> dict | None:
         while (msg := self.control.recv(0)) is not None:

@@ -10,7 +10,9 @@ Contract (DIR = the run's --out):
   since the run started), and lr (the learning rate that step used, as the
   replicas that committed it reported it).
 - DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
-- DIR/events.jsonl (systems that recover): one object per recovery or restart.
+- DIR/events.jsonl (systems that recover): one object per recovery or restart;
+  recover's coordinator adds one per refused control message ("kind": "refused",
+  with the peer and what was refused) and a last "run_end" line.
 - DIR/final/replica<r>.json: {"replica", "step", "weights_checksum"} written by each
   replica that finished the run (`write_final`); summary.json then carries
   `weights_checksum` when all of them agree (and `final_checksums` always).

@@ -7,6 +7,8 @@ Contract:
     RECOVER_STORE_ADDR    host:port of the coordinator's c10d store (`connect_store`)
     RECOVER_CONTROL_ADDR  host:port of the coordinator's control service (or a lighthouse)
     RECOVER_T0            the run's start on the time.time() clock (`run_start_time`)
+    RECOVER_JOIN_TOKEN    the run's random join token (`new_join_token`): a worker's
+                          hello must carry it, or the coordinator refuses the connection
   `env_addr(VAR)` parses a host:port variable; a missing one raises KeyError.
 - `begin(config, replica)` is every trainer's first lines: load the resolved
   config, size torch's thread pool, pin this replica's GPU, build its hooks.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -39,6 +42,14 @@ def add_worker_flags(ap: argparse.ArgumentParser, replica: bool = True) -> argpa
 def worker_args(argv: list[str] | None, description: str, replica: bool = True) -> argparse.Namespace:
     """Parse a worker's command line (`add_worker_flags`)."""
     return add_worker_flags(argparse.ArgumentParser(description=description), replica).parse_args(argv)
+
+
+JOIN_TOKEN_ENV = "RECOVER_JOIN_TOKEN"
+
+
+def new_join_token() -> str:
+    """A fresh random join token for one run (128 bits, hex)."""
+    return secrets.token_hex(16)
 
 
 def env_addr(var: str) -> tuple[str, int]:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from recover.core.results import read_jsonl
+from recover.fault_injection.kinds import KINDS
 
 from .labels import FAILURE_FREE, variant_label
 
@@ -119,7 +120,8 @@ def _fmt(v: Any) -> Any:
     return "" if v is None else v
 
 
-LOSING_KINDS = ("crash", "replica_loss", "hang")  # fault kinds that take a replica out of the job
+# fault kinds that take a replica out of the job (the kinds table's loses_replica)
+LOSING_KINDS = tuple(name for name, k in KINDS.items() if k.loses_replica)
 
 
 def _process_seconds(a: float, b: float, replicas: int, losses: list[float], floor: int) -> float:

@@ -17,7 +17,9 @@ Contract:
   (`python -m recover.core.coordinator --host 0.0.0.0` with ports derived from the
   job id, `job_ports`); every task then runs the system's worker module for its
   rank with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR (hostnames[0] of the job),
-  RECOVER_REPLICA and RECOVER_T0; task 0 waits for the run to end and writes
+  RECOVER_REPLICA, RECOVER_T0 and the run's RECOVER_JOIN_TOKEN (task 0 draws it,
+  hands it to the coordinator and, through the job's sync directory, to every
+  task); task 0 waits for the run to end and writes
   summary.json. Systems that restart or re-form their job with a supervisor of
   their own (checkpoint-restart, torchft, elastic) are skipped on Slurm with a note:
   their supervisors start local processes.
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from recover.core.results import read_jsonl, write_summary
+from recover.core.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
 
 from .grids import PLAN_INPUT, Grid, RunSpec
@@ -159,20 +162,24 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         if plan is not None:
             plan.save(out / "fault_plan.json")  # the workers' injectors read it there
         t0 = time.time()
+        token = new_join_token()
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "recover.core.coordinator", "--config", str(config_path),
              "--mode", system.coordinator_mode, "--host", "0.0.0.0",
              "--store-port", str(store_port), "--control-port", str(control_port)],
-            stdout=subprocess.PIPE, env={**os.environ, "RECOVER_T0": repr(t0)},
+            stdout=subprocess.PIPE, env={**os.environ, "RECOVER_T0": repr(t0), JOIN_TOKEN_ENV: token},
         )
         coordinator.stdout.readline()  # its first line: the store is up
         sync.mkdir(parents=True, exist_ok=True)
-        (sync / "ready.json").write_text(json.dumps({"t0": t0, "host": host0}))
+        # The job's own directory hands the token to its tasks (readable by its owner only).
+        ready = sync / "ready.json"
+        ready.touch(mode=0o600)
+        ready.write_text(json.dumps({"t0": t0, "host": host0, "join_token": token}))
     ready = _wait_for(sync / "ready.json", timeout=600)
     worker_env = {
         **os.environ,
         "RECOVER_STORE_ADDR": f"{host0}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host0}:{control_port}",
-        "RECOVER_REPLICA": str(rank), "RECOVER_T0": repr(ready["t0"]),
+        "RECOVER_REPLICA": str(rank), "RECOVER_T0": repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
     }
     worker = subprocess.Popen(
         [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],

@@ -16,6 +16,7 @@ Contract:
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 import shutil
@@ -25,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from recover.core.config import TrainConfig
+from recover.core.end_policy import CoordinatorEnds, FailFast
 from recover.core.launcher import Launcher, python_module_argv
 from recover.core.results import read_finals, read_jsonl, write_summary
 from recover.fault_injection.injector import launcher_hooks
@@ -41,13 +43,11 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "events.jsonl", "fa
 
 def resolved_config_dict(cfg: TrainConfig) -> dict:
     """DIR/config.json: the run's config, its model, its system and the environment it ran in."""
-    import torch
-
     return {
         "train": cfg.to_dict(),
         "model": asdict(cfg.gpt_config()),
         "system": {"name": cfg.system, "description": SYSTEMS[cfg.system].description},
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+        "environment": {"torch": importlib.metadata.version("torch"), "python": platform.python_version(),
                         "backend": cfg.resolved_backend(), "device": cfg.resolved_device()},
     }
 
@@ -83,7 +83,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         cfg.replicas,
         env={"RECOVER_T0": repr(t0)},
         hooks=[progress, *extra_hooks],
-        fail_fast=system.fail_fast,
+        end=FailFast() if system.fail_fast else CoordinatorEnds(),
     )
     supervise = system.load_supervisor()
     if supervise is not None:  # a restarting baseline runs its own sequence of launches

@@ -20,7 +20,8 @@ Contract:
   replica's other ranks) that exits by itself, writing "parent_gone", when its
   worker is gone - unless a replica_loss SIGKILLs the whole group at once.
 - The drill ends when every replica has settled: finished, exited, or frozen for
-  good by an untimed hang (left frozen for `linger` seconds, then the launcher's
+  good by an untimed freeze (a kind that `freezes` in fault_injection.kinds,
+  without `seconds`: a hang) (left frozen for `linger` seconds, then the launcher's
   cleanup ends it). It writes DIR/fault_plan.json, faults.jsonl, pids.json and
   summary.json (how each process exited) like a training run.
 - No torch is imported anywhere in a drill.
@@ -44,6 +45,7 @@ from recover.core.results import write_summary
 from recover.core.startup import add_worker_flags
 
 from .injector import WORKER_HOOKS, launcher_hooks, process_state
+from .kinds import KINDS
 from .plan import FaultPlan, validate_plan
 from .record import read_records
 
@@ -157,7 +159,8 @@ def coordinator(out: str, replicas: int, linger: float, max_seconds: float) -> i
         except (ValueError, KeyError):  # being written
             continue
         frozen_for_good = {
-            r["pid"] for r in read_records(out_dir) if r.get("kind") == "hang" and r.get("seconds") is None
+            r["pid"] for r in read_records(out_dir)
+            if r.get("kind") in KINDS and KINDS[r["kind"]].freezes and r.get("seconds") is None
         }
         settled = 0
         for r, pid in pids.items():

@@ -16,6 +16,9 @@ Contract:
   each replica appears at most once. A failure at simulated time t lands at step
   floor(t / hours * steps), at a phase drawn from `phases`. Faults are sorted by
   (step, replica).
+- Kinds: those with a `sample` rule in the kinds table (`SAMPLE_KINDS`:
+  crash, hang, replica_loss); the rule gives a drawn fault's parameters (a
+  hang's `seconds` is `hang_seconds`).
 - Every generated plan passes `validate_plan(plan, replicas, steps)`.
 """
 from __future__ import annotations
@@ -24,11 +27,11 @@ from typing import Sequence
 
 import numpy as np
 
+from .kinds import KINDS, SAMPLE_KINDS
 from .plan import Fault, FaultPlan
 from .sampling import exponential_failure_times, spread_losses, weibull_failure_times
 
 MODELS = ("exponential", "weibull", "spread")
-SAMPLE_KINDS = ("crash", "replica_loss", "hang")
 # The points every trainer reaches on every replica in every step (a replica may
 # fold a single microbatch, so between_microbatches is not among them, and only
 # checkpointing systems reach checkpoint_save).
@@ -83,11 +86,11 @@ def sample_plan(
                 lost.add(r)
                 losses.append((t, r))
     picked = rng.integers(0, len(phases), size=len(losses))  # drawn after the times, always
+    params = KINDS[kind].sample(hang_seconds=hang_seconds)
     faults = []
     for (t, r), p in zip(losses, picked):
         step = min(steps - 1, int(t / hours * steps))
-        seconds = hang_seconds if kind == "hang" else None
-        faults.append(Fault(kind=kind, replica=int(r), step=step, phase=str(phases[int(p)]), seconds=seconds))
+        faults.append(Fault(kind=kind, replica=int(r), step=step, phase=str(phases[int(p)]), **params))
     order = sorted(range(len(faults)), key=lambda i: (faults[i].step, faults[i].replica))
     generator["times_hours"] = [losses[i][0] for i in order]
     return FaultPlan(tuple(faults[i] for i in order), generator)

@@ -11,24 +11,29 @@ Contract:
   microbatch]); one in a microbatch phase that this replica's step never reached
   (its quota was shorter) fires at the step's "commit" point instead (see
   fault_injection.plan). It is recorded in DIR/faults.jsonl (fsync'd) *before* it takes
-  effect, and then it is real:
+  effect, and then it is real: the injector runs its kind's worker-side action
+  from the kinds table (fault_injection.kinds), e.g.
     crash            SIGKILL of this process;
     hang             SIGSTOP of this process (the launcher-side hooks SIGCONT it
                      after `seconds`; without `seconds` it stays frozen);
     slow             from then on every microbatch takes `factor` times as long
                      (microbatch_done sleeps (factor-1) x the measured time);
+    pace             from then on every microbatch lasts at least `seconds`
+                     (microbatch_done sleeps out the rest);
     collective_error the all-reduce in flight fails: `at(step, "allreduce")`
                      raises `InjectedLinkError`, which core's Communicator turns
                      into a CollectiveError, as a broken link would;
     replica_loss     SIGKILL of the replica's whole process group at once (the
                      launcher starts every replica in a group of its own).
-  The injector assumes nothing about the trainer beyond the hook calls, so the
+  A restarted worker re-applies the kind's `on_restart` for faults that already
+  fired (a straggler stays slow). The injector assumes nothing about the trainer beyond the hook calls, so the
   plain trainer, the resilient one (which repeats a step's points on recovery)
   and the baselines all get the same faults.
 - `FaultLauncherHooks` (a core.launcher.LauncherHooks) fires the wall-clock
-  crash/hang/replica_loss faults by PID when their time comes, and ends every
-  timed hang - whoever froze it - by SIGCONT once `seconds` have passed since
-  its record, and only once the process is really stopped (a SIGCONT that
+  faults of every kind with a launcher-side action (crash/hang/replica_loss) by
+  PID when their time comes, running that action, and ends every timed freeze
+  (a kind that `freezes`: hang) - whoever froze it - by SIGCONT once `seconds`
+  have passed since its record, and only once the process is really stopped (a SIGCONT that
   overtook the SIGSTOP would leave it frozen for good).
 - Nothing here imports torch: the injector lives in every worker and in the
   launcher, and costs them nothing when no plan is given.
@@ -46,14 +51,14 @@ from recover.core.hooks import WorkerHooks
 from recover.core.launcher import ProcessExit
 from recover.core.startup import run_start_time
 
+from .kinds import KINDS, InjectedLinkError, kill_own_replica
 from .plan import MICROBATCH_PHASES, Fault, FaultPlan, load_plan, validate_plan
 from .record import PLAN_FILE, FAULTS_FILE, append_record, fault_record, fired_indices
 
+__all__ = ["WORKER_HOOKS", "InjectedLinkError", "kill_own_replica", "process_state", "FaultInjector",
+           "FaultLauncherHooks", "plan_of_run", "worker_hooks", "attach_plan", "launcher_hooks"]
+
 WORKER_HOOKS = "recover.fault_injection.injector:worker_hooks"
-
-
-class InjectedLinkError(RuntimeError):
-    """The error an injected collective_error raises while the all-reduce is in flight."""
 
 
 def process_state(pid: int) -> str | None:
@@ -63,16 +68,6 @@ def process_state(pid: int) -> str | None:
             return f.read().rsplit(") ", 1)[1][0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
-
-
-def kill_own_replica() -> None:
-    """SIGKILL every process of this replica's process group, this one included."""
-    pgid = os.getpgid(0)
-    # The launcher gives each replica a group of its own. A group shared with our
-    # parent would be the launcher's (or a test runner's): never signal that one.
-    if pgid != os.getpgid(os.getppid()):
-        os.killpg(pgid, signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---- inside a worker ----------------------------------------------------------------------
@@ -91,16 +86,17 @@ class FaultInjector(WorkerHooks):
         ]
         self.pending: list[tuple[int, Fault]] = [(i, f) for i, f in mine if i not in fired]
         self.slow_factor = 1.0
+        self.pace_seconds = 0.0
         # A straggler stays one across a restart of its worker: the fault fired
         # once, but the slow device it stands for is still slow.
         for i, f in mine:
-            if f.kind == "slow" and i in fired:
-                self.slow_factor = float(f.factor)
+            if i in fired and f.spec.on_restart is not None:
+                f.spec.on_restart(self, f)
 
     def _due(self, f: Fault, step: int, phase: str, microbatch: int | None) -> bool:
         if f.wall_clock:
-            if f.kind == "collective_error" and phase != "allreduce":
-                return False  # armed: it breaks the first all-reduce after its time
+            if f.spec.at_phase is not None and phase != f.spec.at_phase:
+                return False  # armed: it strikes at the first such phase after its time
             return time.time() - self.t0 >= f.at_seconds
         if f.step == step and f.phase == phase and (f.microbatch is None or f.microbatch == microbatch):
             return True
@@ -118,24 +114,15 @@ class FaultInjector(WorkerHooks):
                 self._fire(i, f, step, phase, microbatch)
 
     def microbatch_done(self, step: int, microbatch: int, seconds: float) -> None:
-        if self.slow_factor > 1.0:
-            time.sleep((self.slow_factor - 1.0) * seconds)
+        extra = (self.slow_factor - 1.0) * seconds if self.slow_factor > 1.0 else 0.0
+        extra = max(extra, self.pace_seconds - seconds)
+        if extra > 0:
+            time.sleep(extra)
 
     def _fire(self, index: int, f: Fault, step: int, phase: str, microbatch: int | None) -> None:
         pid = os.getpid()
         append_record(self.out, fault_record(index, f, pid, self.t0, step, phase, microbatch))
-        if f.kind == "crash":
-            os.kill(pid, signal.SIGKILL)
-        elif f.kind == "hang":
-            os.kill(pid, signal.SIGSTOP)  # returns only once someone sends SIGCONT
-        elif f.kind == "slow":
-            self.slow_factor = float(f.factor)
-        elif f.kind == "collective_error":
-            raise InjectedLinkError(
-                f"injected collective_error (fault {index}): replica {self.replica} lost its link at step {step}"
-            )
-        elif f.kind == "replica_loss":
-            kill_own_replica()
+        f.spec.worker(self, index, f, step)
 
 
 def plan_of_run(cfg: Any) -> FaultPlan | None:
@@ -203,22 +190,12 @@ class FaultLauncherHooks:
             return
         append_record(self.out, fault_record(index, f, pid, self.t0, fired_by="launcher"))
         try:
-            if f.kind == "crash":
-                os.kill(pid, signal.SIGKILL)
-            elif f.kind == "hang":
-                os.kill(pid, signal.SIGSTOP)
-            elif f.kind == "replica_loss":
-                pgid = os.getpgid(pid)
-                if pgid != os.getpgrp():
-                    os.killpg(pgid, signal.SIGKILL)
-                else:  # not a group of its own: kill what the launcher knows of the replica
-                    for p in pids:
-                        os.kill(p, signal.SIGKILL)
+            f.spec.launcher(pid, pids)
         except ProcessLookupError:  # it exited between the check and the signal
             pass
 
     def _scan_hangs(self) -> None:
-        """Schedule the SIGCONT of every timed hang recorded since the last look."""
+        """Schedule the SIGCONT of every timed freeze (a hang) recorded since the last look."""
         path = self.out / FAULTS_FILE
         try:
             with open(path, "rb") as fh:
@@ -233,7 +210,8 @@ class FaultLauncherHooks:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if rec.get("kind") == "hang" and rec.get("seconds") is not None and rec.get("pid") not in self.dead:
+            kind = KINDS.get(rec.get("kind"))
+            if kind is not None and kind.freezes and rec.get("seconds") is not None and rec.get("pid") not in self.dead:
                 self.resume_at[int(rec["pid"])] = float(rec["time"]) + float(rec["seconds"])
 
     def _resume_due(self) -> None:

@@ -8,7 +8,7 @@ Contract:
   at their defaults, so `from_dict(to_dict(p)) == p` and a minimal plan such as
     {"faults": [{"kind": "crash", "replica": 1, "step": 3, "phase": "backward"}]}
   is written back exactly as it was read.
-- Each fault has a kind (`KINDS`), a target (`replica`, and `rank` within the
+- Each fault has a kind (a name in fault_injection.kinds.KINDS), a target (`replica`, and `rank` within the
   replica, 0 by default), and one trigger: a point, `step` + `phase` (one of
   core.hooks.PHASES) and optionally `microbatch` k, or a wall-clock time,
   `at_seconds` since the run started. Steps count from 0, as metrics.jsonl does;
@@ -23,13 +23,16 @@ Contract:
   share of the step is complete; faults.jsonl records where it really fired.
 - Two levels of checks, both raising `PlanError(index, field, message)` whose
   text is one line naming the fault's index (from 0) and the field:
-  `from_dict` checks the form (types, known kinds, phases and fields, fields that
-  belong to the kind); `validate_plan` checks the plan against the run (the
+  `from_dict` checks the form (types, known kinds, phases and fields, and the
+  kind's own rules from the kinds table: the parameters it accepts and requires,
+  the phase it must strike at); `validate_plan` checks the plan against the run (the
   replica exists, the step is inside the run, the microbatch can exist).
-- Wall-clock faults of kind crash, hang and replica_loss are fired by the
-  launcher by PID; a wall-clock slow or collective_error is armed in the worker
-  and takes effect at its first microbatch (slow) or all-reduce
-  (collective_error) after that time.
+- Wall-clock faults of a kind with a launcher-side action (crash, hang,
+  replica_loss) are fired by the launcher by PID; those of any other kind (slow,
+  collective_error) are armed in the worker and take effect at its first hook
+  point after that time (or, for a kind with `at_phase`, at that phase).
+- `from_dict` takes the kinds table as an argument (the real one by default), so
+  a kind added to a copy of it is validated like the others.
 """
 from __future__ import annotations
 
@@ -42,9 +45,11 @@ from typing import Any
 
 from recover.core.hooks import PHASES
 
-KINDS = ("crash", "hang", "slow", "collective_error", "replica_loss")
+from .kinds import KIND_NAMES as KINDS, KINDS as KIND_TABLE, PARAMS, FaultKind
+
+__all__ = ["KINDS", "MICROBATCH_PHASES", "Fault", "FaultPlan", "PlanError", "load_plan", "validate_plan"]
+
 MICROBATCH_PHASES = ("forward", "backward", "between_microbatches")
-LAUNCHER_KINDS = ("crash", "hang", "replica_loss")  # wall-clock faults the launcher fires by PID
 PLAN_KEYS = ("faults", "generator", "description")
 
 
@@ -63,7 +68,7 @@ class PlanError(ValueError):
 class Fault:
     """One fault: what happens, to whom, and when."""
 
-    kind: str  # one of KINDS
+    kind: str  # a name in fault_injection.kinds.KINDS
     replica: int  # target replica id (0..R-1)
     rank: int = 0  # rank within the replica (today every replica has one rank, 0)
     step: int | None = None  # point trigger: the iteration, from 0
@@ -79,9 +84,14 @@ class Fault:
         return self.at_seconds is not None
 
     @property
+    def spec(self) -> FaultKind:
+        """This fault's entry in the kinds table."""
+        return KIND_TABLE[self.kind]
+
+    @property
     def fired_by_launcher(self) -> bool:
-        """Wall-clock crash/hang/replica_loss are fired from outside, by PID."""
-        return self.wall_clock and self.kind in LAUNCHER_KINDS
+        """Wall-clock faults of a kind with a launcher-side action are fired from outside, by PID."""
+        return self.wall_clock and self.spec.launcher is not None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -92,8 +102,8 @@ class Fault:
         return out
 
     @classmethod
-    def from_dict(cls, d: Any, index: int = 0) -> "Fault":
-        """Parse one fault, checking its form; `index` only labels errors."""
+    def from_dict(cls, d: Any, index: int = 0, kinds: dict[str, FaultKind] = KIND_TABLE) -> "Fault":
+        """Parse one fault, checking its form against `kinds`; `index` only labels errors."""
         if not isinstance(d, dict):
             raise PlanError(index, None, f"must be a JSON object, got {_show(d)}")
         known = [f.name for f in fields(cls)]
@@ -101,16 +111,16 @@ class Fault:
             if key not in known:
                 raise PlanError(index, key, f"unknown field; known fields: {', '.join(known)}")
         if "kind" not in d:
-            raise PlanError(index, "kind", f"missing; one of {', '.join(KINDS)}")
+            raise PlanError(index, "kind", f"missing; one of {', '.join(kinds)}")
         kind = d["kind"]
-        if kind not in KINDS:
-            raise PlanError(index, "kind", f"unknown kind {_show(kind)}; one of {', '.join(KINDS)}")
+        if not isinstance(kind, str) or kind not in kinds:
+            raise PlanError(index, "kind", f"unknown kind {_show(kind)}; one of {', '.join(kinds)}")
+        spec = kinds[kind]
         if "replica" not in d:
             raise PlanError(index, "replica", "missing; the target replica id")
         ints = {k: _int(d, k, index, minimum=0) for k in ("replica", "rank", "step", "microbatch")}
         at_seconds = _number(d, "at_seconds", index, minimum=0.0, strict=False)
-        seconds = _number(d, "seconds", index, minimum=0.0, strict=True)
-        factor = _number(d, "factor", index, minimum=1.0, strict=False)
+        params = {p.name: _number(d, p.name, index, p.minimum, p.strict) for p in PARAMS.values()}
         phase = d.get("phase")
         if phase is not None and phase not in PHASES:
             raise PlanError(index, "phase", f"unknown phase {_show(phase)}; one of {', '.join(PHASES)}")
@@ -132,20 +142,21 @@ class Fault:
         if mb == 0 and phase == "between_microbatches":
             raise PlanError(index, "microbatch", "between_microbatches k is the gap before microbatch k, so k >= 1")
 
-        # Fields that belong to one kind only.
-        if seconds is not None and kind != "hang":
-            raise PlanError(index, "seconds", f"only a hang lasts seconds, not a {kind}")
-        if kind == "slow" and factor is None:
-            raise PlanError(index, "factor", "missing; a slow fault needs factor (>= 1: times as long)")
-        if factor is not None and kind != "slow":
-            raise PlanError(index, "factor", f"only a slow fault has a factor, not a {kind}")
-        if kind == "collective_error" and point and phase != "allreduce":
+        # The kind's own rules (fault_injection.kinds): its parameters, its phase.
+        for p in PARAMS.values():
+            if p.name in spec.requires and params[p.name] is None:
+                raise PlanError(index, p.name, f"missing; a {kind} fault needs {p.needed_as}")
+            if params[p.name] is not None and p.name not in spec.accepts:
+                names = [n for n, k in kinds.items() if p.name in k.accepts]
+                owners = " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
+                raise PlanError(index, p.name, f"{p.only.format(owners=owners)}, not a {kind}")
+        if spec.at_phase is not None and point and phase != spec.at_phase:
             raise PlanError(
-                index, "phase", f"a collective_error breaks the collective in flight: use \"allreduce\", not {phase!r}"
+                index, "phase", f"a {kind} {spec.at_phase_why}: use \"{spec.at_phase}\", not {phase!r}"
             )
         return cls(
             kind=kind, replica=ints["replica"], rank=ints["rank"] or 0, step=ints["step"], phase=phase,
-            microbatch=mb, at_seconds=at_seconds, seconds=seconds, factor=factor,
+            microbatch=mb, at_seconds=at_seconds, **params,
         )
 
 
@@ -172,7 +183,8 @@ class FaultPlan:
         return json.dumps(self.to_dict(), indent=1)
 
     @classmethod
-    def from_dict(cls, d: Any) -> "FaultPlan":
+    def from_dict(cls, d: Any, kinds: dict[str, FaultKind] = KIND_TABLE) -> "FaultPlan":
+        """Parse a plan, checking each fault's form against the kinds table `kinds`."""
         if not isinstance(d, dict):
             raise PlanError(None, None, f'a plan is a JSON object {{"faults": [...]}}, got {_show(d)}')
         for key in d:
@@ -188,7 +200,7 @@ class FaultPlan:
         description = d.get("description")
         if description is not None and not isinstance(description, str):
             raise PlanError(None, "description", f"must be a string, got {_show(description)}")
-        return cls(tuple(Fault.from_dict(f, i) for i, f in enumerate(d["faults"])), generator, description)
+        return cls(tuple(Fault.from_dict(f, i, kinds) for i, f in enumerate(d["faults"])), generator, description)
 
     @classmethod
     def from_json(cls, text: str) -> "FaultPlan":
@@ -254,7 +266,7 @@ def _int(d: dict, key: str, index: int, minimum: int) -> int | None:
 
 
 def _number(d: dict, key: str, index: int, minimum: float, strict: bool) -> float | None:
-    if key not in d or (key == "seconds" and d[key] is None):  # "seconds": null = frozen for good
+    if key not in d or (key == "seconds" and d[key] is None):  # a hang's "seconds": null = frozen for good
         return None
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):

@@ -5,8 +5,9 @@ Contract:
   `replica`, `rank`, `pid` (the process it hit), `step`, `phase`, `microbatch`
   (None for wall-clock faults fired from outside), `wall_time` (seconds since the
   run started, the clock metrics.jsonl's wall_time uses), `time` (the absolute
-  time.time() it fired), `fired_by` ("worker" or "launcher"), and for a hang
-  `seconds`, for a slow fault `factor`.
+  time.time() it fired), `fired_by` ("worker" or "launcher"), and the
+  parameters its kind accepts (fault_injection.kinds: a hang's `seconds`, a slow
+  fault's `factor`), even when left at None.
 - A record is appended with a single write() on an O_APPEND descriptor, then
   fsync'd, before the fault is made to happen: the process about to SIGKILL or
   freeze itself cannot lose it, and concurrent writers (every worker and the
@@ -39,10 +40,8 @@ def fault_record(
         "step": step, "phase": phase, "microbatch": microbatch,
         "wall_time": now - t0, "time": now, "fired_by": fired_by,
     }
-    if fault.kind == "hang":
-        rec["seconds"] = fault.seconds
-    if fault.kind == "slow":
-        rec["factor"] = fault.factor
+    for name in fault.spec.accepts:
+        rec[name] = getattr(fault, name)
     return rec
 
 

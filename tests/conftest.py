@@ -5,6 +5,11 @@ profile is loaded: derandomized, so every CI run draws the same examples and a r
 CI run is reproducible anywhere with `CI=1`; each test's own max_examples still
 applies. Without CI, the "dev" profile keeps searching at random, so local runs go
 on finding new counterexamples (which then become @example regression cases).
+
+Processes: a test that starts one (a worker, the CLI, a tool) carries the `procs`
+marker. `make test-fast` deselects those and sets RECOVER_FAST=1, under which any
+other test that forks, spawns or Popens fails naming itself, so the fast loop stays
+free of process starts and a missing marker cannot hide.
 """
 from __future__ import annotations
 
@@ -24,10 +29,12 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def run_recover(*args: str, timeout: float = 240, check: bool = False) -> subprocess.CompletedProcess:
-    """`recover ARGS...` as a user would run it; a hang fails the test at `timeout`."""
+def run_recover(*args: str, timeout: float = 240, check: bool = False,
+                python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`recover ARGS...` as a user would run it; a hang fails the test at `timeout`.
+    `python_flags` go to the launcher's own interpreter only (e.g. -X importtime)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "recover.experiments.cli", *args],
+        [sys.executable, *python_flags, "-m", "recover.experiments.cli", *args],
         capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -46,6 +53,23 @@ def load_run(out: Path) -> tuple[dict, list[dict], dict]:
     )
 
 
+def assert_every_planned_fault_fired(out: Path) -> list[dict]:
+    """Each fault of the run's saved plan (DIR/fault_plan.json) fired exactly once, as
+    recorded by the process it struck (DIR/faults.jsonl), on the planned replica and,
+    for a point trigger, at the planned step and phase. Returns the records, in plan order.
+    (The microbatch is not compared: a trigger's k-th microbatch is its replica's k-th
+    or, with a shorter quota, its last; the record says which one it was.)"""
+    plan = json.loads((out / "fault_plan.json").read_text())["faults"]
+    lines = (out / "faults.jsonl").read_text().splitlines() if (out / "faults.jsonl").exists() else []
+    fired = sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: r["index"])
+    assert [r["index"] for r in fired] == list(range(len(plan))), (plan, fired)
+    for r, f in zip(fired, plan):
+        assert (r["kind"], r["replica"]) == (f["kind"], f["replica"]), (f, r)
+        if "step" in f:
+            assert (r["step"], r["phase"]) == (f["step"], f["phase"]), (f, r)
+    return fired
+
+
 def pid_alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
     try:
@@ -53,6 +77,23 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.fixture(autouse=True)
+def _no_process_starts_in_the_fast_loop(request, monkeypatch):
+    """Under RECOVER_FAST=1, a test without the `procs` marker may not start a process."""
+    if not os.environ.get("RECOVER_FAST") or request.node.get_closest_marker("procs"):
+        return
+
+    def refuse(*_a, **_k):
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.procs")
+
+    # Popen's one way to the OS (subprocess.run/check_output go through it), and the
+    # raw calls multiprocessing and os-level spawning use.
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from conftest import pid_alive, run_recover
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
 ARGS = ["--replicas", "4", "--microbatches", "8", "--steps", "40", "--heartbeat-timeout", "2"]
 

@@ -30,7 +30,7 @@ from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 
 # Fewer replicas only change the all-reduce's summation order: measured relative
 # differences of ~1e-9 in the weights' checksum and ~1e-7 in losses over 6 steps.

@@ -28,7 +28,7 @@ from conftest import load_run, run_recover
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 
 BASE = ["--system", "elastic", "--microbatches", "6", "--ckpt-every", "2", "--no-progress", "--seed", "11"]
 

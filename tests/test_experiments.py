@@ -78,6 +78,7 @@ def test_a_bad_run_fails_validation() -> None:
 
 
 # ---- launching here -----------------------------------------------------------------------
+@pytest.mark.procs
 def test_local_executor_runs_a_tiny_grid_and_a_rerun_skips_it(tmp_path: Path) -> None:
     args = ["experiment", "trajectory", "--executor", "local", "--seeds", "0", "--systems", "recover",
             "--replicas", "2", "--steps", "5", "--out", str(tmp_path / "results"), "--logs", str(tmp_path / "logs"),
@@ -103,6 +104,7 @@ def test_local_executor_runs_a_tiny_grid_and_a_rerun_skips_it(tmp_path: Path) ->
     assert (runs / "recover_s0" / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.procs
 def test_a_failed_run_is_reported_with_its_log_path(tmp_path: Path) -> None:
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=4)
     spec = next(r for r in grid.runs if r.label == "recover")
@@ -117,6 +119,7 @@ def test_a_failed_run_is_reported_with_its_log_path(tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "trajectory" / spec.name / "logs" / "coordinator.log").exists()
 
 
+@pytest.mark.procs
 def test_slurm_task_body_runs_one_rank_per_task(tmp_path: Path) -> None:
     """The Slurm job body, as a 2-task submitit job here: task 0 hosts the coordinator."""
     import submitit
@@ -161,6 +164,7 @@ def _stand_ins(bin_dir: Path, record: Path) -> None:
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
 
 
+@pytest.mark.procs
 def test_slurm_paper_scale_sbatch_content(tmp_path: Path) -> None:
     record = tmp_path / "sbatch_record.txt"
     _stand_ins(tmp_path / "bin", record)
@@ -189,6 +193,7 @@ def test_slurm_paper_scale_sbatch_content(tmp_path: Path) -> None:
     assert "skipped ckpt-restart_s0" in proc.stdout
 
 
+@pytest.mark.procs
 def test_slurm_recovery_sweep_is_one_array_per_job_shape(tmp_path: Path) -> None:
     record = tmp_path / "sbatch_record.txt"
     _stand_ins(tmp_path / "bin", record)
@@ -284,6 +289,7 @@ def test_aggregation_of_fixture_results(tmp_path: Path) -> None:
     assert float(rec["ckpt-restart_hang_r8_s0"]["recovery_seconds"]) == pytest.approx(0.5)
 
 
+@pytest.mark.procs
 @pytest.mark.parametrize("script", FIG_SCRIPTS)
 def test_figure_scripts_draw_fixture_results(tmp_path: Path, script: str) -> None:
     _fixture(tmp_path)
@@ -296,6 +302,7 @@ def test_figure_scripts_draw_fixture_results(tmp_path: Path, script: str) -> Non
         assert (tmp_path / "figs" / f"{script}.{ext}").stat().st_size > 1000
 
 
+@pytest.mark.procs
 def test_figure_script_names_a_missing_csv(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "paper_figs" / "trajectory.py"), "--results", str(tmp_path),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)

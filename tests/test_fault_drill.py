@@ -24,6 +24,8 @@ from recover.fault_injection.drill import read_trace, trace_path
 from recover.fault_injection.injector import process_state
 from recover.fault_injection.record import read_records
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 STEPS, MICROBATCHES = 3, 30  # 15 replicas: two microbatches each per step
 
 CRASH_POINTS = {  # replica -> (step, phase, microbatch as planned, microbatch it lands on)

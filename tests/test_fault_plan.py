@@ -12,6 +12,7 @@ from conftest import run_recover
 
 from recover.core.hooks import PHASES
 from recover.fault_injection.injector import FaultInjector, InjectedLinkError
+from recover.fault_injection.kinds import KINDS as KIND_TABLE
 from recover.fault_injection.plan import KINDS, MICROBATCH_PHASES, Fault, FaultPlan, PlanError, validate_plan
 from recover.fault_injection.record import append_record, fault_record, fired_indices
 
@@ -51,7 +52,7 @@ def test_minimal_form_is_accepted_exactly_and_written_back_as_read():
         ({"kind": "crash", "replica": 0, "step": 1, "phase": "between_microbatches", "microbatch": 0},
          "fault 1: microbatch: between_microbatches k is the gap before microbatch k"),
         ({"kind": "crash", "replica": 0, "step": 1, "phase": "forward", "seconds": 3},
-         "fault 1: seconds: only a hang lasts seconds"),
+         "fault 1: seconds: only a hang or pace lasts seconds"),
         ({"kind": "hang", "replica": 0, "step": 1, "phase": "forward", "seconds": 0},
          "fault 1: seconds: must be > 0"),
         ({"kind": "hang", "replica": 0, "step": 1, "phase": "forward", "seconds": "long"},
@@ -139,6 +140,7 @@ def test_recover_train_rejects_a_bad_plan_before_starting(capsys, tmp_path, plan
     assert not (tmp_path / "never").exists()  # nothing started, nothing written
 
 
+@pytest.mark.procs
 def test_recover_train_bad_plan_exit_code_from_the_real_command(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text('{"faults": [{"kind": "crash", "replica": 2, "step": 0, "phase": "forward"}]}')
@@ -156,11 +158,15 @@ def test_recover_train_bad_plan_exit_code_from_the_real_command(tmp_path):
 def faults(draw) -> Fault:
     kind = draw(st.sampled_from(KINDS))
     replica = draw(st.integers(0, 64))
-    seconds = draw(st.one_of(st.none(), st.floats(0.001, 1e4))) if kind == "hang" else None
-    factor = draw(st.floats(1.0, 50.0)) if kind == "slow" else None
+    spec = KIND_TABLE[kind]  # which parameters the kind takes, and which it needs
+    seconds = factor = None
+    if "seconds" in spec.accepts:
+        seconds = draw(st.floats(0.001, 1e4) if "seconds" in spec.requires else st.one_of(st.none(), st.floats(0.001, 1e4)))
+    if "factor" in spec.accepts:
+        factor = draw(st.floats(1.0, 50.0))
     if draw(st.booleans()):
         return Fault(kind, replica, at_seconds=draw(st.floats(0.0, 1e5)), seconds=seconds, factor=factor)
-    phase = "allreduce" if kind == "collective_error" else draw(st.sampled_from(PHASES))
+    phase = spec.at_phase or draw(st.sampled_from(PHASES))
     mb = None
     if phase in MICROBATCH_PHASES and draw(st.booleans()):
         mb = draw(st.integers(1 if phase == "between_microbatches" else 0, 64))

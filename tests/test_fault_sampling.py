@@ -118,6 +118,7 @@ def test_spread_plan_spaces_its_losses_over_the_run():
     assert [f.step for f in plan.faults] == [20, 40, 60, 80]
 
 
+@pytest.mark.procs
 def test_recover_faults_sample_writes_the_same_plan_for_the_same_seed(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path in (a, b):

@@ -11,10 +11,14 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import load_run, run_recover
 
 from recover.fault_injection.injector import process_state
 from recover.fault_injection.record import read_records
+
+pytestmark = pytest.mark.procs  # every test here starts processes
 
 
 def _write_plan(tmp_path, faults: list[dict]):

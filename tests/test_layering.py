@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("core", "baselines", "fault_injection", "experiments")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"

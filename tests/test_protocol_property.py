@@ -1,26 +1,37 @@
 """The membership/commit protocol under hypothesis-chosen interleavings of failures.
 
-The coordinator's real state machine (`core.protocol.Membership`) runs against an
-in-process fake transport: per-worker FIFO channels both ways, and fake workers
+The coordinator's real state machine (`core.protocol.Membership`) and the real
+service that carries out its actions (`core.membership.MembershipService`: its
+dispatch and `_apply`) run against an in-process fake transport: per-worker FIFO
+channels both ways, whose coordinator ends are fake sockets that can fail a send
+(the service then drops that connection, as it does a real one), and fake workers
 that follow the same rules as `core.replica.Replica` (keep the accumulator and
-ledger across an abort, rejoin with the ledger, fold only the quota handed out)
-and speak its wire format (ids as `core.idranges` range lists).
+ledger across an abort, rejoin with the ledger, fold only the quota handed out;
+while waiting for a generation, an abort is read and dropped, only its generation
+remembered, and a later collective of that generation fails on it) and speak its
+wire format (ids as `core.idranges` range lists).
 Each microbatch id contributes a distinct power-of-two-free integer, so a wrong
 or double-counted gradient can never sum to the right one by accident.
 
 Hypothesis picks, step by step, which message is delivered next, which worker
-computes, and when workers crash, freeze, wake, time out or are declared dead.
-Then a fair scheduler drains the system. Invariants checked on every run:
+computes, and when workers crash, freeze, wake, time out, are declared dead, have
+a send to them fail, or have their incoming messages delayed. Then a fair
+scheduler drains the system. Invariants checked on every run:
 - every commit any worker applies carries exactly the failure-free gradient
   sum_{id in iteration t} g(id) (nothing dropped, nothing counted twice);
 - the coordinator commits steps 0, 1, 2, ... in order, each once, with
   microbatch_ids == the iteration's M ids;
 - the run ends: all S steps committed if any worker survives, else a clean stop;
-- a worker declared dead never has a vote or join accepted again (fencing).
+- a worker declared dead never has a vote or join accepted again (fencing);
+- a worker that no fault touched is never declared dead, and every abort it
+  acts on is for the step it is at (messages never reorder).
 """
 from __future__ import annotations
 
+import json
 import random
+import tempfile
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,8 +39,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from recover.core import idranges
+from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
+from recover.core.membership import MembershipService, _Conn
 from recover.core.protocol import Membership, ProtocolError
+
+SCRATCH = tempfile.mkdtemp(prefix="recover-protocol-property-")  # the service opens its files here
 
 
 def g(mb_id: int) -> int:
@@ -53,47 +68,86 @@ class FakeWorker:
     inbox: list = field(default_factory=list)  # coordinator -> worker
     outbox: list = field(default_factory=list)  # worker -> coordinator
     fenced: bool = False
+    aborted_gen: int = -1  # the control client's record of the newest abort read
+    held: bool = False  # incoming messages delayed (a slow link); the worker itself runs on
+    touched: bool = False  # some fault hit this worker (it may then be declared dead)
+
+
+class FakeSocket:
+    """The coordinator's end of one worker's control connection, for the real service."""
+
+    def __init__(self, world: "World", r: int):
+        self.world, self.r = world, r
+        self.closed = False
+
+    def sendall(self, data: bytes) -> None:
+        if self.closed:
+            raise OSError("send on a closed connection")
+        if self.r in self.world.failing_sends:
+            raise OSError(f"fake: send to replica {self.r} failed")
+        for line in data.decode().splitlines():
+            self.world.workers[self.r].inbox.append(json.loads(line))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            w = self.world.workers[self.r]
+            self.world.declared_dead.add(self.r)
+            w.inbox.append({"t": "closed"})
+            w.outbox.clear()  # the connection is gone: nothing more reaches the coordinator
+
+
+class Recorder:
+    """Stands in for the service's JSON-lines writers."""
+
+    def __init__(self, into: list):
+        self.into = into
+
+    def write(self, record: dict) -> None:
+        self.into.append(record)
+
+    def close(self) -> None:
+        pass
 
 
 class World:
     def __init__(self, R: int, M: int, S: int):
         self.R, self.M, self.S = R, M, S
-        self.proto = Membership(R, M, S, join_timeout=1e9, now=0.0)
+        cfg = TrainConfig(system="recover", replicas=R, microbatches=M, steps=S, out=SCRATCH)
+        self.service = MembershipService(cfg, "127.0.0.1", 0, threading.Event())
+        self.service.listener.close()  # no real connection: the fake sockets below
+        self.service.sel.close()
+        self.service.metrics.close()
+        self.service.events.close()
+        self.proto = self.service.proto = Membership(R, M, S, join_timeout=1e9, now=0.0)
+        self.service.log = lambda text: None
         self.workers = [FakeWorker(r) for r in range(R)]
+        self.conns = [_Conn(FakeSocket(self, r), 0.0) for r in range(R)]
         self.reductions: dict[tuple[int, int], dict[int, int]] = {}
         self.commits: list[dict] = []
         self.recoveries: list[dict] = []
+        self.service.metrics = Recorder(self.commits)
+        self.service.events = Recorder(self.recoveries)
         self.applied: list[tuple[int, int, int]] = []  # (replica, step, reduced value)
-        self.finished: tuple[int, str] | None = None
         self.declared_dead: set[int] = set()
+        self.failing_sends: set[int] = set()
         for w in self.workers:
-            w.outbox.append({"t": "hello", "replica": w.r, "tokens_per_mb": 1})
+            w.outbox.append({"t": "hello", "replica": w.r, "tokens_per_mb": 1, "token": self.service.join_token})
 
-    # ---- coordinator side ---------------------------------------------------------
+    @property
+    def finished(self) -> tuple[int, str] | None:
+        return self.service.result
+
+    # ---- coordinator side (the real service's dispatch and actions) -----------------
     def apply(self, outs) -> None:
-        for a in outs:
-            if a.kind == "send":
-                self.workers[a.replica].inbox.append(a.msg)
-            elif a.kind == "close":
-                w = self.workers[a.replica]
-                self.declared_dead.add(a.replica)
-                w.inbox.append({"t": "closed"})
-                w.outbox.clear()  # the connection is gone: nothing more reaches the coordinator
-            elif a.kind == "commit":
-                self.commits.append(a.msg)
-            elif a.kind == "recovery":
-                self.recoveries.append(a.msg)
-            elif a.kind == "finish":
-                self.finished = (a.code, a.reason)
+        self.service._apply(outs)
 
     def coordinator_receive(self, r: int) -> None:
         w = self.workers[r]
         msg = w.outbox.pop(0)
-        if r in self.declared_dead:
+        if self.conns[r].sock.closed:
             return
-        handler = {"hello": lambda: self.proto.on_hello(r, msg, 0.0), "join": lambda: self.proto.on_join(r, msg, 0.0),
-                   "vote": lambda: self.proto.on_vote(r, msg, 0.0), "fail": lambda: self.proto.on_fail(r, msg, 0.0)}
-        self.apply(handler[msg["t"]]())
+        self.service._dispatch(self.conns[r], msg, 0.0)
 
     def declare_lost(self, r: int) -> None:
         self.apply(self.proto.on_lost(r, "detected", 0.0))
@@ -108,8 +162,9 @@ class World:
             w.state = "finished"
             return
         if t == "abort":
-            if msg["gen"] < w.gen:
-                return
+            w.aborted_gen = max(w.aborted_gen, msg["gen"])
+            if msg["gen"] < w.gen or w.state in ("starting", "waiting_gen"):
+                return  # waiting for a generation, the real replica reads an abort and drops it
             if w.state in ("reducing", "voted", "waiting_abort"):
                 self._rejoin(w, msg)
             else:  # computing: noticed at commit time, as the real replica does
@@ -134,6 +189,7 @@ class World:
         raise AssertionError(msg)
 
     def _rejoin(self, w: FakeWorker, abort: dict) -> None:
+        assert abort["step"] == w.step, f"replica {w.r} at step {w.step} read an abort of step {abort['step']}"
         w.pending_abort = None
         w.outbox.append({"t": "join", "gen": abort["next"], "step": w.step, "ledger": idranges.from_ids(w.ledger)})
         w.state = "waiting_gen"
@@ -148,6 +204,9 @@ class World:
         elif w.state == "computing":
             if w.pending_abort is not None:
                 self._rejoin(w, w.pending_abort)
+                return
+            if w.aborted_gen >= w.gen:  # the collective polls the abort flag: it fails at once
+                w.state = "waiting_abort"  # and waits for the abort message (no fail sent: it is known)
                 return
             self.reductions.setdefault((w.gen, w.step), {})[r] = w.acc  # a copy: the accumulator stays
             w.state = "reducing"
@@ -172,7 +231,7 @@ class World:
             alive = w.state not in ("dead", "finished")
             if w.outbox and not w.frozen and w.state != "dead":
                 acts.append(("to_coord", w.r))
-            if w.inbox and alive and not w.frozen:
+            if w.inbox and alive and not w.frozen and not w.held:
                 acts.append(("to_worker", w.r))
             if alive and not w.frozen:
                 if w.state == "computing":
@@ -190,6 +249,8 @@ class World:
                 acts.append(("wake", w.r) if w.frozen else ("freeze", w.r))
         if not acts and not stuck:
             return self.enabled(faults, stuck=True)
+        if stuck:  # a slow link delivers before any deadline: a delay is not a death
+            acts += [("deliver", w.r) for w in self.workers if w.held and w.inbox]
         if not acts and self.proto.state == "forming":
             acts.append(("deadline", -1))  # the rejoin / start-up deadline passes
         return acts
@@ -210,18 +271,27 @@ class World:
         elif kind == "declare_lost":
             self.declare_lost(r)
         elif kind == "crash":
-            w.state, w.frozen = "dead", False
+            w.state, w.frozen, w.touched = "dead", False, True
             w.outbox.clear()  # what it had not yet sent dies with it
         elif kind == "freeze":
-            w.frozen = True
+            w.frozen = w.touched = True
         elif kind == "wake":
             w.frozen = False
+        elif kind == "sendfail":  # the coordinator's next send to it fails (its link broke)
+            self.failing_sends.add(r)
+            w.touched = True
+        elif kind == "delay":  # its incoming messages wait (a slow link) until "deliver"
+            w.held = True
+        elif kind == "deliver":
+            w.held = False
 
 
 def drain(world: World, rng: random.Random, limit: int = 20_000) -> None:
     """Fair, fault-free scheduling until the run ends."""
     for _ in range(limit):
         acts = world.enabled(faults=False)
+        for w in world.workers:  # a slow link delivers in the end
+            w.held = False
         if world.finished is not None:
             for w in world.workers:  # a freeze ends some time; the woken read their mail
                 w.frozen = False
@@ -254,10 +324,14 @@ def check(world: World) -> None:
         assert not survivors
     for r, step, value in world.applied:
         assert value == sum(g(i) for i in iteration_ids(step, world.M))
+    ejected = {w.r for w in world.workers if not w.touched} & world.proto.dead
+    assert not ejected, f"healthy replicas {sorted(ejected)} were declared dead"
 
 
 fault_events = st.lists(
-    st.tuples(st.integers(0, 150), st.sampled_from(["crash", "freeze", "wake", "timeout"]), st.integers(0, 3)),
+    st.tuples(st.integers(0, 150),
+              st.sampled_from(["crash", "freeze", "wake", "timeout", "sendfail", "delay", "deliver"]),
+              st.integers(0, 3)),
     max_size=6,
 )
 
@@ -280,8 +354,8 @@ def test_protocol_invariants_under_any_interleaving_of_failures(R, M_extra, S, f
             if kind == "timeout":  # a spurious deadline (a slow peer): only where one can fire
                 if w.state == "reducing" and not w.frozen:
                     world.do(("timeout", r))
-            elif kind == "wake":
-                world.do(("wake", r))
+            elif kind in ("wake", "sendfail", "delay", "deliver"):
+                world.do((kind, r))
             else:
                 world.do((kind, r))
         if world.finished is not None:
@@ -381,3 +455,36 @@ def test_a_commit_needs_exactly_the_step_ids_each_once():
     proto, _ = _formed(2, 16)
     with pytest.raises(ProtocolError, match="malformed ledger"):
         _vote(proto, 0, [0, 1, 2])  # a plain id list is not the wire format
+
+
+def test_a_send_failing_mid_commit_broadcast_aborts_only_after_the_commit():
+    """Replica 0's link breaks as step 0's commit goes out: 1 and 2 read [commit, abort(step 1)]."""
+    world = World(3, 3, 2)
+    rng = random.Random(2)
+    while len(world.proto.votes) < 2:  # generation 0 forms; two of the three vote
+        acts = [a for a in world.enabled(faults=False) if not (a[0] == "to_coord" and a[1] == 2
+                                                             and world.workers[2].state == "voted")]
+        world.do(rng.choice(acts))
+    while world.workers[2].state != "voted":
+        world.do(("work", 2))
+    world.do(("sendfail", 0))
+    world.do(("to_coord", 2))  # the last vote: commit to 0 (fails), 1, 2
+    assert [m["t"] for m in world.workers[1].inbox] == ["commit", "abort"], world.workers[1].inbox
+    assert world.workers[1].inbox[1]["step"] == 1
+    drain(world, rng)
+    check(world)
+    assert world.finished[0] == 0 and world.commits[1]["members"] == [1, 2]
+
+
+def test_a_send_failing_mid_generation_broadcast_aborts_only_after_the_generation():
+    """Replica 0's link breaks as generation 0 goes out: 1 and 2 read [gen 0, abort(gen 0)], not
+    the reverse (which they would drop while waiting for a generation, and be ejected)."""
+    world = World(3, 3, 1)
+    world.do(("to_coord", 1))
+    world.do(("to_coord", 2))
+    world.do(("sendfail", 0))
+    world.do(("to_coord", 0))  # the last hello: generation 0 to 0 (fails), 1, 2
+    assert [(m["t"], m["gen"]) for m in world.workers[1].inbox] == [("gen", 0), ("abort", 0)]
+    drain(world, random.Random(3))
+    check(world)
+    assert world.finished[0] == 0 and world.commits[0]["members"] == [1, 2]

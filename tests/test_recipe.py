@@ -84,6 +84,7 @@ RUN = ["--model", "tiny", "--replicas", str(R), "--microbatches", str(M), "--ste
        "--no-progress"]
 
 
+@pytest.mark.procs
 def test_lr_follows_the_committed_step_through_a_kill_at_the_warmups_last_step(tmp_path):
     ref = tmp_path / "ref"
     run_recover("train", "--system", "plain", *RUN, "--out", str(ref), check=True)
@@ -105,6 +106,7 @@ def test_lr_follows_the_committed_step_through_a_kill_at_the_warmups_last_step(t
         assert abs(m["loss"] - r["loss"]) <= 1e-5 * abs(r["loss"])
 
 
+@pytest.mark.procs
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(not os.environ.get("RECOVER_SLOW"), reason="gpt2-124m on CPU takes minutes; RECOVER_SLOW=1 runs it")
@@ -117,6 +119,7 @@ def test_gpt2_124m_short_run_does_not_spike(tmp_path):
     assert len(losses) == 4 and losses[3] < losses[0], losses
 
 
+@pytest.mark.procs
 def test_bf16_autocast_tracks_fp32_on_the_small_model(tmp_path):
     final = {}
     for dtype in ("fp32", "bf16"):

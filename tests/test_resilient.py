@@ -19,6 +19,8 @@ from conftest import load_run, run_recover
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 R, M, STEPS, SEED = 4, 8, 20, 11
 # Measured: with faults the gradient of a step is summed in another order (3, 2
 # or 1 partial sums instead of 4); over 20 steps of the tiny model the largest
@@ -37,11 +39,13 @@ def reference(tmp_path_factory) -> list[float]:
     return [m["loss"] for m in load_run(out)[1]]
 
 
-def run_with_faults(tmp_path: Path, faults: list[dict]) -> tuple[list[dict], dict, list[dict], list[dict]]:
+def run_with_faults(
+    tmp_path: Path, faults: list[dict], common: list[str] = COMMON,
+) -> tuple[list[dict], dict, list[dict], list[dict]]:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"faults": faults}))
     out = tmp_path / "run"
-    proc = run_recover("train", "--system", "recover", *COMMON, "--faults", str(plan), "--out", str(out))
+    proc = run_recover("train", "--system", "recover", *common, "--faults", str(plan), "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
     _, metrics, summary = load_run(out)
     events = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
@@ -145,3 +149,33 @@ def test_the_last_replica_dying_ends_the_run_with_a_clear_error(tmp_path):
     _, metrics, summary = load_run(out)
     assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4]  # everything committed is on disk
     assert summary["status"] == "failed" and summary["steps"] == 5
+
+
+def test_an_abort_is_seen_between_microbatches_when_a_quota_outlasts_the_deadline(tmp_path):
+    """Issue 12 item 1: every microbatch lasts 0.8 s (a `pace` fault on all three
+    replicas, so quotas stay equal), so a quota of 4 takes 3.2 s, longer than the
+    2 s collective timeout, which is also the rejoin deadline; one microbatch does
+    not. Replica 2 is killed in step 1: the survivors must answer the abort at their
+    next microbatch, not after their quota, or they miss the deadline and the run
+    ends with no replica left."""
+    r, m, steps, timeout, pace = 3, 12, 3, 2.0, 0.8
+    common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps), "--seed", str(SEED),
+              "--heartbeat-timeout", "3", "--collective-timeout", str(timeout), "--no-progress"]
+    ref_out = tmp_path / "plain"
+    run_recover("train", "--system", "plain", *common, "--out", str(ref_out), check=True)
+    reference = [x["loss"] for x in load_run(ref_out)[1]]
+    faults = [{"kind": "pace", "replica": i, "step": 0, "phase": "forward", "seconds": pace} for i in range(r)]
+    faults.append({"kind": "crash", "replica": 2, "step": 1, "phase": "forward", "microbatch": 1})
+    metrics, summary, _, fired = run_with_faults(tmp_path, faults, common)
+    assert sorted((f["kind"], f["replica"]) for f in fired) == [("crash", 2), ("pace", 0), ("pace", 1), ("pace", 2)]
+    assert [(f["step"], f["microbatch"]) for f in fired if f["kind"] == "crash"] == [(1, 1)]
+    # precondition, from what the workers measured: a quota outlasts the deadline
+    assert metrics[0]["folded"] == {"0": 4, "1": 4, "2": 4}
+    assert 4 * metrics[0]["slowest_microbatch_seconds"] > timeout, metrics[0]
+    assert [x["step"] for x in metrics] == list(range(steps))
+    assert metrics[0]["members"] == [0, 1, 2]
+    assert all(x["members"] == [0, 1] for x in metrics[1:])  # both survivors kept going
+    for x, ref in zip(metrics, reference):
+        assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
+    exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
+    assert exits[0]["returncode"] == exits[1]["returncode"] == 0

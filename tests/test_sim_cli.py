@@ -24,6 +24,7 @@ from recover.experiments.sim.validation import compare, find_runs, load_run, mea
 FIGS = Path(__file__).resolve().parent.parent / "paper_figs"
 
 
+@pytest.mark.procs
 def test_simulate_paper_512_writes_summary_and_timeseries(tmp_path):
     out = tmp_path / "p512"
     proc = run_recover("simulate", "paper-512", "--out", str(out), check=True)
@@ -47,6 +48,7 @@ def test_simulate_paper_512_writes_summary_and_timeseries(tmp_path):
     assert list(rows[0]) == ["system", "t_seconds", "gpu_hours", "tokens", "effective_tokens", "replicas"]
 
 
+@pytest.mark.procs
 @pytest.mark.parametrize("argv, flag", [
     (["simulate", "nowhere"], "SCENARIO"),
     (["simulate", "local", "--steps", "0"], "--steps"),
@@ -119,6 +121,7 @@ def test_compare_reads_baseline_settings(tmp_path):
     assert all(not any("ckpt_every" in n for n in r["notes"]) for r in v["runs"])
 
 
+@pytest.mark.procs
 def test_validate_command_writes_validation_json(tmp_path):
     write_fixture_run(tmp_path / "runs" / "a", "recover", [12.0, 12.06, 12.12, 12.18], [True] * 4)
     plan = {"faults": [{"kind": "crash", "replica": 3, "step": 1, "phase": "forward"}]}

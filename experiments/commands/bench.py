@@ -7,7 +7,9 @@ Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
 itself, and what it writes, is experiments/bench.py's `bench_recovery`,
 experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`
-and experiments/bench_coordinator.py's `bench_coordinator`.
+and experiments/bench_coordinator.py's `bench_coordinator`, imported when their command
+runs: most import torch, which every other `recover` command (and each run's launcher
+process) would otherwise pay for at start-up.
 """
 from __future__ import annotations
 
@@ -15,12 +17,8 @@ import argparse
 
 from recover.core.config import TrainConfig
 
-from recover.core.model import MODEL_CONFIGS
+from recover.core.shapes import MODEL_CONFIGS
 
-from ..bench import bench_recovery
-from ..bench_checkpoint import bench_checkpoint
-from ..bench_coordinator import bench_coordinator
-from ..bench_dtype import bench_dtype
 from ..systems import SYSTEMS
 from . import fail
 
@@ -87,6 +85,8 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
         return fail("--kills: must be >= 1")
     if args.microbatches < args.replicas:
         return fail("--microbatches: must be >= --replicas")
+    from ..bench import bench_recovery
+
     return bench_recovery(args)
 
 
@@ -97,7 +97,11 @@ def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
         return fail("--tensors: must be >= 1")
     if args.repeats < 1:
         return fail("--repeats: must be >= 1")
+    from ..bench_checkpoint import bench_checkpoint
+
     return bench_checkpoint(args)
+
+
 def cmd_bench_dtype(args: argparse.Namespace) -> int:
     for m in args.models:
         if m not in MODEL_CONFIGS:
@@ -105,6 +109,8 @@ def cmd_bench_dtype(args: argparse.Namespace) -> int:
     for name in ("batch_size", "microbatches", "iters", "repeats", "threads", "corpus_bytes"):
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    from ..bench_dtype import bench_dtype
+
     return bench_dtype(args)
 
 
@@ -116,4 +122,6 @@ def cmd_bench_coordinator(args: argparse.Namespace) -> int:
             return fail(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.name or "/" in args.name:
         return fail("--name: must be a file stem (no '/')")
+    from ..bench_coordinator import bench_coordinator
+
     return bench_coordinator(args)

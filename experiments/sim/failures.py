@@ -12,10 +12,11 @@ Contract:
   replicas spread over the run".
 - A replica that is already down when one of its GPUs fails is not hit again: the
   engine ignores failures of replicas that are not alive.
-- Fault kinds map to what a system sees: crash, replica_loss and collective_error
-  take the replica out (a crash); hang takes it out after a deadline (a hang); slow
-  is not modelled (a straggler changes speed, not membership) and is reported as
-  skipped.
+- Fault kinds map to what a system sees through their `sim_effect` in the
+  harness's kinds table (recover.fault_injection.kinds): "crash" takes the replica
+  out at once (crash, replica_loss, collective_error), "hang" takes it out after a
+  deadline (hang, timed or not), "none" is not modelled (slow: a straggler changes
+  speed, not membership) and is reported as skipped, as is a kind the table lacks.
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ import numpy as np
 
 from recover.core.fields import doc_field as _f
 from recover.fault_injection import sampling
+from recover.fault_injection.kinds import KINDS
 
 from .model import JobModel
 
 CRASH, HANG = 0, 1
-KIND_OF_FAULT = {"crash": CRASH, "replica_loss": CRASH, "collective_error": CRASH, "hang": HANG}
+EFFECT_CODE = {"crash": CRASH, "hang": HANG}  # the kinds table's sim_effect -> the engine's code ("none": skipped)
 
 
 @dataclass(frozen=True)
@@ -137,14 +139,12 @@ def events_from_plan(plan: dict[str, Any]) -> FailureEvents:
     skipped: list[str] = []
     for i, f in enumerate(plan.get("faults", [])):
         kind = f.get("kind")
-        if kind not in KIND_OF_FAULT:
-            skipped.append(f"fault {i}: kind {kind!r} is not modelled (it changes speed, not membership)")
+        spec = KINDS.get(kind) if isinstance(kind, str) else None
+        if spec is None or spec.sim_effect not in EFFECT_CODE:
+            why = spec.sim_why if spec is not None else "it changes speed, not membership"
+            skipped.append(f"fault {i}: kind {kind!r} is not modelled ({why})")
             continue
-        k = KIND_OF_FAULT[kind]
-        if f.get("seconds") is not None and kind == "hang":
-            # A hang that ends is still fenced out by recover, and still trips the baselines'
-            # deadline; the simulator treats every hang as lasting past the deadline.
-            pass
+        k = EFFECT_CODE[spec.sim_effect]
         if f.get("at_seconds") is not None:
             timed.append((float(f["at_seconds"]), int(f["replica"]), k))
         else:

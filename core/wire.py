@@ -1,0 +1,81 @@
+"""What the coordinator accepts on a control connection: the messages' shapes and limits.
+
+Contract:
+- `parse_line(line)` turns one received line into a message dict, or says why it
+  is refused: not JSON (or not UTF-8, or nested absurdly deep), not an object,
+  an unknown type, or a field of a known type missing or of the wrong type (an
+  int field must be a JSON integer, not a bool or a float; a ledger a list of
+  id ranges, `[[start, stop], ...]` int pairs as `idranges.check` accepts). It never raises: the control port is reachable by any machine on
+  a cluster's network, and no line from it may crash the coordinator.
+- `MAX_LINE_BYTES` bounds one line (a vote's ledger is a few id ranges, so
+  this is room, not a budget); `MAX_REFUSALS` is how many refused messages one connection may send
+  before the coordinator closes it.
+- The shapes here are the worker -> coordinator messages of `protocol.py`; what
+  a well-formed message means (its generation, its step) is the protocol's
+  business, not this module's.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import idranges
+
+MAX_LINE_BYTES = 4 << 20  # 4 MiB: even a ledger of 100k scattered ids (as ranges) fits
+MAX_REFUSALS = 8  # refused messages one connection may send before it is closed
+
+_INT, _BOOL, _STR, _NUM, _IDS = "int", "bool", "str", "number", "list of [start, stop] id ranges"
+
+# type -> required fields and their kinds; optional fields are checked when present
+_REQUIRED: dict[str, dict[str, str]] = {
+    "hb": {},
+    "hello": {"replica": _INT, "token": _STR},
+    "join": {"gen": _INT, "step": _INT, "ledger": _IDS},
+    "vote": {"gen": _INT, "step": _INT, "ok": _BOOL, "ledger": _IDS},
+    "fail": {"gen": _INT, "step": _INT},
+}
+_OPTIONAL: dict[str, dict[str, str]] = {
+    "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR},
+    "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR},
+    "fail": {"reason": _STR},
+}
+
+
+def _is(kind: str, v: Any) -> bool:
+    if kind == _INT:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == _BOOL:
+        return isinstance(v, bool)
+    if kind == _STR:
+        return isinstance(v, str)
+    if kind == _NUM:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    try:
+        idranges.check(v)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """(message, "") for an acceptable line, else (None, why it is refused)."""
+    if len(line) > MAX_LINE_BYTES:
+        return None, f"oversized line ({len(line)} bytes > {MAX_LINE_BYTES})"
+    try:
+        msg = json.loads(line)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None, f"malformed line ({type(e).__name__}: {str(e)[:80]})"
+    if not isinstance(msg, dict):
+        return None, f"not a JSON object ({type(msg).__name__})"
+    kind = msg.get("t")
+    if not isinstance(kind, str) or kind not in _REQUIRED:
+        return None, f"unknown message type {str(kind)[:40]!r}"
+    for name, want in _REQUIRED[kind].items():
+        if name not in msg or not _is(want, msg[name]):
+            return None, f"{kind}: field {name!r} missing or not a {want}"
+    for name, want in _OPTIONAL.get(kind, {}).items():
+        if name in msg and msg[name] is not None and not _is(want, msg[name]):
+            return None, f"{kind}: field {name!r} is not a {want}"
+    if kind == "vote" and "lr" in msg and msg["lr"] is not None and not _is(_NUM, msg["lr"]):
+        return None, "vote: field 'lr' is not a number"
+    return msg, ""

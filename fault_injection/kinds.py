@@ -1,0 +1,212 @@
+"""The fault kinds: one table saying, for each kind, everything the harness and the simulator do with it.
+
+Contract:
+- `KINDS` maps a kind's name to a `FaultKind`, in the order plans, errors and
+  `--help` list them. Every other module reads this table instead of testing
+  kind names: plan.py validates with it, injector.py fires with it (worker side
+  and launcher side), record.py records with it, generate.py draws with it, the
+  drill settles with it, and experiments (sim/failures.py, aggregate.py) map it.
+  Adding a kind is one entry here (and, for a parameter no kind had before, one
+  `PARAMS` entry and the matching field of plan.Fault).
+- A kind's parameters are fields of a fault beyond its target and trigger
+  (today `seconds` and `factor`, described in `PARAMS`). A kind names those it
+  `accepts` and those it `requires`; a plan giving a parameter its kind does not
+  accept, or leaving out one it requires, fails validation naming that field.
+  The accepted parameters are also what its faults.jsonl record carries.
+- `at_phase`: a kind that only makes sense at one point (collective_error: the
+  all-reduce in flight) must name that phase in a point trigger, and with a
+  wall-clock trigger is armed until the worker next reaches that phase.
+- Worker side: `worker(state, index, fault, step)` makes the fault real in the
+  worker it targets, after its record is written (it may not return: SIGKILL,
+  SIGSTOP, a raise). `on_restart(state, fault)`, when set, re-applies a fired
+  fault's lasting effect in a worker that restarted (a straggler stays slow).
+- Launcher side: `launcher(pid, replica_pids)`, when set, fires a wall-clock
+  fault of this kind from outside, by PID; kinds without one are armed in the
+  worker whatever their trigger. `freezes`: the worker is stopped, not gone; the
+  launcher SIGCONTs it once the record's `seconds` have passed, and without
+  `seconds` it stays frozen for good.
+- `sample(hang_seconds=...)`, when set, gives the parameters of a fault of this
+  kind drawn by generate.sample_plan; kinds without one are never drawn.
+- Simulator: `sim_effect` is what the simulator makes of it (one of
+  `SIM_EFFECTS`: "crash" the replica is out at once, "hang" it is out after a
+  deadline, "none" not modelled, with `sim_why` saying why); plain data, so that
+  experiments maps it and this folder never imports experiments.
+  `loses_replica`: experiments/aggregate.py counts the replica as gone from the
+  job from the moment the fault fired (its process-seconds).
+- Nothing here imports torch, and nothing beyond core.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+SIM_EFFECTS = ("crash", "hang", "none")
+
+
+class InjectedLinkError(RuntimeError):
+    """The error an injected collective_error raises while the all-reduce is in flight."""
+
+
+class InjectorState(Protocol):
+    """What a worker-side action may read and change on the injector that fires it."""
+
+    replica: int  # the replica this worker belongs to
+    slow_factor: float  # every later microbatch takes this many times as long (1.0: normal speed)
+    pace_seconds: float  # every later microbatch lasts at least this long (0.0: no floor)
+
+
+@dataclass(frozen=True)
+class FaultParam:
+    """A kind-specific field of a fault: how plan.py parses it and how it names it in errors."""
+
+    name: str  # the field's name in the plan JSON and on plan.Fault
+    minimum: float  # the smallest value allowed
+    strict: bool  # True: the value must exceed `minimum`; False: may equal it
+    needed_as: str  # completes "missing; a KIND fault needs ..."
+    only: str  # "{owners}" becomes the kinds that accept it: "only a {owners} ..."
+
+
+PARAMS: dict[str, FaultParam] = {p.name: p for p in (
+    FaultParam("seconds", 0.0, True, "seconds (> 0: how long it lasts)", "only a {owners} lasts seconds"),
+    FaultParam("factor", 1.0, False, "factor (>= 1: times as long)", "only a {owners} fault has a factor"),
+)}
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One fault kind: its parameters, what it does in the worker and the launcher, how it is drawn and simulated."""
+
+    name: str  # the plan's "kind"
+    doc: str  # one line: what happens to the target
+    worker: Callable[[InjectorState, int, Any, int], None]  # (state, plan index, fault, step): make it happen
+    accepts: tuple[str, ...] = ()  # kind-specific PARAMS it may have (and its record carries)
+    requires: tuple[str, ...] = ()  # those of `accepts` it must have
+    at_phase: str | None = None  # the only phase a point trigger may name; a wall-clock one waits for it
+    at_phase_why: str = ""  # completes "a KIND ...: use PHASE" in the error for any other phase
+    on_restart: Callable[[InjectorState, Any], None] | None = None  # re-apply a fired fault in a restarted worker
+    launcher: Callable[[int, list[int]], None] | None = None  # (pid, replica's pids): fire a wall-clock one by PID
+    freezes: bool = False  # the target is stopped, resumed after `seconds` (never, without)
+    sample: Callable[..., dict[str, Any]] | None = None  # (hang_seconds=...) -> parameters of a drawn fault
+    sim_effect: str = "none"  # one of SIM_EFFECTS
+    sim_why: str = ""  # why the simulator models it so (shown when it is skipped)
+    loses_replica: bool = False  # aggregate.py: the replica is out of the job from the moment it fired
+
+    def __post_init__(self) -> None:
+        # A table entry that cannot work fails at import, not when a plan first uses it.
+        if self.sim_effect not in SIM_EFFECTS:
+            raise ValueError(f"kind {self.name}: sim_effect {self.sim_effect!r} is not one of {SIM_EFFECTS}")
+        for p in self.accepts:
+            if p not in PARAMS:
+                raise ValueError(f"kind {self.name}: accepts {p!r}, which is not one of PARAMS {tuple(PARAMS)}")
+        for p in self.requires:
+            if p not in self.accepts:
+                raise ValueError(f"kind {self.name}: requires {p!r} without accepting it")
+
+
+# ---- worker-side actions (in the process the fault targets) -------------------------------------
+def _kill_self(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _stop_self(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)  # returns only once someone sends SIGCONT
+
+
+def _slow_down(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    state.slow_factor = float(fault.factor)
+
+
+def _stay_slow(state: InjectorState, fault: Any) -> None:
+    state.slow_factor = float(fault.factor)
+
+
+def _set_pace(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    state.pace_seconds = float(fault.seconds)
+
+
+def _keep_pace(state: InjectorState, fault: Any) -> None:
+    state.pace_seconds = float(fault.seconds)
+
+
+def _break_link(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    raise InjectedLinkError(
+        f"injected collective_error (fault {index}): replica {state.replica} lost its link at step {step}"
+    )
+
+
+def kill_own_replica() -> None:
+    """SIGKILL every process of this replica's process group, this one included."""
+    pgid = os.getpgid(0)
+    # The launcher gives each replica a group of its own. A group shared with our
+    # parent would be the launcher's (or a test runner's): never signal that one.
+    if pgid != os.getpgid(os.getppid()):
+        os.killpg(pgid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_own_replica(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    kill_own_replica()
+
+
+# ---- launcher-side actions (by PID, from outside) -----------------------------------------------
+def _kill_pid(pid: int, pids: list[int]) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def _stop_pid(pid: int, pids: list[int]) -> None:
+    os.kill(pid, signal.SIGSTOP)
+
+
+def _kill_replica(pid: int, pids: list[int]) -> None:
+    pgid = os.getpgid(pid)
+    if pgid != os.getpgrp():
+        os.killpg(pgid, signal.SIGKILL)
+    else:  # not a group of its own: kill what the launcher knows of the replica
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+
+
+# ---- the table ----------------------------------------------------------------------------------
+KINDS: dict[str, FaultKind] = {k.name: k for k in (
+    FaultKind(
+        "crash", "SIGKILL of the target process", _kill_self,
+        launcher=_kill_pid, sample=lambda **_: {}, sim_effect="crash", sim_why="the process is gone",
+        loses_replica=True,
+    ),
+    FaultKind(
+        "hang", "SIGSTOP of the target process, SIGCONT after `seconds` (frozen for good without)", _stop_self,
+        accepts=("seconds",), launcher=_stop_pid, freezes=True,
+        sample=lambda hang_seconds=None, **_: {"seconds": hang_seconds},
+        # A hang that ends is still fenced out by recover, and still trips the baselines'
+        # deadline: the simulator treats every hang as lasting past the deadline.
+        sim_effect="hang", sim_why="the replica is fenced out at its deadline", loses_replica=True,
+    ),
+    FaultKind(
+        "slow", "every later microbatch takes `factor` times as long (a straggler)", _slow_down,
+        accepts=("factor",), requires=("factor",), on_restart=_stay_slow,
+        sim_effect="none", sim_why="it changes speed, not membership",
+    ),
+    FaultKind(
+        # A big model's microbatch time on the tiny one: a floor, not a factor, so the
+        # time a quota takes is known whatever the machine's load.
+        "pace", "every later microbatch lasts at least `seconds` (a slow model, deterministic)", _set_pace,
+        accepts=("seconds",), requires=("seconds",), on_restart=_keep_pace,
+        sim_effect="none", sim_why="it changes speed, not membership",
+    ),
+    FaultKind(
+        "collective_error", "the all-reduce in flight fails, as a broken link would", _break_link,
+        at_phase="allreduce", at_phase_why="breaks the collective in flight",
+        sim_effect="crash", sim_why="the replica leaves the collective",
+    ),
+    FaultKind(
+        "replica_loss", "SIGKILL of the target replica's whole process group at once", _kill_own_replica,
+        launcher=_kill_replica, sample=lambda **_: {}, sim_effect="crash", sim_why="the replica is gone",
+        loses_replica=True,
+    ),
+)}
+
+KIND_NAMES = tuple(KINDS)
+LAUNCHER_KINDS = tuple(n for n, k in KINDS.items() if k.launcher is not None)
+SAMPLE_KINDS = tuple(n for n, k in KINDS.items() if k.sample is not None)

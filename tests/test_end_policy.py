@@ -1,0 +1,108 @@
+"""The launcher's end-of-job policies: pure decisions, then the real launcher with stand-in processes.
+
+The stand-ins are plain `python -c` processes (no torch), so each launch costs a
+fraction of a second; what they prove is the launcher's loop: reaping, the
+policy's verdict, the grace period, and that every process it started is gone.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recover.baselines.supervise import UntilWorkersExit
+from recover.core.end_policy import CoordinatorEnds, EndVerdict, FailFast, JobView
+from recover.core.launcher import Launcher, ProcessExit
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _exit(role: str, replica: int, code: int) -> ProcessExit:
+    how = "exited 0" if code == 0 else (f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
+    return ProcessExit(role, replica, 1000 + replica, code, 0.0, how)
+
+
+class _Running:
+    """Stands for a live Popen in a JobView (only .pid is read, by UntilWorkersExit)."""
+
+    pid = os.getpid()  # this test process: running, never stopped
+
+
+def test_coordinator_ends_waits_for_the_coordinator_and_takes_its_code():
+    policy = CoordinatorEnds()
+    assert policy.decide(JobView({0: _Running()}, (_exit("worker", 1, -9),))) is None
+    v = policy.decide(JobView({0: _Running()}, (_exit("worker", 1, -9), _exit("coordinator", -1, 1))))
+    assert v == EndVerdict(1, "coordinator exited with code 1", wait_for_workers=True)
+    assert policy.decide(JobView({}, (_exit("coordinator", -1, 0),))) == EndVerdict(0, "", True)
+
+
+def test_fail_fast_ends_at_the_first_failing_worker_and_succeeds_when_all_finished():
+    policy = FailFast()
+    assert policy.decide(JobView({0: _Running(), 1: _Running()}, ())) is None
+    assert policy.decide(JobView({1: _Running()}, (_exit("worker", 0, 0),))) is None
+    v = policy.decide(JobView({1: _Running()}, (_exit("worker", 0, 0), _exit("worker", 2, -9), _exit("worker", 3, 1))))
+    assert v is not None and v.returncode == 1 and v.reason.startswith("replica 2 (pid 1002) killed")
+    assert policy.decide(JobView({}, (_exit("worker", 0, 0), _exit("worker", 1, 0)))) == EndVerdict(0)
+
+
+def test_until_workers_exit_ignores_the_coordinator_and_judges_by_the_workers():
+    policy = UntilWorkersExit()
+    assert policy.decide(JobView({0: _Running()}, (_exit("coordinator", -1, 0),))) is None
+    assert policy.decide(JobView({0: _Running()}, (_exit("worker", 1, -9),))) is None  # one survivor runs on
+    assert policy.decide(JobView({}, (_exit("worker", 1, -9), _exit("worker", 0, 0)))) == EndVerdict(0)
+    v = policy.decide(JobView({}, (_exit("worker", 0, -9), _exit("worker", 1, 1))))
+    assert v == EndVerdict(1, "no replica finished (last: replica 1 exited with code 1)")
+
+
+# ---- the real launcher ------------------------------------------------------------------
+# A stand-in coordinator: announce the ports line, then live for `life` seconds and exit `code`.
+_COORDINATOR = (
+    "import json, sys, time; print(json.dumps({'host': '127.0.0.1', 'store_port': 1}), flush=True); "
+    "time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
+)
+_WORKER = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
+
+
+def _launch(tmp_path, coordinator: tuple[float, int], workers: dict[int, tuple[float, int]], **kw):
+    launcher = Launcher(
+        tmp_path,
+        [sys.executable, "-c", _COORDINATOR, *map(str, coordinator)],
+        lambda r: [sys.executable, "-c", _WORKER, *map(str, workers[r])],
+        sorted(workers),
+        grace_seconds=kw.pop("grace_seconds", 5.0),
+        **kw,
+    )
+    result = launcher.run()
+    procs = [launcher.coordinator, *launcher.workers.values()]
+    return result, procs
+
+
+def _all_gone(procs: list[subprocess.Popen]) -> bool:
+    return all(p.poll() is not None for p in procs)
+
+
+def test_the_default_job_ends_with_its_coordinator_after_the_workers_grace(tmp_path):
+    # Replica 0 exits 0 before the coordinator, replica 1 within the grace period after it.
+    result, procs = _launch(tmp_path, (1.0, 0), {0: (0.2, 0), 1: (1.5, 0)})
+    assert result.returncode == 0, result
+    assert [(e.role, e.replica, e.returncode) for e in result.exits] == [
+        ("worker", 0, 0), ("coordinator", -1, 0), ("worker", 1, 0)]
+    assert _all_gone(procs)
+
+
+def test_fail_fast_stops_the_job_at_the_first_failure_and_kills_the_rest(tmp_path):
+    result, procs = _launch(tmp_path, (60.0, 0), {0: (0.3, 7), 1: (60.0, 0)}, end=FailFast())
+    assert result.returncode == 1 and result.reason.startswith("replica 0 ") and "code 7" in result.reason
+    assert _all_gone(procs)
+    # The 60 s processes did not run to their end: the cleanup killed them.
+    assert {e.replica for e in result.exits if e.returncode not in (0, 7)} == {-1, 1}
+
+
+def test_until_workers_exit_outlives_a_dead_coordinator(tmp_path):
+    result, procs = _launch(tmp_path, (0.1, 1), {0: (0.3, 1), 1: (1.0, 0)}, end=UntilWorkersExit())
+    assert result.returncode == 0, result
+    roles = [(e.role, e.replica) for e in result.exits]
+    assert roles.index(("coordinator", -1)) < roles.index(("worker", 1))
+    assert _all_gone(procs)
