@@ -355,6 +355,9 @@ def test_protocol_invariants_under_any_interleaving_of_failures(R, M_extra, S, f
                 continue
             if kind == "timeout":  # a spurious deadline (a slow peer): only where one can fire
                 if w.state == "reducing" and not w.frozen:
+                    # the first to report a failure alone is implicated, and fenced after
+                    # fence_after in a row (issue 12 item 3): a fault that touches it
+                    w.touched = True
                     world.do(("timeout", r))
             elif kind in ("wake", "sendfail", "delay", "deliver"):
                 world.do((kind, r))
