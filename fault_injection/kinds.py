@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -55,6 +56,7 @@ class InjectorState(Protocol):
     replica: int  # the replica this worker belongs to
     slow_factor: float  # every later microbatch takes this many times as long (1.0: normal speed)
     pace_seconds: float  # every later microbatch lasts at least this long (0.0: no floor)
+    link_broken_until: float  # until this time.time(), every all-reduce of this worker fails (0.0: link works)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,22 @@ def _break_link(state: InjectorState, index: int, fault: Any, step: int) -> None
     )
 
 
+def _break_link_for_good(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # Not only this all-reduce: every later one fails too (the injector checks the
+    # deadline at each "allreduce" point), so retrying with the same members cannot help.
+    lasts = "for good" if fault.seconds is None else f"for {fault.seconds:g}s"
+    state.link_broken_until = float("inf") if fault.seconds is None else time.time() + float(fault.seconds)
+    raise InjectedLinkError(
+        f"injected broken_link (fault {index}): replica {state.replica}'s link broke at step {step}, {lasts}"
+    )
+
+
+def link_still_broken(state: InjectorState) -> None:
+    """At an "allreduce" point: raise while a broken_link that already fired lasts."""
+    if state.link_broken_until and time.time() < state.link_broken_until:
+        raise InjectedLinkError(f"injected broken_link: replica {state.replica}'s link is still broken")
+
+
 def kill_own_replica() -> None:
     """SIGKILL every process of this replica's process group, this one included."""
     pgid = os.getpgid(0)
@@ -199,6 +217,14 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "collective_error", "the all-reduce in flight fails, as a broken link would", _break_link,
         at_phase="allreduce", at_phase_why="breaks the collective in flight",
         sim_effect="crash", sim_why="the replica leaves the collective",
+    ),
+    FaultKind(
+        # A persistent fault: recover must exclude the replica (core.protocol's fencing),
+        # since re-forming the same members fails the same way every time.
+        "broken_link", "every all-reduce of the target fails from then on, for `seconds` (for good without)",
+        _break_link_for_good, accepts=("seconds",), at_phase="allreduce",
+        at_phase_why="breaks the collective in flight (and every later one)",
+        sim_effect="crash", sim_why="recover fences the replica after repeated failed collectives",
     ),
     FaultKind(
         "replica_loss", "SIGKILL of the target replica's whole process group at once", _kill_own_replica,
