@@ -93,6 +93,12 @@ class TrainConfig:
     digest_every: int = _f(
         1, "recover: every this many steps each vote carries a weights digest; off the majority = fenced (0 = off)"
     )
+    fence_after: int = _f(
+        3, "recover: fence a replica implicated in this many consecutive failed generations (a broken link)"
+    )
+    max_failed_generations: int = _f(
+        10, "recover: stop the run (exit 1) after this many consecutive generations fail without a commit"
+    )
     faults: str = _f("", "fault plan JSON file to inject (see README); '' = none")
     progress: bool = _f(True, "show a progress bar on the terminal")
     hooks: str = _f("", "module:function building worker hooks (set by the CLI; advanced)", cli=False)
@@ -135,7 +141,8 @@ class TrainConfig:
             raise ConfigError("--system", f"unknown system {self.system!r}; choose from {', '.join(systems)}")
         if self.model not in MODEL_CONFIGS:
             raise ConfigError("--model", f"unknown model {self.model!r}; choose from {', '.join(MODEL_CONFIGS)}")
-        positive = ["replicas", "microbatches", "steps", "batch_size", "threads", "corpus_bytes"]
+        positive = ["replicas", "microbatches", "steps", "batch_size", "threads", "corpus_bytes", "fence_after",
+                    "max_failed_generations"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")

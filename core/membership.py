@@ -7,7 +7,8 @@ Contract:
   the survivors. A dead replica's connection is closed: if it was only frozen, it
   wakes up to a closed socket and leaves (fencing).
 - It is the single writer of DIR/metrics.jsonl (one line per committed step) and
-  DIR/events.jsonl (one line per recovery): no worker, replica 0 included, is
+  DIR/events.jsonl (one line per recovery, and one {"kind": "fenced", "replica",
+  "reason", ...} per replica fenced for persistent faults): no worker, replica 0 included, is
   special, so any of them can die.
 - Times in the records are seconds since the run started (RECOVER_T0), on the
   same clock as the fault injector's DIR/faults.jsonl.
@@ -74,7 +75,8 @@ class MembershipService:
         self.by_replica: dict[int, _Conn] = {}
         # A survivor that is still computing its quota rejoins only when done, so
         # the rejoin deadline is the collective deadline, not the heartbeat one.
-        self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now())
+        self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
+                                fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations)
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")
         self.events = JsonlWriter(out / "events.jsonl")
@@ -261,6 +263,9 @@ class MembershipService:
                     f"generation {rec['generation']} = {rec['survivors']}, redid {len(rec['redone'])} microbatches"
                 )
                 self.events.write({"kind": "recovery", **rec})
+            elif a.kind == "fenced":
+                self.log(a.msg["reason"])
+                self.events.write({"kind": "fenced", **a.msg})
             elif a.kind == "finish":
                 self.result = (a.code, a.reason)
         for r, reason in lost:

@@ -20,6 +20,13 @@ Invariants it keeps:
 - After a failure the survivors keep their ledgers; the new generation's quotas
   cover exactly the ids that no survivor's ledger holds (the work that died),
   split by the quota policy over the survivors' measured speeds.
+- Persistent faults end in exclusion, never a livelock. Each failed generation
+  implicates at most one member (see `_implicated`); a member implicated in
+  `fence_after` consecutive failed generations (no commit between, no other
+  member implicated in between) is fenced like a lost replica, with a "fenced"
+  record naming the generations; a commit clears every count. After
+  `max_failed_generations` consecutive failed generations without a commit the
+  run stops (exit 1) with a reason saying so, whatever the attribution.
 
 Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
@@ -52,9 +59,9 @@ from .policy import assign_quota_ranges
 class Out:
     """One action for the service to carry out."""
 
-    kind: str  # "send" | "close" | "commit" | "recovery" | "finish"
+    kind: str  # "send" | "close" | "commit" | "recovery" | "fenced" | "finish"
     replica: int = -1  # for send/close
-    msg: dict[str, Any] = field(default_factory=dict)  # send: the message; commit/recovery: the record
+    msg: dict[str, Any] = field(default_factory=dict)  # send: the message; commit/recovery/fenced: the record
     code: int = 0  # finish: exit code
     reason: str = ""  # close/finish
 
@@ -83,8 +90,15 @@ def _ledger(r: int, msg: dict) -> idranges.Ranges:
 class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
-    def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float):
+    def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
+                 fence_after: int = 3, max_failed_generations: int = 10):
         self.R, self.M, self.S = replicas, microbatches, steps
+        self.fence_after = fence_after  # consecutive failed generations implicating a member before it is fenced
+        self.max_failed_generations = max_failed_generations  # consecutive failed generations before the run stops
+        self.failed_since_commit = 0  # generations that failed since the last commit (or the start)
+        self.implicated_streak: dict[int, list[int]] = {}  # replica -> the failed generations, in a row, naming it
+        self.reporters: list[int] = []  # members that reported the failure of generation `gen`, first first
+        self.lost_in_failure = False  # a member of the failed generation was lost before the next one formed
         self.join_timeout = join_timeout
         self.alive: set[int] = set()  # connected, not declared dead
         self.dead: set[int] = set()
@@ -135,6 +149,7 @@ class Membership:
         if msg.get("step") != self.step:
             raise ProtocolError(f"replica {r} voted for step {msg.get('step')}, run is at {self.step}")
         if not msg.get("ok", False):
+            self.reporters.append(r)
             return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
         _ledger(r, msg)
         self.votes[r] = msg
@@ -146,8 +161,13 @@ class Membership:
         return []
 
     def on_fail(self, r: int, msg: dict, now: float) -> list[Out]:
+        if self.state == "forming" and msg.get("gen") == self.gen and r in self.expected and r not in self.reporters:
+            # a later report of the generation that is already failing: evidence for `_implicated`
+            self.reporters.append(r)
+            return []
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []
+        self.reporters.append(r)
         return self._fail(f"replica {r} reported: {msg.get('reason', 'collective failed')}", now)
 
     def on_lost(self, r: int, reason: str, now: float) -> list[Out]:
@@ -157,8 +177,10 @@ class Membership:
         self.dead.add(r)
         out = [Out("close", r, reason=reason)]
         if self.state == "running" and r in self.member_set:
+            self.lost_in_failure = True
             out += self._fail(f"replica {r} lost: {reason}", now)
         elif self.state == "forming" and r in self.expected:
+            self.lost_in_failure = True
             self._record_failure(f"replica {r} lost: {reason}", now)
             self.expected.discard(r)
             self.joins.pop(r, None)
@@ -207,6 +229,12 @@ class Membership:
     def _fail(self, reason: str, now: float) -> list[Out]:
         """The running generation failed: abort it, collect the survivors' ledgers."""
         self._record_failure(reason, now)
+        self.failed_since_commit += 1
+        if self.failed_since_commit >= self.max_failed_generations:
+            return self._finish(1, (
+                f"no progress: {self.failed_since_commit} consecutive generations failed without a commit "
+                f"(step {self.step}, generations {self.gen - self.failed_since_commit + 1}..{self.gen}, "
+                f"members {self.members}; last failure: {reason})"), now)
         self.state = "forming"
         self.next_gen = self.gen + 1
         self.expected = self.member_set & self.alive
@@ -235,6 +263,9 @@ class Membership:
             return []
         if self.next_gen == 0 and (differ := self._initial_weights_differ()):
             return self._finish(1, differ, now)
+        fenced = self._attribute_failure(now)
+        if fenced and not self.expected:
+            return fenced + self._finish(1, "no replica left: every replica of the run has failed", now)
         lo, hi = self.step * self.M, (self.step + 1) * self.M
         try:
             done = idranges.union_disjoint(self.joins[r] for r in sorted(self.joins))
@@ -254,7 +285,7 @@ class Membership:
         if self.pending and "generation" not in self.pending[-1]:
             self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=idranges.to_ids(todo),
                                     formed_at=now)
-        return [
+        return fenced + [
             Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
                             "quota": quotas[r], "microbatches": self.M, "steps": self.S})
             for r in self.members
@@ -304,8 +335,11 @@ class Membership:
                                    f"({seen}): cannot tell the corrupt replicas from the sound", now)
         out: list[Out] = []
         for r in sorted(r for d, rs in groups.items() if d != ref for r in rs):
-            out += self.on_lost(r, f"fenced: weights digest at step {self.step} differs from the majority's "
-                                   f"({seen}): silent data corruption", now)
+            why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
+            out.append(Out("fenced", r, msg={"replica": r, "reason": f"replica {r} fenced: {why}", "step": self.step,
+                                             "at": now, "weights_digest": self.votes[r]["weights_digest"],
+                                             "majority_digest": ref}))
+            out += self.on_lost(r, f"fenced: {why}", now)
         return out
 
     def _commit(self, now: float) -> list[Out]:
@@ -360,6 +394,8 @@ class Membership:
             rec["recovery_seconds"] = now - rec["detected_at"]
             records.append(Out("recovery", msg=rec))
         self.pending = []
+        self.failed_since_commit = 0  # progress: the same failures later are a new story
+        self.implicated_streak = {}
         committed = self.step
         self.step += 1
         self.votes = {}
@@ -390,6 +426,54 @@ class Membership:
                 slowest = r
         if measured:  # a step without measurements (step 0) neither extends nor ends a streak
             self.slow_streak = {slowest: self.slow_streak.get(slowest, 0) + 1} if slowest is not None else {}
+
+    # ---- attribution and fencing (persistent faults) ---------------------------------------
+    def _implicated(self) -> int | None:
+        """The member the failure of generation `gen` points at, or None.
+
+        The first member to report the failure is implicated: a replica whose own
+        link is broken fails at once, while the others fail later and only as a
+        consequence (or hear the abort before they notice). Nobody is implicated
+        when a member was lost in the failure (its death explains the others'
+        failed collectives: a ring neighbour of a SIGKILLed rank reports first), or
+        when every member reported it (a symmetric fault, say the network or the
+        store, singles no one out; the no-progress limit ends that livelock). A
+        first reporter picked by chance (a hang that every waiter times out on)
+        varies between generations, so it rarely builds a streak of `fence_after`.
+        """
+        if self.lost_in_failure or not self.reporters:
+            return None
+        if set(self.members) <= set(self.reporters):
+            return None
+        return self.reporters[0]
+
+    def _attribute_failure(self, now: float) -> list[Out]:
+        """Count the failed generation against the member it implicates; fence one at
+        `fence_after` in a row (called once per failed generation, before the next forms)."""
+        culprit = self._implicated() if self.gen >= 0 else None  # generation 0 forming: no failed generation
+        failed_gen = self.gen
+        self.reporters, self.lost_in_failure = [], False
+        if culprit is None:
+            return []  # no evidence either way: every streak stays as it was
+        streak = self.implicated_streak.get(culprit, []) + [failed_gen]
+        self.implicated_streak = {culprit: streak}  # another member implicated ends the others' streaks
+        if len(streak) < self.fence_after or culprit not in self.expected:
+            return []
+        del self.implicated_streak[culprit]
+        reason = (f"replica {culprit} fenced: implicated in {len(streak)} consecutive failed generations "
+                  f"({', '.join(map(str, streak))}) at step {self.step}, as the first to report each failure "
+                  f"while no member was lost")
+        return self._fence(culprit, reason, now, {"generations": streak})
+
+    def _fence(self, r: int, reason: str, now: float, evidence: dict[str, Any]) -> list[Out]:
+        """Take `r` out of the run like a lost replica (its ledger's ids are redone), with a record."""
+        self.alive.discard(r)
+        self.dead.add(r)
+        self.expected.discard(r)
+        self.joins.pop(r, None)
+        self._record_failure(reason, now)
+        return [Out("fenced", r, msg={"replica": r, "reason": reason, "step": self.step, "at": now, **evidence}),
+                Out("close", r, reason=reason)]
 
     def _finish(self, code: int, reason: str, now: float) -> list[Out]:
         self.state = "finished"

@@ -25,6 +25,9 @@ Contract:
                      into a CollectiveError, as a broken link would;
     bitflip          one bit of one weight flips in place (the weights the trainer
                      attached with `attach_weights`): silent data corruption;
+    broken_link      the same, and every later all-reduce of this worker fails
+                     too, for `seconds` after it fired (absent: for good); it
+                     is recorded once, when it first fires;
     replica_loss     SIGKILL of the replica's whole process group at once (the
                      launcher starts every replica in a group of its own).
   A restarted worker re-applies the kind's `on_restart` for faults that already
@@ -53,7 +56,7 @@ from recover.core.hooks import WorkerHooks
 from recover.core.launcher import ProcessExit
 from recover.core.startup import run_start_time
 
-from .kinds import KINDS, InjectedLinkError, kill_own_replica
+from .kinds import KINDS, InjectedLinkError, kill_own_replica, link_still_broken
 from .plan import MICROBATCH_PHASES, Fault, FaultPlan, load_plan, validate_plan
 from .record import PLAN_FILE, FAULTS_FILE, append_record, fault_record, fired_indices
 
@@ -90,6 +93,7 @@ class FaultInjector(WorkerHooks):
         self.slow_factor = 1.0
         self.pace_seconds = 0.0
         self.weights = None  # set by attach_weights: what a bitflip corrupts
+        self.link_broken_until = 0.0
         # A straggler stays one across a restart of its worker: the fault fired
         # once, but the slow device it stands for is still slow.
         for i, f in mine:
@@ -108,6 +112,8 @@ class FaultInjector(WorkerHooks):
         return f.step == step and phase == "commit" and f.phase in MICROBATCH_PHASES
 
     def at(self, step: int, phase: str, microbatch: int | None = None) -> None:
+        if phase == "allreduce" and self.link_broken_until:
+            link_still_broken(self)
         if not self.pending:
             return
         for entry in list(self.pending):

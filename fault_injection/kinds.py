@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -57,6 +58,7 @@ class InjectorState(Protocol):
     slow_factor: float  # every later microbatch takes this many times as long (1.0: normal speed)
     pace_seconds: float  # every later microbatch lasts at least this long (0.0: no floor)
     weights: Any  # the worker's weights as its trainer attached them (core.hooks.Weights), or None
+    link_broken_until: float  # until this time.time(), every all-reduce of this worker fails (0.0: link works)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,20 @@ def _flip_a_bit(state: InjectorState, index: int, fault: Any, step: int) -> None
         raise RuntimeError(f"bitflip (fault {index}): this trainer attached no weights to its hooks")
     what = state.weights.flip_bit()
     print(f"bitflip (fault {index}) at step {step}: {what}", file=sys.stderr, flush=True)  # the worker's log
+def _break_link_for_good(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # Not only this all-reduce: every later one fails too (the injector checks the
+    # deadline at each "allreduce" point), so retrying with the same members cannot help.
+    lasts = "for good" if fault.seconds is None else f"for {fault.seconds:g}s"
+    state.link_broken_until = float("inf") if fault.seconds is None else time.time() + float(fault.seconds)
+    raise InjectedLinkError(
+        f"injected broken_link (fault {index}): replica {state.replica}'s link broke at step {step}, {lasts}"
+    )
+
+
+def link_still_broken(state: InjectorState) -> None:
+    """At an "allreduce" point: raise while a broken_link that already fired lasts."""
+    if state.link_broken_until and time.time() < state.link_broken_until:
+        raise InjectedLinkError(f"injected broken_link: replica {state.replica}'s link is still broken")
 
 
 def kill_own_replica() -> None:
@@ -215,6 +231,14 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         _flip_a_bit,
         # recover fences the replica at its next digested vote; the baselines never notice
         sim_effect="crash", sim_why="recover fences the replica at its next weights digest", loses_replica=True,
+    ),
+    FaultKind(
+        # A persistent fault: recover must exclude the replica (core.protocol's fencing),
+        # since re-forming the same members fails the same way every time.
+        "broken_link", "every all-reduce of the target fails from then on, for `seconds` (for good without)",
+        _break_link_for_good, accepts=("seconds",), at_phase="allreduce",
+        at_phase_why="breaks the collective in flight (and every later one)",
+        sim_effect="crash", sim_why="recover fences the replica after repeated failed collectives",
     ),
     FaultKind(
         "replica_loss", "SIGKILL of the target replica's whole process group at once", _kill_own_replica,

@@ -29,7 +29,7 @@ Contract:
   replica exists, the step is inside the run, the microbatch can exist).
 - Wall-clock faults of a kind with a launcher-side action (crash, hang,
   replica_loss) are fired by the launcher by PID; those of any other kind (slow,
-  collective_error) are armed in the worker and take effect at its first hook
+  collective_error, broken_link) are armed in the worker and take effect at its first hook
   point after that time (or, for a kind with `at_phase`, at that phase).
 - `from_dict` takes the kinds table as an argument (the real one by default), so
   a kind added to a copy of it is validated like the others.

@@ -104,7 +104,8 @@ def test_a_toy_kind_in_a_copy_of_the_table_flows_through_validation():
     with pytest.raises(PlanError, match="factor: only a slow fault has a factor, not a toy_freeze"):
         FaultPlan.from_dict({"faults": [{**good, "factor": 2}]}, kinds=table)
     # Other kinds' errors now name it among the owners of the parameter it shares.
-    with pytest.raises(PlanError, match="seconds: only a hang, pace or toy_freeze lasts seconds, not a crash"):
+    owners = [n for n, k in KINDS.items() if "seconds" in k.accepts]  # hang, pace, ... from the real table
+    with pytest.raises(PlanError, match=f"seconds: only a {', '.join(owners)} or toy_freeze lasts seconds, not a crash"):
         FaultPlan.from_dict({"faults": [{"kind": "crash", "replica": 0, "step": 1, "phase": "forward",
                                          "seconds": 1}]}, kinds=table)
     # The real table knows nothing of it.
@@ -134,3 +135,35 @@ def test_a_toy_kind_registered_in_the_table_is_fired_recorded_and_simulated(tmp_
     assert [(r["kind"], r["seconds"]) for r in records] == [("toy_freeze", 3), ("toy_freeze", None)]
     events = events_from_plan(plan.to_dict())
     assert not events.skipped and [s.kind for s in events.step_faults] == [HANG] and list(events.kinds) == [HANG]
+
+
+# ---- broken_link: a persistent fault (issue 12 item 3) -------------------------------------------
+def test_a_broken_link_fails_every_later_allreduce_of_its_replica_for_its_seconds(tmp_path):
+    from recover.fault_injection.kinds import InjectedLinkError
+
+    plan = FaultPlan.from_dict({"faults": [
+        {"kind": "broken_link", "replica": 0, "step": 1, "phase": "allreduce"},  # for good
+        {"kind": "broken_link", "replica": 1, "step": 1, "phase": "allreduce", "seconds": 0.3},
+    ]})
+    for_good = FaultInjector(plan, replica=0, rank=0, out_dir=tmp_path, t0=0.0)
+    timed = FaultInjector(plan, replica=1, rank=0, out_dir=tmp_path, t0=0.0)
+    for inj in (for_good, timed):
+        inj.at(0, "allreduce")  # before it fires: the link works
+        inj.at(1, "forward", 0)
+        with pytest.raises(InjectedLinkError, match="broken_link \\(fault"):
+            inj.at(1, "allreduce")
+        for step in (1, 1, 2):  # the same step redone, and the next: still broken
+            with pytest.raises(InjectedLinkError, match="still broken"):
+                inj.at(step, "allreduce")
+        inj.at(2, "forward", 0)  # only the collectives fail
+    records = read_records(tmp_path)
+    assert [(r["index"], r["kind"], r["seconds"]) for r in records] == [(0, "broken_link", None),
+                                                                         (1, "broken_link", 0.3)]  # once each
+    import time
+
+    time.sleep(0.35)
+    timed.at(3, "allreduce")  # its seconds are over: the link works again
+    with pytest.raises(InjectedLinkError):
+        for_good.at(3, "allreduce")
+    with pytest.raises(PlanError, match="phase"):
+        FaultPlan.from_dict({"faults": [{"kind": "broken_link", "replica": 0, "step": 1, "phase": "forward"}]})

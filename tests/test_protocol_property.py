@@ -15,13 +15,15 @@ or double-counted gradient can never sum to the right one by accident.
 
 Hypothesis picks, step by step, which message is delivered next, which worker
 computes, and when workers crash, freeze, wake, time out, are declared dead, have
-a send to them fail, or have their incoming messages delayed. Then a fair
-scheduler drains the system. Invariants checked on every run:
+a send to them fail, have their incoming messages delayed, or have their link
+broken for good (every collective they start fails). Then a fair scheduler
+drains the system. Invariants checked on every run:
 - every commit any worker applies carries exactly the failure-free gradient
   sum_{id in iteration t} g(id) (nothing dropped, nothing counted twice);
 - the coordinator commits steps 0, 1, 2, ... in order, each once, with
   microbatch_ids == the iteration's M ids;
-- the run ends: all S steps committed if any worker survives, else a clean stop;
+- the run ends: all S steps committed if any worker survives, else a clean stop
+  (no replica left, or "no progress" while a broken link is still in the run);
 - a worker declared dead never has a vote or join accepted again (fencing);
 - a worker that no fault touched is never declared dead, and every abort it
   acts on is for the step it is at (messages never reorder).
@@ -72,6 +74,7 @@ class FakeWorker:
     aborted_gen: int = -1  # the control client's record of the newest abort read
     held: bool = False  # incoming messages delayed (a slow link); the worker itself runs on
     touched: bool = False  # some fault hit this worker (it may then be declared dead)
+    broken: bool = False  # a broken link: every collective it starts fails (reported at once)
 
 
 class FakeSocket:
@@ -209,6 +212,10 @@ class World:
             if w.aborted_gen >= w.gen:  # the collective polls the abort flag: it fails at once
                 w.state = "waiting_abort"  # and waits for the abort message (no fail sent: it is known)
                 return
+            if w.broken:  # its link fails the collective it starts, every time: it reports at once
+                w.outbox.append({"t": "fail", "gen": w.gen, "step": w.step, "reason": "link broken"})
+                w.state = "waiting_abort"
+                return
             self.reductions.setdefault((w.gen, w.step), {})[r] = w.acc  # a copy: the accumulator stays
             w.state = "reducing"
         elif w.state == "reducing":
@@ -285,6 +292,8 @@ class World:
             w.held = True
         elif kind == "deliver":
             w.held = False
+        elif kind == "broken":  # a persistent fault: it must be fenced, or the run stop, never a livelock
+            w.broken = w.touched = True
 
 
 def drain(world: World, rng: random.Random, limit: int = 20_000) -> None:
@@ -322,8 +331,11 @@ def check(world: World) -> None:
         for w in survivors:  # every survivor applied every step, in order, exactly once
             assert [st for r, st, _ in world.applied if r == w.r] == list(range(world.S)), w
     else:
-        assert code == 1 and "no replica left" in reason, reason
-        assert not survivors
+        assert code == 1, reason
+        if "no progress" in reason:  # only a persistent fault left in the run may stop it so
+            assert any(w.broken for w in survivors), reason
+        else:
+            assert "no replica left" in reason and not survivors, reason
     for r, step, value in world.applied:
         assert value == sum(g(i) for i in iteration_ids(step, world.M))
     ejected = {w.r for w in world.workers if not w.touched} & world.proto.dead
@@ -332,7 +344,7 @@ def check(world: World) -> None:
 
 fault_events = st.lists(
     st.tuples(st.integers(0, 150),
-              st.sampled_from(["crash", "freeze", "wake", "timeout", "sendfail", "delay", "deliver"]),
+              st.sampled_from(["crash", "freeze", "wake", "timeout", "sendfail", "delay", "deliver", "broken"]),
               st.integers(0, 3)),
     max_size=6,
 )
@@ -355,8 +367,11 @@ def test_protocol_invariants_under_any_interleaving_of_failures(R, M_extra, S, f
                 continue
             if kind == "timeout":  # a spurious deadline (a slow peer): only where one can fire
                 if w.state == "reducing" and not w.frozen:
+                    # the first to report a failure alone is implicated, and fenced after
+                    # fence_after in a row (issue 12 item 3): a fault that touches it
+                    w.touched = True
                     world.do(("timeout", r))
-            elif kind in ("wake", "sendfail", "delay", "deliver"):
+            elif kind in ("wake", "sendfail", "delay", "deliver", "broken"):
                 world.do((kind, r))
             else:
                 world.do((kind, r))
@@ -474,6 +489,8 @@ def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_sh
     outs += _digest_vote(proto, 2, quotas[2], "aa")
     assert not [a for a in outs if a.kind == "commit"]  # step 0 did not commit
     assert [a.replica for a in outs if a.kind == "close"] == [1] and 1 in proto.dead
+    (fenced,) = [a.msg for a in outs if a.kind == "fenced"]
+    assert fenced["replica"] == 1 and fenced["reason"].startswith("replica 1 fenced: weights digest at step 0")
     aborts = {a.replica: a.msg for a in outs if a.kind == "send"}
     assert sorted(aborts) == [0, 2] and all(m["t"] == "abort" and m["step"] == 0 for m in aborts.values())
     for r in (0, 2):  # they keep what they folded
@@ -545,3 +562,20 @@ def test_a_send_failing_mid_generation_broadcast_aborts_only_after_the_generatio
     drain(world, random.Random(3))
     check(world)
     assert world.finished[0] == 0 and world.commits[0]["members"] == [1, 2]
+
+
+def test_a_broken_link_is_fenced_through_the_service_and_a_lone_one_stops_the_run():
+    """Issue 12 item 3 through the real service: the fenced record reaches events.jsonl."""
+    world = World(3, 5, 3)
+    world.do(("broken", 2))
+    drain(world, random.Random(4))
+    check(world)
+    assert world.finished[0] == 0 and all(c["members"] == [0, 1] for c in world.commits)
+    fenced = [e for e in world.recoveries if e.get("kind") == "fenced"]
+    assert [(e["replica"], e["generations"]) for e in fenced] == [(2, [0, 1, 2])]
+    assert world.workers[2].fenced  # told so: its connection was closed
+    alone = World(1, 2, 3)
+    alone.do(("broken", 0))
+    drain(alone, random.Random(5))
+    check(alone)
+    assert alone.finished[0] == 1 and alone.finished[1].startswith("no progress: 10 consecutive generations")

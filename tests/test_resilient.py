@@ -202,6 +202,41 @@ def test_a_flipped_weight_bit_is_caught_at_the_next_vote_and_the_replica_fenced(
     for e, r in zip(events, (1, 2)):
         assert f"replica {r} lost: fenced: weights digest" in e["fault"], e
         assert e["redone"], e
+    fenced = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["kind"] == "fenced"]
+    assert [(e["replica"], e["step"]) for e in fenced] == [(1, 6), (2, 12)], fenced
+    assert all(e["weights_digest"] != e["majority_digest"] for e in fenced)
     exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
     assert exits[1]["returncode"] == exits[2]["returncode"] == 3  # fenced, told by a closed connection
     assert summary["status"] == "ok" and sorted(summary["final_checksums"]) == ["0", "3"]
+
+
+def test_a_permanently_broken_link_gets_its_replica_fenced_and_the_others_finish(tmp_path):
+    """Issue 12 item 3: replica 2's all-reduces fail from step 1 on, for good. Re-forming
+    the same members cannot help; it is fenced after --fence-after (3) failed generations
+    it was the first to report, and 0 and 1 finish with the failure-free trajectory."""
+    r, m, steps = 3, 6, 4
+    common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps), "--seed", str(SEED),
+              "--heartbeat-timeout", "3", "--collective-timeout", "20", "--no-progress"]
+    ref_out = tmp_path / "plain"
+    run_recover("train", "--system", "plain", *common, "--out", str(ref_out), check=True)
+    reference = [x["loss"] for x in load_run(ref_out)[1]]
+    faults = [{"kind": "broken_link", "replica": 2, "step": 1, "phase": "allreduce"}]
+    metrics, summary, events, fired = run_with_faults(tmp_path, faults, common)
+    assert [(f["kind"], f["replica"], f["step"], f["phase"]) for f in fired] == [("broken_link", 2, 1, "allreduce")]
+    assert [x["step"] for x in metrics] == list(range(steps))
+    for x, ref in zip(metrics, reference):
+        assert reported_ids(x) == iteration_ids(x["step"], m)  # from what the members reported folding
+        assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
+    assert metrics[0]["members"] == [0, 1, 2]
+    assert all(x["members"] == [0, 1] for x in metrics[1:])
+    # three generations of step 1 failed on replica 2's reports; the fourth, without it, committed
+    assert metrics[1]["generation"] == metrics[0]["generation"] + 3
+    fenced = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["kind"] == "fenced"]
+    assert [(e["replica"], e["step"], len(e["generations"])) for e in fenced] == [(2, 1, 3)], fenced
+    assert fenced[0]["reason"].startswith("replica 2 fenced: implicated in 3 consecutive failed generations")
+    assert all("replica 2 reported" in e["fault"] for e in events)  # every recovery was its report
+    assert events[-1]["step"] == 1 and events[-1]["survivors"] == [0, 1] and events[-1]["redone"]
+    exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
+    assert exits[2]["returncode"] == 3, exits[2]  # told it was fenced: the connection closed
+    assert exits[0]["returncode"] == exits[1]["returncode"] == 0
+    assert summary["status"] == "ok" and summary["steps"] == steps

@@ -20,12 +20,16 @@ from recover.core.results import read_jsonl, write_summary
 from . import fail
 
 
+LAUNCH_FIELDS = ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
+                 "fence_after", "max_failed_generations")  # the TrainConfig fields a user's job is run with
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "launch", help="run your own training script as a resilient job",
         description=__doc__.split("\n")[0] + " Usage: recover launch [flags] -- COMMAND [ARGS...]",
     )
-    for name in ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval"):
+    for name in LAUNCH_FIELDS:
         f = TrainConfig.__dataclass_fields__[name]
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=type(f.default), default=f.default,
                        help=f"{f.metadata['help']} (default: {f.default})")
@@ -38,9 +42,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         return fail("COMMAND: missing; give the worker command after --")
-    cfg = TrainConfig(system="recover", replicas=args.replicas, microbatches=args.microbatches, steps=args.steps,
-                      heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
-                      heartbeat_interval=args.heartbeat_interval, out=args.out)
+    cfg = TrainConfig(system="recover", out=args.out, **{name: getattr(args, name) for name in LAUNCH_FIELDS})
     try:
         cfg.validate()
     except ConfigError as e:

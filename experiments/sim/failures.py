@@ -14,7 +14,7 @@ Contract:
   engine ignores failures of replicas that are not alive.
 - Fault kinds map to what a system sees through their `sim_effect` in the
   harness's kinds table (recover.fault_injection.kinds): "crash" takes the replica
-  out at once (crash, replica_loss, collective_error), "hang" takes it out after a
+  out at once (crash, replica_loss, collective_error, broken_link), "hang" takes it out after a
   deadline (hang, timed or not), "none" is not modelled (slow: a straggler changes
   speed, not membership) and is reported as skipped, as is a kind the table lacks.
 """
