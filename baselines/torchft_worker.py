@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from torchft.process_group import ProcessGroupGloo
 
     work = Workload(cfg, "cpu")
+    hooks.attach_weights(work.acc)  # a bitflip fault corrupts these (and nothing here notices)
     timeout = timedelta(seconds=settings.torchft_timeout)
 
     def state_dict() -> dict:

@@ -95,6 +95,7 @@ def train(
     out = Path(cfg.out)
     ckpts = checkpoint_dir(cfg.out)
     work = Workload(cfg, cfg.resolved_device())
+    hooks.attach_weights(work.acc)  # a bitflip fault corrupts these (and nothing here notices)
     plan: dict[str, Any] = {}
     restart: dict[str, Any] | None = None
     if inc.rank == 0:

@@ -11,6 +11,11 @@ Contract:
   the backend still runs it, can only write into that copy. The accumulator is
   never touched by communication, which is what lets a survivor keep its work
   across a failed all-reduce.
+- `weights_digest()` names the parameters' values (equal digests, equal weights);
+  `weights_fingerprint()` is its cheap on-device form, blind to weights swapped
+  but never to a flipped bit;
+  `flip_bit(bit)` corrupts one bit of the largest weight in place, as a silent data
+  corruption would (the bitflip fault kind's action, reached through the hooks).
 - Nothing here talks to other processes.
 """
 from __future__ import annotations
@@ -87,6 +92,50 @@ class GradAccumulator:
             for p in self.params:
                 h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
         return h.hexdigest()
+
+    def weights_fingerprint(self) -> str:
+        """A digest of the weights computed where they live: what each vote carries.
+
+        Per parameter, the sum of its raw bits read as integers (int16/int32 for
+        16/32-bit floats), accumulated exactly in int64; then sha256 over those few
+        sums. Integer sums are exact and order-free, so equal weights give equal
+        fingerprints on any device and thread count, and one flipped bit b of any
+        weight moves its parameter's sum by 2^b: always seen. `weights_digest` (the
+        plain version: sha256 of every byte, done on the host) also sees any two
+        weights swapped, but copies the whole model off the device each time; this
+        reads each weight once on its device and moves a few bytes per parameter.
+        """
+        with torch.no_grad():
+            sums = torch.stack([
+                p.detach().reshape(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[p.element_size()])
+                .sum(dtype=torch.int64)
+                for p in self.params
+            ])
+        return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()
+
+    def flip_bit(self, bit: int = 22) -> str:
+        """Flip bit `bit` of the model's largest-magnitude weight, in place; say which.
+
+        The default, bit 22 of an fp32 weight, is the top mantissa bit: the weight
+        moves by up to half its value, never to inf or NaN, so nothing fails and the
+        loss only drifts; a weight of the largest magnitude (a norm's gain, typically)
+        is used by every token, so the drift is real. Only a digest of the weights sees it."""
+        with torch.no_grad():
+            where, best = 0, -1.0
+            for i, p in enumerate(self.params):
+                m = float(p.detach().abs().max()) if p.numel() else -1.0
+                if m > best:
+                    where, best = i, m
+            p = self.params[where]
+            width = p.element_size() * 8
+            if not 0 <= bit < width - 1:  # the top bit of a signed int view has no positive mask
+                raise ValueError(f"bit must be in [0, {width - 1}) for a {p.dtype} weight, got {bit}")
+            as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[p.element_size()]
+            k = int(p.detach().abs().reshape(-1).argmax())
+            before = float(p.detach().reshape(-1)[k])
+            p.data.view(-1)[k : k + 1].view(as_int).bitwise_xor_(1 << bit)
+            after = float(p.detach().reshape(-1)[k])
+        return f"bit {bit} of element {k} of parameter {where} (shape {tuple(p.shape)}): {before:g} -> {after:g}"
 
     def reattach(self) -> None:
         """Re-point each .grad at the flat buffer (after code that replaced .grad)."""

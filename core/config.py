@@ -90,6 +90,9 @@ class TrainConfig:
     heartbeat_timeout: float = _f(
         3.0, "seconds without a heartbeat after which a worker is declared dead (catches hangs)"
     )
+    digest_every: int = _f(
+        1, "recover: every this many steps each vote carries a weights digest; off the majority = fenced (0 = off)"
+    )
     fence_after: int = _f(
         3, "recover: fence a replica implicated in this many consecutive failed generations (a broken link)"
     )
@@ -148,7 +151,7 @@ class TrainConfig:
                 "--microbatches",
                 f"M={self.microbatches} is less than --replicas R={self.replicas}; every replica needs work",
             )
-        for name in ["block_size", "vocab_size", "seed"]:
+        for name in ["block_size", "vocab_size", "seed", "digest_every"]:
             if getattr(self, name) < 0:
                 raise ConfigError(flag_name(name), f"must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:

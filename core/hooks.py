@@ -7,6 +7,9 @@ Contract:
 - A hook may do anything a real fault does: kill or freeze its own process, sleep
   (a straggler), or raise (at "allreduce": the collective counts as failed, as a
   broken link would make it).
+- A trainer that owns weights hands them over once with `attach_weights(weights)`
+  (something with `flip_bit(bit) -> str`, e.g. core.accumulator.GradAccumulator),
+  so that a hook can corrupt them as silent data corruption would.
 - core/ never imports the implementations (fault_injection/ does): they are named
   by a "module:function" string in the config and loaded here by importlib, so the
   import direction stays fault_injection -> core.
@@ -14,7 +17,7 @@ Contract:
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -30,8 +33,19 @@ PHASES = (
 )
 
 
+class Weights(Protocol):
+    """What a hook may do to a worker's weights."""
+
+    def flip_bit(self, bit: int = ...) -> str:
+        """Flip one bit of one weight in place; returns which."""
+        ...
+
+
 class WorkerHooks:
     """No-op hooks; subclass and override what you need."""
+
+    def attach_weights(self, weights: Weights) -> None:
+        """Called once by a trainer with the weights it trains (a hook may corrupt them)."""
 
     def at(self, step: int, phase: str, microbatch: int | None = None) -> None:
         """Called at `phase` of iteration `step` (`microbatch`: index within this replica's step)."""

@@ -14,6 +14,9 @@ Invariants it keeps:
   the generation. Messages carrying another generation are ignored, and a
   replica declared dead is closed and never readmitted: a frozen replica that
   wakes up is fenced out of every later reduction and vote.
+- A step whose votes carry weights digests commits only if they all agree; the
+  members off a strict majority are fenced (as dead) first, and with no strict
+  majority the run stops: no gradient from corrupt weights is committed.
 - After a failure the survivors keep their ledgers; the new generation's quotas
   cover exactly the ids that no survivor's ledger holds (the work that died),
   split by the quota policy over the survivors' measured speeds.
@@ -35,7 +38,9 @@ worker -> coordinator:
   hello  {replica, pid, tokens_per_mb, weights_digest}   first message; also the join of generation 0
                                            (generation 0 forms only if the digests agree)
   join   {gen, step, ledger}               rejoin after an abort
-  vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr}   lr: the rate the step will use
+  vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr[, weights_digest]}   lr: the rate the step
+                                           will use; weights_digest (every K steps): the weights'
+                                           digest; a member off the majority is fenced
   fail   {gen, step, reason}               my collective failed
   hb     {}                                heartbeat (handled by the service)
 Ids on the wire (quota, ledger, members) are `core.idranges` range lists,
@@ -150,6 +155,8 @@ class Membership:
         self.votes[r] = msg
         # votes holds members only (checked above), so a count says whether all have voted
         if len(self.votes) == len(self.members):
+            if (fenced := self._fence_corrupt_weights(now)) is not None:
+                return fenced
             return self._commit(now)
         return []
 
@@ -301,6 +308,39 @@ class Membership:
         return (f"initial weights differ: replica(s) {odd} do not match replica(s) {groups[ref]} "
                 f"(weights digest {', '.join(f'{r}: {digests[r][:12]}' for r in digests)}); every replica "
                 "must start from the same weights (same seed, same initialisation)")
+
+    def _fence_corrupt_weights(self, now: float) -> list[Out] | None:
+        """None if the votes' weights digests agree (or none came); else fence the odd ones.
+
+        Members train the same weights with the same gradients, so their digests are
+        equal unless a replica's memory was silently corrupted (a flipped bit). The
+        members off the strict majority are declared dead, which aborts the step:
+        the survivors keep their ledgers and redo the corrupt replicas' share, so no
+        gradient computed from corrupt weights is ever committed. Without a strict
+        majority (two members, one each) nobody can tell which side is sound, and
+        the run stops saying so rather than guess. O(members), once per digested step.
+        """
+        groups: dict[str, list[int]] = {}
+        for r in self.members:
+            d = self.votes[r].get("weights_digest")
+            if d is not None:
+                groups.setdefault(d, []).append(r)
+        if len(groups) <= 1:
+            return None
+        ref = max(groups, key=lambda d: len(groups[d]))
+        digested = sum(len(rs) for rs in groups.values())
+        seen = "; ".join(f"{d[:12]}: replica(s) {rs}" for d, rs in groups.items())
+        if 2 * len(groups[ref]) <= digested:
+            return self._finish(1, f"step {self.step}: the replicas' weights differ and no digest has a majority "
+                                   f"({seen}): cannot tell the corrupt replicas from the sound", now)
+        out: list[Out] = []
+        for r in sorted(r for d, rs in groups.items() if d != ref for r in rs):
+            why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
+            out.append(Out("fenced", r, msg={"replica": r, "reason": f"replica {r} fenced: {why}", "step": self.step,
+                                             "at": now, "weights_digest": self.votes[r]["weights_digest"],
+                                             "majority_digest": ref}))
+            out += self.on_lost(r, f"fenced: {why}", now)
+        return out
 
     def _commit(self, now: float) -> list[Out]:
         lo, hi = self.step * self.M, (self.step + 1) * self.M

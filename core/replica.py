@@ -38,6 +38,10 @@ Contract:
 - The hello carries a digest of the initial weights; generation 0 forms only if
   every replica's digest agrees, else the run stops naming the replica(s) that
   differ (e.g. a per-replica seed): replicas must start from the same weights.
+- Every `digest_every` steps (default 1; 0 = never) the vote carries a digest of
+  the weights this step's gradient was computed with. The coordinator fences a
+  replica whose digest is off the members' majority (silent data corruption) and
+  redoes its share of the step, so a corrupt replica never commits a gradient.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit).
@@ -93,6 +97,7 @@ class Replica:
         tokens_per_microbatch: int = 0,
         hooks: WorkerHooks | None = None,
         join_token: str | None = None,
+        digest_every: int = 1,
     ):
         self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
         self.optimizer = optimizer
@@ -101,6 +106,10 @@ class Replica:
         self.timeout = collective_timeout
         self.stepper = CommittedStep(optimizer, self.acc.params, lr_schedule, grad_clip)
         self.hooks = hooks or WorkerHooks()
+        self.hooks.attach_weights(self.acc)
+        if digest_every < 0:
+            raise ValueError(f"digest_every must be >= 0 (0: never), got {digest_every}")
+        self.digest_every = digest_every
         self.store = dist.TCPStore(store_addr[0], store_addr[1], is_master=False,
                                    timeout=timedelta(seconds=max(60.0, collective_timeout)))
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
@@ -195,11 +204,15 @@ class Replica:
                 self.control.send({"t": "fail", "gen": g, "step": step, "reason": e.reason})
             return self._recover(self._wait_for({"abort"}))
         n = len(self.acc.ledger)
-        self.control.send({
+        vote = {
             "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
             "loss_sum": float(buf[-1]), "mb_seconds": self._work_seconds / n if n else 0.0,
             "lr": self.stepper.lr(step),
-        })
+        }
+        if self.digest_every and step % self.digest_every == 0:
+            # the weights this step's gradient came from: a replica off the majority is corrupt
+            vote["weights_digest"] = self.acc.weights_fingerprint()
+        self.control.send(vote)
         self.hooks.at(step, "commit")
         msg = self._wait_for({"commit", "abort"})
         if msg["t"] == "abort":

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         backend=cfg.resolved_backend(), collective_timeout=cfg.collective_timeout,
         heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip,
         lr_schedule=work.schedule,
-        tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks,
+        tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
     )
     try:
         while not replica.done:

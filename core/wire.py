@@ -36,7 +36,7 @@ _REQUIRED: dict[str, dict[str, str]] = {
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
     "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR},
-    "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR},
+    "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR},
     "fail": {"reason": _STR},
 }
 

@@ -23,6 +23,8 @@ Contract:
     collective_error the all-reduce in flight fails: `at(step, "allreduce")`
                      raises `InjectedLinkError`, which core's Communicator turns
                      into a CollectiveError, as a broken link would;
+    bitflip          one bit of one weight flips in place (the weights the trainer
+                     attached with `attach_weights`): silent data corruption;
     broken_link      the same, and every later all-reduce of this worker fails
                      too, for `seconds` after it fired (absent: for good); it
                      is recorded once, when it first fires;
@@ -90,6 +92,7 @@ class FaultInjector(WorkerHooks):
         self.pending: list[tuple[int, Fault]] = [(i, f) for i, f in mine if i not in fired]
         self.slow_factor = 1.0
         self.pace_seconds = 0.0
+        self.weights = None  # set by attach_weights: what a bitflip corrupts
         self.link_broken_until = 0.0
         # A straggler stays one across a restart of its worker: the fault fired
         # once, but the slow device it stands for is still slow.
@@ -118,6 +121,9 @@ class FaultInjector(WorkerHooks):
             if self._due(f, step, phase, microbatch):
                 self.pending.remove(entry)  # before firing: a raise must not leave it armed
                 self._fire(i, f, step, phase, microbatch)
+
+    def attach_weights(self, weights: Any) -> None:
+        self.weights = weights
 
     def microbatch_done(self, step: int, microbatch: int, seconds: float) -> None:
         extra = (self.slow_factor - 1.0) * seconds if self.slow_factor > 1.0 else 0.0

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -56,6 +57,7 @@ class InjectorState(Protocol):
     replica: int  # the replica this worker belongs to
     slow_factor: float  # every later microbatch takes this many times as long (1.0: normal speed)
     pace_seconds: float  # every later microbatch lasts at least this long (0.0: no floor)
+    weights: Any  # the worker's weights as its trainer attached them (core.hooks.Weights), or None
     link_broken_until: float  # until this time.time(), every all-reduce of this worker fails (0.0: link works)
 
 
@@ -138,6 +140,11 @@ def _break_link(state: InjectorState, index: int, fault: Any, step: int) -> None
     )
 
 
+def _flip_a_bit(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    if state.weights is None:
+        raise RuntimeError(f"bitflip (fault {index}): this trainer attached no weights to its hooks")
+    what = state.weights.flip_bit()
+    print(f"bitflip (fault {index}) at step {step}: {what}", file=sys.stderr, flush=True)  # the worker's log
 def _break_link_for_good(state: InjectorState, index: int, fault: Any, step: int) -> None:
     # Not only this all-reduce: every later one fails too (the injector checks the
     # deadline at each "allreduce" point), so retrying with the same members cannot help.
@@ -217,6 +224,13 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "collective_error", "the all-reduce in flight fails, as a broken link would", _break_link,
         at_phase="allreduce", at_phase_why="breaks the collective in flight",
         sim_effect="crash", sim_why="the replica leaves the collective",
+    ),
+    FaultKind(
+        # Silent data corruption: nothing fails, the weights are just wrong from now on.
+        "bitflip", "one bit of one weight flips in place (silent data corruption; recover's vote digests catch it)",
+        _flip_a_bit,
+        # recover fences the replica at its next digested vote; the baselines never notice
+        sim_effect="crash", sim_why="recover fences the replica at its next weights digest", loses_replica=True,
     ),
     FaultKind(
         # A persistent fault: recover must exclude the replica (core.protocol's fencing),

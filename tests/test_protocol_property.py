@@ -477,6 +477,48 @@ def test_the_commit_record_is_what_the_members_reported():
         reported_ids({"step": 3, "microbatch_ids": [0, 1]})
 
 
+def _digest_vote(proto: Membership, r: int, ledger, digest: str) -> list:
+    return proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
+                             "loss_sum": 0.0, "mb_seconds": 0.01, "weights_digest": digest}, 0.0)
+
+
+def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_share_redone():
+    """Issue 12 item 7: silent data corruption never commits; the sound majority goes on."""
+    proto, quotas = _formed(3, 6)
+    outs = _digest_vote(proto, 0, quotas[0], "aa") + _digest_vote(proto, 1, quotas[1], "bb")
+    outs += _digest_vote(proto, 2, quotas[2], "aa")
+    assert not [a for a in outs if a.kind == "commit"]  # step 0 did not commit
+    assert [a.replica for a in outs if a.kind == "close"] == [1] and 1 in proto.dead
+    (fenced,) = [a.msg for a in outs if a.kind == "fenced"]
+    assert fenced["replica"] == 1 and fenced["reason"].startswith("replica 1 fenced: weights digest at step 0")
+    aborts = {a.replica: a.msg for a in outs if a.kind == "send"}
+    assert sorted(aborts) == [0, 2] and all(m["t"] == "abort" and m["step"] == 0 for m in aborts.values())
+    for r in (0, 2):  # they keep what they folded
+        outs = proto.on_join(r, {"gen": 1, "step": 0, "ledger": quotas[r]}, 0.0)
+    gens = {a.replica: a.msg for a in outs if a.kind == "send"}
+    assert sorted(i for m in gens.values() for i in idranges.to_ids(m["quota"])) == idranges.to_ids(quotas[1])
+    # each votes its whole ledger: what it kept plus its share of the redo
+    outs = [o for r in (0, 2) for o in _digest_vote(proto, r, idranges.union_disjoint([quotas[r], gens[r]["quota"]]), "aa")]
+    (commit,) = [a.msg for a in outs if a.kind == "commit"]
+    assert commit["members"] == [0, 2] and reported_ids(commit) == list(range(6))
+    (rec,) = [a.msg for a in outs if a.kind == "recovery"]
+    assert "replica 1" in rec["fault"] and "weights digest" in rec["fault"] and "silent data corruption" in rec["fault"]
+
+
+def test_weights_that_differ_with_no_majority_stop_the_run():
+    proto, quotas = _formed(2, 4)
+    outs = _digest_vote(proto, 0, quotas[0], "aa") + _digest_vote(proto, 1, quotas[1], "bb")
+    (fin,) = [a for a in outs if a.kind == "finish"]
+    assert fin.code == 1 and "no digest has a majority" in fin.reason
+    assert not [a for a in outs if a.kind == "commit"]
+
+
+def test_equal_digests_and_votes_without_one_commit():
+    proto, quotas = _formed(3, 6)
+    outs = _digest_vote(proto, 0, quotas[0], "aa") + _vote(proto, 1, quotas[1]) + _digest_vote(proto, 2, quotas[2], "aa")
+    assert len([a for a in outs if a.kind == "commit"]) == 1
+
+
 def test_a_commit_needs_exactly_the_step_ids_each_once():
     """Overlapping, missing or stray ledgers never commit: the check is exact on ranges."""
     for bad in ([[0, 9]], [[0, 7]], [[1, 9]], [[0, 4], [4, 8], [8, 9]]):  # overlap, missing, stray, overlap

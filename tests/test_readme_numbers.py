@@ -96,3 +96,14 @@ def test_fast_baseline_range_matches_results():
     ratios = [float(r["ratio_effective_throughput"]) for r in rows]
     same(lo, min(ratios))
     same(hi, max(ratios))
+
+
+def test_digest_cost_matches_its_benchmark():
+    rows = {r["model"]: r for r in json.loads((ROOT / "results" / "bench" / "digest.json").read_text())["models"]}
+    tiny, small, tiny_sha, small_sha = found(
+        r"ratios of medians in one process\): ([\d.]+)% of an iteration on `tiny`,\s+([\d.]+)% on `small` "
+        r"\(the plain sha256 of every byte: ([\d.]+)% and ([\d.]+)%\)")
+    same(tiny, 100 * rows["tiny"]["fingerprint_over_iteration"])
+    same(small, 100 * rows["small"]["fingerprint_over_iteration"])
+    same(tiny_sha, 100 * rows["tiny"]["sha256_over_iteration"])
+    same(small_sha, 100 * rows["small"]["sha256_over_iteration"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_run, run_recover
+from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, reported_ids
@@ -181,6 +181,33 @@ def test_an_abort_is_seen_between_microbatches_when_a_quota_outlasts_the_deadlin
         assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
     exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
     assert exits[0]["returncode"] == exits[1]["returncode"] == 0
+
+
+def test_a_flipped_weight_bit_is_caught_at_the_next_vote_and_the_replica_fenced(tmp_path, reference):
+    """Issue 12 item 7: silent data corruption. Replica 1's weights flip a bit after
+    step 5's optimizer step, replica 2's in the middle of step 12's forward passes.
+    Nothing fails; only the votes' weights digests (every step, the default) differ.
+    Each corrupt replica is fenced at the vote of the step its corrupt weights would
+    have fed (6 and 12), its share is redone, and the trajectory stays failure-free."""
+    faults = [
+        {"kind": "bitflip", "replica": 1, "step": 5, "phase": "optimizer_step"},
+        {"kind": "bitflip", "replica": 2, "step": 12, "phase": "forward", "microbatch": 1},
+    ]
+    metrics, summary, events, fired = run_with_faults(tmp_path, faults)
+    assert_every_planned_fault_fired(tmp_path / "run")
+    assert_same_trajectory(metrics, reference)
+    assert first_step_without(metrics, 1) == 6 and first_step_without(metrics, 2) == 12
+    assert all(not {1, 2} & set(m["members"]) for m in metrics if m["step"] >= 12)
+    assert [e["step"] for e in events] == [6, 12]
+    for e, r in zip(events, (1, 2)):
+        assert f"replica {r} lost: fenced: weights digest" in e["fault"], e
+        assert e["redone"], e
+    fenced = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["kind"] == "fenced"]
+    assert [(e["replica"], e["step"]) for e in fenced] == [(1, 6), (2, 12)], fenced
+    assert all(e["weights_digest"] != e["majority_digest"] for e in fenced)
+    exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
+    assert exits[1]["returncode"] == exits[2]["returncode"] == 3  # fenced, told by a closed connection
+    assert summary["status"] == "ok" and sorted(summary["final_checksums"]) == ["0", "3"]
 
 
 def test_a_permanently_broken_link_gets_its_replica_fenced_and_the_others_finish(tmp_path):

@@ -1,13 +1,14 @@
 """`recover bench recovery`: what a fault costs each system, measured with real kills;
 `recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py);
 `recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py);
+`recover bench digest`: the votes' weights digest against an iteration (experiments/bench_digest.py);
 `recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
 itself, and what it writes, is experiments/bench.py's `bench_recovery`,
-experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`
-and experiments/bench_coordinator.py's `bench_coordinator`, imported when their command
+experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`,
+experiments/bench_digest.py's `bench_digest` and experiments/bench_coordinator.py's `bench_coordinator`, imported when their command
 runs: most import torch, which every other `recover` command (and each run's launcher
 process) would otherwise pay for at start-up.
 """
@@ -60,6 +61,19 @@ def add_parser(sub) -> None:
     d.add_argument("--corpus-bytes", type=int, default=1_000_000, help="bytes of the stdlib corpus (default: 1e6)")
     d.add_argument("--out", default="results/bench", help="where to write dtype.json (default: results/bench)")
     d.set_defaults(func=cmd_bench_dtype)
+    w = bsub.add_parser("digest", help="what the votes' weights digest costs, as a share of an iteration, per model",
+                        description="Iteration time and weights-digest time of the real workload, interleaved in one run.")
+    w.add_argument("--models", nargs="+", default=["tiny", "small"], help="models (default: tiny small)")
+    w.add_argument("--batch-size", type=int, default=TrainConfig.batch_size,
+                   help=f"sequences per microbatch (default: {TrainConfig.batch_size}, as a run)")
+    w.add_argument("--microbatches", type=int, default=2,
+                   help="microbatches per iteration, M/R of a run (default: 2, the tests' 8 over 4 replicas)")
+    w.add_argument("--iters", type=int, default=5, help="timed iterations per round (default: 5)")
+    w.add_argument("--repeats", type=int, default=3, help="rounds (default: 3)")
+    w.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
+    w.add_argument("--corpus-bytes", type=int, default=1_000_000, help="bytes of the stdlib corpus (default: 1e6)")
+    w.add_argument("--out", default="results/bench", help="where to write digest.json (default: results/bench)")
+    w.set_defaults(func=cmd_bench_digest)
     k = bsub.add_parser("coordinator", help="the coordinator state machine's cost per commit and per recovery, against R",
                         description="Drive core.protocol.Membership in process with R replicas; write NAME.json.")
     k.add_argument("--replicas", type=int, nargs="+", default=[64, 512, 4096, 16384],
@@ -112,6 +126,15 @@ def cmd_bench_dtype(args: argparse.Namespace) -> int:
     from ..bench_dtype import bench_dtype
 
     return bench_dtype(args)
+
+
+def cmd_bench_digest(args: argparse.Namespace) -> int:
+    for name in ("batch_size", "microbatches", "iters", "repeats", "threads", "corpus_bytes"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    from ..bench_digest import bench_digest
+
+    return bench_digest(args)
 
 
 def cmd_bench_coordinator(args: argparse.Namespace) -> int:
