@@ -26,18 +26,11 @@ from pathlib import Path
 import torch
 
 from recover.core.config import TrainConfig
-from recover.core.data import iteration_ids
 from recover.core.workload import Workload
 
+from .bench_dtype import time_iteration
+
 BUDGET = 0.02  # the share of an iteration a digest may cost (issue 12 item 7)
-
-
-def _iteration(work: Workload, step: int, microbatches: int) -> float:
-    start = time.perf_counter()
-    for mb in iteration_ids(step, microbatches):
-        work.fold(mb)
-    work.apply(work.pack(), microbatches, step)
-    return time.perf_counter() - start
 
 
 def _timed(f) -> float:
@@ -53,7 +46,7 @@ def bench_digest(args: argparse.Namespace) -> int:
         cfg = TrainConfig(model=model, batch_size=args.batch_size, steps=10_000, corpus_bytes=args.corpus_bytes,
                           microbatches=args.microbatches, replicas=1)
         work = Workload(cfg, "cpu")
-        _iteration(work, 0, args.microbatches)  # first calls, allocations: not timed
+        time_iteration(work, 0, args.microbatches)  # first calls, allocations: not timed
         digests = {"fingerprint": work.acc.weights_fingerprint, "sha256": work.acc.weights_digest}
         for f in digests.values():
             f()
@@ -61,7 +54,7 @@ def bench_digest(args: argparse.Namespace) -> int:
         step = 1
         for _ in range(args.repeats):
             for _ in range(args.iters):
-                times["iteration"].append(_iteration(work, step, args.microbatches))
+                times["iteration"].append(time_iteration(work, step, args.microbatches))
                 for k, f in digests.items():
                     times[k].append(_timed(f))
                 step += 1

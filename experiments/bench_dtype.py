@@ -28,7 +28,7 @@ from recover.core.data import iteration_ids
 from recover.core.workload import Workload
 
 
-def _iteration(work: Workload, step: int, microbatches: int) -> float:
+def time_iteration(work: Workload, step: int, microbatches: int) -> float:
     start = time.perf_counter()
     for mb in iteration_ids(step, microbatches):
         work.fold(mb)
@@ -45,13 +45,13 @@ def bench_dtype(args: argparse.Namespace) -> int:
             cfg = TrainConfig(model=model, dtype=dtype, batch_size=args.batch_size, steps=10_000,
                               corpus_bytes=args.corpus_bytes, microbatches=args.microbatches, replicas=1)
             works[dtype] = Workload(cfg, "cpu")
-            _iteration(works[dtype], 0, args.microbatches)  # first calls, allocations: not timed
+            time_iteration(works[dtype], 0, args.microbatches)  # first calls, allocations: not timed
         times: dict[str, list[float]] = {"fp32": [], "bf16": []}
         step = 1
         for _ in range(args.repeats):
             for dtype, work in works.items():
                 for _ in range(args.iters):
-                    times[dtype].append(_iteration(work, step, args.microbatches))
+                    times[dtype].append(time_iteration(work, step, args.microbatches))
                     step += 1
         fp32, bf16 = statistics.median(times["fp32"]), statistics.median(times["bf16"])
         cfg = works["fp32"].cfg

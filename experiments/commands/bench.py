@@ -52,27 +52,14 @@ def add_parser(sub) -> None:
     c.set_defaults(func=cmd_bench_checkpoint)
     d = bsub.add_parser("dtype", help="time per iteration, fp32 vs bf16 autocast, per model",
                         description="Iteration time of the real workload, fp32 vs bf16 autocast, interleaved in one run.")
-    d.add_argument("--models", nargs="+", default=["small", "gpt2-124m"], help="models (default: small gpt2-124m)")
-    d.add_argument("--batch-size", type=int, default=4, help="sequences per microbatch (default: 4)")
-    d.add_argument("--microbatches", type=int, default=1, help="microbatches per iteration (default: 1)")
-    d.add_argument("--iters", type=int, default=2, help="timed iterations per dtype per round (default: 2)")
-    d.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default: 2)")
-    d.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
-    d.add_argument("--corpus-bytes", type=int, default=1_000_000, help="bytes of the stdlib corpus (default: 1e6)")
-    d.add_argument("--out", default="results/bench", help="where to write dtype.json (default: results/bench)")
+    _workload_args(d, "dtype.json", models=["small", "gpt2-124m"], batch_size=4, microbatches=1,
+                   microbatches_help="microbatches per iteration", iters=2, repeats=2)
     d.set_defaults(func=cmd_bench_dtype)
     w = bsub.add_parser("digest", help="what the votes' weights digest costs, as a share of an iteration, per model",
                         description="Iteration time and weights-digest time of the real workload, interleaved in one run.")
-    w.add_argument("--models", nargs="+", default=["tiny", "small"], help="models (default: tiny small)")
-    w.add_argument("--batch-size", type=int, default=TrainConfig.batch_size,
-                   help=f"sequences per microbatch (default: {TrainConfig.batch_size}, as a run)")
-    w.add_argument("--microbatches", type=int, default=2,
-                   help="microbatches per iteration, M/R of a run (default: 2, the tests' 8 over 4 replicas)")
-    w.add_argument("--iters", type=int, default=5, help="timed iterations per round (default: 5)")
-    w.add_argument("--repeats", type=int, default=3, help="rounds (default: 3)")
-    w.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
-    w.add_argument("--corpus-bytes", type=int, default=1_000_000, help="bytes of the stdlib corpus (default: 1e6)")
-    w.add_argument("--out", default="results/bench", help="where to write digest.json (default: results/bench)")
+    _workload_args(w, "digest.json", models=["tiny", "small"], batch_size=TrainConfig.batch_size, microbatches=2,
+                   microbatches_help="microbatches per iteration, M/R of a run (the tests' 8 over 4 replicas)",
+                   iters=5, repeats=3)
     w.set_defaults(func=cmd_bench_digest)
     k = bsub.add_parser("coordinator", help="the coordinator state machine's cost per commit and per recovery, against R",
                         description="Drive core.protocol.Membership in process with R replicas; write NAME.json.")
@@ -88,6 +75,20 @@ def add_parser(sub) -> None:
                    help="disable Python's garbage collector while measuring (to see its share; the service runs with it)")
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
     k.set_defaults(func=cmd_bench_coordinator)
+
+
+def _workload_args(p, written: str, *, models: list[str], batch_size: int, microbatches: int,
+                   microbatches_help: str, iters: int, repeats: int) -> None:
+    """The flags of a one-process benchmark of the real workload (dtype, digest)."""
+    p.add_argument("--models", nargs="+", default=models, help=f"models (default: {' '.join(models)})")
+    p.add_argument("--batch-size", type=int, default=batch_size, help=f"sequences per microbatch (default: {batch_size})")
+    p.add_argument("--microbatches", type=int, default=microbatches,
+                   help=f"{microbatches_help} (default: {microbatches})")
+    p.add_argument("--iters", type=int, default=iters, help=f"timed iterations per round (default: {iters})")
+    p.add_argument("--repeats", type=int, default=repeats, help=f"interleaved rounds (default: {repeats})")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
+    p.add_argument("--corpus-bytes", type=int, default=1_000_000, help="bytes of the stdlib corpus (default: 1e6)")
+    p.add_argument("--out", default="results/bench", help=f"where to write {written} (default: results/bench)")
 
 
 def cmd_bench_recovery(args: argparse.Namespace) -> int:
@@ -116,22 +117,28 @@ def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
     return bench_checkpoint(args)
 
 
-def cmd_bench_dtype(args: argparse.Namespace) -> int:
+def _bad_workload_args(args: argparse.Namespace) -> int | None:
+    """fail(...) for the first bad flag of `_workload_args`, else None."""
     for m in args.models:
         if m not in MODEL_CONFIGS:
             return fail(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_CONFIGS)}")
     for name in ("batch_size", "microbatches", "iters", "repeats", "threads", "corpus_bytes"):
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    return None
+
+
+def cmd_bench_dtype(args: argparse.Namespace) -> int:
+    if (bad := _bad_workload_args(args)) is not None:
+        return bad
     from ..bench_dtype import bench_dtype
 
     return bench_dtype(args)
 
 
 def cmd_bench_digest(args: argparse.Namespace) -> int:
-    for name in ("batch_size", "microbatches", "iters", "repeats", "threads", "corpus_bytes"):
-        if getattr(args, name) < 1:
-            return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    if (bad := _bad_workload_args(args)) is not None:
+        return bad
     from ..bench_digest import bench_digest
 
     return bench_digest(args)
