@@ -1,6 +1,7 @@
 """The public API (`recover.core.Replica`) in a user's own loop, under `recover launch`.
 
-The README's example script runs as 4 real processes; one is SIGKILLed by PID in
+The README's example script runs as 3 real processes (3 prove the point: a killed
+replica leaves two survivors that must share its work); one is SIGKILLed by PID in
 the middle of the run and the survivors finish with the failure-free losses.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ from recover.core.results import read_jsonl, reported_ids
 pytestmark = pytest.mark.procs  # every test here starts processes
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
-ARGS = ["--replicas", "4", "--microbatches", "8", "--steps", "40", "--heartbeat-timeout", "2"]
+STEPS = 16  # the kill lands after step 5; the example's warm-up is its first 5 steps
+ARGS = ["--replicas", "3", "--microbatches", "8", "--steps", str(STEPS), "--heartbeat-timeout", "2"]
 
 
 def test_user_loop_survives_a_killed_replica(tmp_path):
@@ -49,13 +51,13 @@ def test_user_loop_survives_a_killed_replica(tmp_path):
     assert proc.returncode == 0, stdout + stderr
     assert not pid_alive(victim)
     metrics = read_jsonl(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(40))
+    assert [m["step"] for m in metrics] == list(range(STEPS))
     assert any(2 not in m["members"] for m in metrics)
     for m, r in zip(metrics, ref_loss):
         assert reported_ids(m) == iteration_ids(m["step"], 8)  # from the members' reports
         assert abs(m["loss"] - r) <= 1e-5 * abs(r)
     # the example's LambdaLR, stepped only on commit: its 5-step warm-up, by committed step, kill or not
-    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(40)])
+    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(STEPS)])
     events = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
     assert len(events) == 1 and "replica 2" in events[0]["fault"]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_run, pid_alive, run_recover
+from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
@@ -78,6 +78,7 @@ def test_crash_with_replacement_resumes_at_the_checkpoint_and_ends_with_identica
     out = tmp_path / "run"
     plan = _plan(tmp_path, {"kind": "crash", "replica": 1, "step": 3, "phase": "backward"})
     _train(out, "--faults", plan, "--restart-mode", "replace", "--replace-wait", "0.2")
+    assert_every_planned_fault_fired(out)
     config, metrics, summary = load_run(out)
     assert config["baseline"]["restart_mode"] == "replace" and config["baseline"]["ckpt_every"] == 2
     _steps_once(metrics)
@@ -110,7 +111,7 @@ def test_crash_during_checkpoint_save_loads_the_previous_complete_checkpoint(ref
     _train(out, "--faults", plan, "--restart-mode", "replace", *flags)
     config, metrics, summary = load_run(out)
     assert config["baseline"]["ckpt_async"] is (mode == "async")
-    (fault,) = read_jsonl(out / "faults.jsonl")
+    (fault,) = assert_every_planned_fault_fired(out)
     assert fault["phase"] == "checkpoint_save" and fault["step"] == 3
     (event,) = read_jsonl(out / "events.jsonl")
     assert event["from_step"] == 2  # not 4: the killed save was never loaded
@@ -128,6 +129,7 @@ def test_survivors_keep_the_global_batch_and_the_trajectory(reference, tmp_path)
     out = tmp_path / "run"
     plan = _plan(tmp_path, {"kind": "crash", "replica": 0, "step": 4, "phase": "allreduce"})
     _train(out, "--faults", plan)  # survivors mode is the default
+    assert_every_planned_fault_fired(out)
     _, metrics, summary = load_run(out)
     _steps_once(metrics)
     (event,) = read_jsonl(out / "events.jsonl")
@@ -143,6 +145,7 @@ def test_a_frozen_replica_is_caught_by_the_collective_timeout_and_left_out(refer
     # Frozen for good (SIGSTOP, no end): only the survivor's collective timeout sees it.
     plan = _plan(tmp_path, {"kind": "hang", "replica": 1, "step": 2, "phase": "allreduce"})
     _train(out, "--faults", plan, "--collective-timeout", "3")
+    assert_every_planned_fault_fired(out)
     _, metrics, summary = load_run(out)
     _steps_once(metrics)
     (event,) = read_jsonl(out / "events.jsonl")
@@ -157,7 +160,7 @@ def test_a_frozen_replica_is_caught_by_the_collective_timeout_and_left_out(refer
 def test_sigkill_by_pid_restarts_from_the_checkpoint_and_leaves_no_orphan(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "recover.experiments.cli", "train", "--system", "ckpt-restart",
-           "--replicas", "3", "--microbatches", "6", "--steps", "40", "--ckpt-every", "3", "--no-progress",
+           "--replicas", "2", "--microbatches", "4", "--steps", "18", "--ckpt-every", "3", "--no-progress",
            "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -166,16 +169,16 @@ def test_sigkill_by_pid_restarts_from_the_checkpoint_and_leaves_no_orphan(tmp_pa
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         first = json.loads((out / "pids.json").read_text())
-        victim = first["replicas"]["2"][0]
+        victim = first["replicas"]["1"][0]
         os.kill(victim, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=180)
         assert proc.returncode == 0, stdout + stderr
         _, metrics, summary = load_run(out)
-        assert [m["step"] for m in metrics] == list(range(40))
+        assert [m["step"] for m in metrics] == list(range(18))
         (event,) = read_jsonl(out / "events.jsonl")
-        assert event["failed_replicas"] == [2] and event["members"] == [0, 1]
+        assert event["failed_replicas"] == [1] and event["members"] == [0]
         assert event["from_step"] >= 3 and event["from_step"] % 3 == 0
-        assert f"replica 2 (pid {victim}) killed by SIGKILL" in event["fault"]
+        assert f"replica 1 (pid {victim}) killed by SIGKILL" in event["fault"]
         # The first attempt's processes are all gone, and so are the second's.
         second = json.loads((out / "pids.json").read_text())
         for pids in (first, second):
@@ -194,6 +197,7 @@ def test_no_survivor_left_ends_with_a_clear_error(tmp_path):
     proc = _train(out, "--faults", plan, check=False)
     assert proc.returncode == 1
     assert "no replica left to restart with" in proc.stdout
+    assert_every_planned_fault_fired(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and "no replica left" in summary["reason"]
     kinds = [e["kind"] for e in read_jsonl(out / "events.jsonl")]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_run, run_recover
+from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
@@ -71,6 +71,7 @@ def test_a_worker_crash_restarts_all_workers_from_the_checkpoint(tmp_path):
                 check=True, timeout=180)
     run_recover("train", "--system", "plain", "--replicas", "2", "--microbatches", "6", "--steps", "6",
                 "--seed", "11", "--no-progress", "--out", str(ref), check=True, timeout=120)
+    assert_every_planned_fault_fired(out)
     config, metrics, summary = load_run(out)
     assert config["baseline"]["rdzv_last_call_timeout"] == 1
     torchrun = json.loads((out / "baseline" / "torchrun.json").read_text())["torchrun_args"]
@@ -87,7 +88,7 @@ def test_a_worker_crash_restarts_all_workers_from_the_checkpoint(tmp_path):
 
 def test_a_lost_node_reforms_the_group_with_the_survivors_and_shrinks_the_batch(tmp_path):
     out = tmp_path / "run"
-    proc = _start(out, "--replicas", "3", "--steps", "40", "--elastic-batch", "keep-per-replica")
+    proc = _start(out, "--replicas", "2", "--steps", "40", "--elastic-batch", "keep-per-replica")
     try:
         agent = _kill_node_after(out, proc, 3, "1")
         stdout, stderr = proc.communicate(timeout=180)
@@ -96,13 +97,13 @@ def test_a_lost_node_reforms_the_group_with_the_survivors_and_shrinks_the_batch(
         assert config["baseline"]["elastic_batch"] == "keep-per-replica"
         assert [m["step"] for m in metrics] == list(range(40))
         (event,) = read_jsonl(out / "events.jsonl")
-        assert event["failed_replicas"] == [1] and event["members"] == [0, 2] and event["world"] == 2
+        assert event["failed_replicas"] == [1] and event["members"] == [0] and event["world"] == 1
         assert event["from_step"] % 2 == 0 and event["from_step"] >= 2
         for m in metrics:
             if m["step"] < event["from_step"]:
-                assert m["members"] == [0, 1, 2] and m["microbatch_ids"] == iteration_ids(m["step"], 6)
-            else:  # two nodes fold what two of the three did: 4 of the 6 ids
-                assert m["members"] == [0, 2] and m["microbatch_ids"] == iteration_ids(m["step"], 6)[:4]
+                assert m["members"] == [0, 1] and m["microbatch_ids"] == iteration_ids(m["step"], 6)
+            else:  # the one node left folds what it did before: 3 of the 6 ids
+                assert m["members"] == [0] and m["microbatch_ids"] == iteration_ids(m["step"], 6)[:3]
         assert any(e["pid"] == agent and e["how"] == "killed by SIGKILL" for e in summary["processes"])
         assert not _run_processes(out)
     finally:
@@ -115,13 +116,14 @@ def test_a_planned_replica_loss_is_a_lost_node_and_keep_global_keeps_the_batch(t
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"faults": [{"kind": "replica_loss", "replica": 1, "step": 3, "phase": "backward"}]}))
     out = tmp_path / "run"
-    run_recover("train", *BASE, "--replicas", "3", "--steps", "6", "--out", str(out), "--faults", str(plan),
+    run_recover("train", *BASE, "--replicas", "2", "--steps", "6", "--out", str(out), "--faults", str(plan),
                 check=True, timeout=180)
+    assert_every_planned_fault_fired(out)
     config, metrics, summary = load_run(out)
     assert config["baseline"]["elastic_batch"] == "keep-global"
     (event,) = read_jsonl(out / "events.jsonl")
     assert event["failed_replicas"] == [1] and event["from_step"] == 2  # the node is gone, not restarted
-    assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 2]] * 4
+    assert [m["members"] for m in metrics] == [[0, 1]] * 2 + [[0]] * 4
     assert all(m["microbatch_ids"] == iteration_ids(m["step"], 6) for m in metrics)  # M kept
     agent = json.loads((out / "pids.json").read_text())["replicas"]["1"][0]
     assert any(e["pid"] == agent and e["how"] == "killed by SIGKILL" for e in summary["processes"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_recover
+from conftest import assert_every_planned_fault_fired, run_recover
 from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, aggregate, headline
 from recover.experiments.launch_submitit import is_complete, job_ports, slurm_task, submit_grid
@@ -93,6 +93,7 @@ def test_local_executor_runs_a_tiny_grid_and_a_rerun_skips_it(tmp_path: Path) ->
         summary = json.loads((runs / name / "summary.json").read_text())
         assert Path(summary["logs"], "logs").is_dir()
     assert len(json.loads((runs / "recover_s0" / "fault_plan.json").read_text())["faults"]) == 1
+    assert_every_planned_fault_fired(runs / "recover_s0")
     rows = list(csv.DictReader(open(tmp_path / "results" / "trajectory.csv")))
     assert len(rows) == 10 and {r["label"] for r in rows} == {"failure-free", "recover"}
     rec = [r for r in rows if r["label"] == "recover"]
@@ -117,6 +118,7 @@ def test_a_failed_run_is_reported_with_its_log_path(tmp_path: Path) -> None:
     assert [o.status for o in out] == ["failed"]
     assert str(tmp_path / "logs" / "trajectory" / spec.name) in out[0].detail
     assert (tmp_path / "logs" / "trajectory" / spec.name / "logs" / "coordinator.log").exists()
+    assert_every_planned_fault_fired(spec.out_dir(tmp_path / "results"))  # both crashes happened
 
 
 @pytest.mark.procs
@@ -138,7 +140,7 @@ def test_slurm_task_body_runs_one_rank_per_task(tmp_path: Path) -> None:
     assert is_complete(run, 4)
     assert not (run / E.PLAN_INPUT).exists()
     assert json.loads((run / "summary.json").read_text())["slurm_job"] == str(job.job_id)
-    assert len((run / "faults.jsonl").read_text().splitlines()) == 1
+    assert [f["replica"] for f in assert_every_planned_fault_fired(run)] == [victim]
 
 
 def test_job_ports_are_a_function_of_the_job_id() -> None:
