@@ -45,6 +45,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Iterable, Iterator
@@ -100,8 +101,12 @@ class Replica:
         self.timeout = collective_timeout
         self.stepper = CommittedStep(optimizer, self.acc.params, lr_schedule, grad_clip)
         self.hooks = hooks or WorkerHooks()
-        self.store = dist.TCPStore(store_addr[0], store_addr[1], is_master=False,
-                                   timeout=timedelta(seconds=max(60.0, collective_timeout)))
+        self.store_addr = store_addr
+        self.store_timeout = timedelta(seconds=max(60.0, collective_timeout))
+        # A first client proves the store is reachable before the hello; each
+        # generation's communicator then opens its own (core/comm.py: a rendezvous
+        # abandoned in a shared client would hold the next one up to its timeout).
+        dist.TCPStore(store_addr[0], store_addr[1], is_master=False, timeout=self.store_timeout)
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
         self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
                            "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
@@ -183,13 +188,14 @@ class Replica:
         try:
             if self.comm is None or self.comm.generation != g:
                 rank = self.members.index(self.replica)
-                self.comm = Communicator.build(self.store, g, rank, len(self.members), self.backend,
+                self.comm = Communicator.build(self._open_store, g, rank, len(self.members), self.backend,
                                                self.timeout, should_abort)
             buf = self.acc.pack()
             self.comm.allreduce(buf, self.timeout, should_abort,
                                 while_in_flight=lambda: self.hooks.at(step, "allreduce"))
         except CollectiveError as e:
             self._abandon_comm()  # never reuse a communicator that failed
+            self._log(f"step {step}: {e}")
             if self.control.abort_reason(g) is None:
                 self.control.send({"t": "fail", "gen": g, "step": step, "reason": e.reason})
             return self._recover(self._wait_for({"abort"}))
@@ -213,6 +219,14 @@ class Replica:
 
     def close(self) -> None:
         self.control.close()
+
+    def _open_store(self) -> dist.Store:
+        """A new client of the coordinator's store, for one generation's communicator."""
+        return dist.TCPStore(self.store_addr[0], self.store_addr[1], is_master=False, timeout=self.store_timeout)
+
+    def _log(self, text: str) -> None:
+        # The replica's log (DIR/logs/replica<r>.log): what this replica saw, in its words.
+        print(f"[replica {self.replica}] {text}", file=sys.stderr, flush=True)
 
     # ---- refusals --------------------------------------------------------------------
     def _discard_folded(self) -> None:
