@@ -205,10 +205,6 @@ def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
     metrics, summary, events, fired = run_with_faults(tmp_path, faults, common)
     assert sorted((f["kind"], f["replica"], f["step"], f["microbatch"]) for f in fired) == [
         ("crash", 1, 0, 2), ("crash", 2, 0, 1), ("pace", 2, 0, 0)]
-    # precondition, from the survivor's own log: it was in generation 0's rendezvous,
-    # and then in generation 1's, when each was aborted
-    log = (tmp_path / "run" / "logs" / "replica0.log").read_text()
-    assert "generation 0: rendezvous aborted" in log and "generation 1: rendezvous aborted" in log, log
     # no rendezvous waited out its deadline: exactly one generation per loss
     everything = [f for e in events for f in e["faults"]]
     assert not any("timed out" in f for f in everything), everything
@@ -220,3 +216,7 @@ def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
         assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
     exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
     assert exits[1]["how"] == exits[2]["how"] == "killed by SIGKILL" and exits[0]["returncode"] == 0
+    # precondition, from the survivor's own log: it was in generation 0's rendezvous,
+    # and then in generation 1's, when each was aborted
+    log = (tmp_path / "run" / "logs" / "replica0.log").read_text()
+    assert "generation 0: rendezvous aborted" in log and "generation 1: rendezvous aborted" in log, log
