@@ -93,6 +93,7 @@ class MembershipService:
     def serve(self) -> int:
         hb_timeout = self.cfg.heartbeat_timeout
         tick = min(0.05, self.cfg.heartbeat_interval)
+        next_scan = 0.0
         try:
             while self.result is None:
                 if self.stop.is_set():
@@ -106,9 +107,13 @@ class MembershipService:
                     if self.result is not None:
                         break
                 now = self.now()
-                for r, conn in list(self.by_replica.items()):
-                    if now - conn.last_seen > hb_timeout:
-                        self._apply(self.proto.on_lost(r, f"no heartbeat for {now - conn.last_seen:.1f}s", now))
+                # The silence scan is O(R): once per tick, not once per batch of messages
+                # (under load the selector returns after every few messages).
+                if now >= next_scan:
+                    next_scan = now + tick
+                    for r, conn in list(self.by_replica.items()):
+                        if now - conn.last_seen > hb_timeout:
+                            self._apply(self.proto.on_lost(r, f"no heartbeat for {now - conn.last_seen:.1f}s", now))
                 self._apply(self.proto.on_tick(now))
         except ProtocolError as e:
             self.log(f"PROTOCOL ERROR (nothing was committed for this step): {e}")

@@ -31,17 +31,20 @@ worker -> coordinator:
   vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr}   lr: the rate the step will use
   fail   {gen, step, reason}               my collective failed
   hb     {}                                heartbeat (handled by the service)
+Ids on the wire (quota, ledger, members) are `core.idranges` range lists,
+[[start, stop], ...]: a few numbers per message whatever M and R are.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import idranges
 from .data import iteration_ids
-from .policy import assign_quotas
+from .policy import assign_quota_ranges
 
 
-@dataclass
+@dataclass(slots=True)  # one per message sent: R of them per step
 class Out:
     """One action for the service to carry out."""
 
@@ -65,6 +68,14 @@ class ProtocolError(RuntimeError):
     """The protocol's own invariant was about to be broken (a bug, never a fault)."""
 
 
+def _ledger(r: int, msg: dict) -> idranges.Ranges:
+    """A vote's or join's ledger, checked to be a range list (O(pairs))."""
+    try:
+        return idranges.check(msg.get("ledger", []))
+    except ValueError as e:
+        raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
+
+
 class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
@@ -75,11 +86,13 @@ class Membership:
         self.dead: set[int] = set()
         self.gen = -1  # generation in force (-1: none yet)
         self.members: list[int] = []
+        self.member_set: set[int] = set()  # the same replicas: O(1) membership tests per message
+        self.member_ranges: idranges.Ranges = []  # the same replicas as the gen message carries them
         self.step = 0
         self.state = "forming"  # forming | running | finished
         self.next_gen = 0
         self.expected: set[int] = set(range(replicas))  # forming: who must (re)join
-        self.joins: dict[int, list[int]] = {}
+        self.joins: dict[int, idranges.Ranges] = {}  # replica -> its ledger
         self.deadline = now + max(join_timeout, 300.0)  # the first start-up is slow
         self.votes: dict[int, dict] = {}
         self.speeds: dict[int, float] = {}
@@ -110,22 +123,24 @@ class Membership:
             return []  # stale or fenced
         if msg.get("step") != self.step:
             raise ProtocolError(f"replica {r} rejoined at step {msg.get('step')}, run is at {self.step}")
-        return self._joined(r, list(msg.get("ledger", [])), now)
+        return self._joined(r, _ledger(r, msg), now)
 
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
-        if self.state != "running" or msg.get("gen") != self.gen or r not in self.members:
+        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []
         if msg.get("step") != self.step:
             raise ProtocolError(f"replica {r} voted for step {msg.get('step')}, run is at {self.step}")
         if not msg.get("ok", False):
             return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
+        _ledger(r, msg)
         self.votes[r] = msg
-        if set(self.votes) == set(self.members):
+        # votes holds members only (checked above), so a count says whether all have voted
+        if len(self.votes) == len(self.members):
             return self._commit(now)
         return []
 
     def on_fail(self, r: int, msg: dict, now: float) -> list[Out]:
-        if self.state != "running" or msg.get("gen") != self.gen or r not in self.members:
+        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []
         return self._fail(f"replica {r} reported: {msg.get('reason', 'collective failed')}", now)
 
@@ -135,7 +150,7 @@ class Membership:
         self.alive.discard(r)
         self.dead.add(r)
         out = [Out("close", r, reason=reason)]
-        if self.state == "running" and r in self.members:
+        if self.state == "running" and r in self.member_set:
             out += self._fail(f"replica {r} lost: {reason}", now)
         elif self.state == "forming" and r in self.expected:
             self._record_failure(f"replica {r} lost: {reason}", now)
@@ -188,7 +203,7 @@ class Membership:
         self._record_failure(reason, now)
         self.state = "forming"
         self.next_gen = self.gen + 1
-        self.expected = set(self.members) & self.alive
+        self.expected = self.member_set & self.alive
         self.joins = {}
         self.votes = {}
         # A survivor answers an abort at its next microbatch boundary (Replica.quota
@@ -200,7 +215,7 @@ class Membership:
         ]
         return out + self._maybe_publish(now)
 
-    def _joined(self, r: int, ledger: list[int], now: float) -> list[Out]:
+    def _joined(self, r: int, ledger: idranges.Ranges, now: float) -> list[Out]:
         self.joins[r] = ledger
         return self._maybe_publish(now)
 
@@ -209,25 +224,32 @@ class Membership:
             return []
         if not self.expected:
             return self._finish(1, "no replica left: every replica of the run has failed", now)
-        if set(self.joins) != self.expected:
+        # joins holds expected replicas only (on_join, on_lost and on_tick keep it so)
+        if len(self.joins) != len(self.expected):
             return []
         if self.next_gen == 0 and (differ := self._initial_weights_differ()):
             return self._finish(1, differ, now)
-        want = iteration_ids(self.step, self.M)
-        done = [i for r in sorted(self.joins) for i in self.joins[r]]
-        if len(done) != len(set(done)) or not set(done) <= set(want):
-            raise ProtocolError(f"survivor ledgers overlap or stray outside step {self.step}: {self.joins}")
-        todo = sorted(set(want) - set(done))
+        lo, hi = self.step * self.M, (self.step + 1) * self.M
+        try:
+            done = idranges.union_disjoint(self.joins[r] for r in sorted(self.joins))
+        except ValueError as e:
+            raise ProtocolError(f"survivor ledgers overlap at step {self.step}: {e}") from None
+        if done and (done[0][0] < lo or done[-1][1] > hi):
+            raise ProtocolError(f"survivor ledgers stray outside step {self.step}'s ids [{lo}, {hi}): {done}")
+        todo = idranges.difference(lo, hi, done)
         self.gen = self.next_gen
         self.members = sorted(self.expected)
+        self.member_set = set(self.members)
+        self.member_ranges = idranges.from_ids(self.members)
         self.state = "running"
         self.votes = {}
         self.gen_started = now
-        quotas = assign_quotas(todo, self.members, self.balancing_speeds())
+        quotas = assign_quota_ranges(todo, self.members, self.balancing_speeds())
         if self.pending and "generation" not in self.pending[-1]:
-            self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=todo, formed_at=now)
+            self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=idranges.to_ids(todo),
+                                    formed_at=now)
         return [
-            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.members,
+            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
                             "quota": quotas[r], "microbatches": self.M, "steps": self.S})
             for r in self.members
         ]
@@ -252,22 +274,33 @@ class Membership:
 
     def _commit(self, now: float) -> list[Out]:
         want = iteration_ids(self.step, self.M)
-        ledgers = [i for r in self.members for i in self.votes[r]["ledger"]]
-        if len(ledgers) != len(set(ledgers)) or sorted(ledgers) != want:
-            # Never commit a gradient that is not exactly the M ids, each once.
-            raise ProtocolError(f"step {self.step}: ledgers {sorted(ledgers)} are not exactly {want}")
+        lo, hi = self.step * self.M, (self.step + 1) * self.M
+        # Never commit a gradient that is not exactly the M ids, each once: the union
+        # of the members' ledgers, no id twice, is [lo, hi) (O(ranges), not O(M)).
+        try:
+            got = idranges.union_disjoint(self.votes[r]["ledger"] for r in self.members)
+        except ValueError as e:
+            raise ProtocolError(f"step {self.step}: members' ledgers overlap: {e}") from None
+        if not idranges.is_exactly(got, lo, hi):
+            raise ProtocolError(f"step {self.step}: ledgers {got} are not exactly the ids [{lo}, {hi})")
+        # One pass over the votes (each pass over R members is a real cost at large R).
         measured: dict[int, float] = {}
+        folded: dict[str, int] = {}  # how many microbatches each member folded
+        lrs = set()
+        timed = self.step > 0  # step 0 pays one-time costs (first calls, allocations): not a speed
+        slowest = 0.0  # the slowest microbatch a member reported this step (seconds)
         for r in self.members:
-            s = self.votes[r].get("mb_seconds")
-            self.slowest_microbatch = max(self.slowest_microbatch, float(s or 0.0))
-            # Step 0 pays one-time costs (first calls, allocations): not a speed.
-            if s and s > 0 and self.step > 0:
+            vote = self.votes[r]
+            folded[str(r)] = idranges.count(vote["ledger"])
+            lrs.add(vote.get("lr"))
+            s = vote.get("mb_seconds")
+            slowest = max(slowest, float(s or 0.0))
+            if timed and s and s > 0:
                 measured[r] = 1.0 / s
                 # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
                 self.speeds[r] = (1 - SPEED_SMOOTHING) * self.speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
         self._count_slow_streak(measured)
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
-        lrs = {self.votes[r].get("lr") for r in self.members}
         if len(lrs) > 1:
             # The schedule is a function of the committed step: replicas that disagree would diverge.
             raise ProtocolError(f"step {self.step}: replicas report different learning rates {sorted(map(str, lrs))}")
@@ -278,9 +311,9 @@ class Membership:
             "recoveries": len(self.pending),
             **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible
-            "folded": {str(r): len(self.votes[r]["ledger"]) for r in self.members},
+            "folded": folded,
             # the slowest microbatch a member reported this step (seconds): what a rejoin waits out
-            "slowest_microbatch_seconds": max(float(self.votes[r].get("mb_seconds") or 0.0) for r in self.members),
+            "slowest_microbatch_seconds": slowest,
         })]
         for rec in self.pending:
             rec["committed_at"] = now
@@ -291,8 +324,8 @@ class Membership:
         self.step += 1
         self.votes = {}
         last = self.step >= self.S
-        quotas = {r: [] for r in self.members} if last else assign_quotas(
-            iteration_ids(self.step, self.M), self.members, self.balancing_speeds())
+        quotas = {r: [] for r in self.members} if last else assign_quota_ranges(
+            [[self.step * self.M, (self.step + 1) * self.M]], self.members, self.balancing_speeds())
         # The commit messages go out before the records are written: the workers
         # are waiting on them, the files are not.
         sends = [
@@ -308,7 +341,7 @@ class Membership:
         slower than the fastest by more than SPEED_TOLERANCE; every other streak ends.
         A streak holder that folded nothing this step keeps its streak: otherwise a
         straggler given no work would read as cured and get its full quota back."""
-        if any(r not in measured and r in self.members for r in self.slow_streak):
+        if any(r not in measured and r in self.member_set for r in self.slow_streak):
             return  # the slow one folded nothing this step (the policy gave it none): no new evidence
         slowest = None
         if len(measured) >= 2:

@@ -53,6 +53,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from . import idranges
 from .accumulator import GradAccumulator
 from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
@@ -201,7 +202,7 @@ class Replica:
             return self._recover(self._wait_for({"abort"}))
         n = len(self.acc.ledger)
         self.control.send({
-            "t": "vote", "gen": g, "step": step, "ok": True, "ledger": list(self.acc.ledger),
+            "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
             "loss_sum": float(buf[-1]), "mb_seconds": self._work_seconds / n if n else 0.0,
             "lr": self.stepper.lr(step),
         })
@@ -260,7 +261,8 @@ class Replica:
             # rejoining at the wrong step would mix two iterations' gradients.
             raise RunEnded(f"protocol: the coordinator aborted step {abort['step']} "
                            f"while this replica is at step {self.step}")
-        self.control.send({"t": "join", "gen": abort["next"], "step": self.step, "ledger": list(self.acc.ledger)})
+        self.control.send({"t": "join", "gen": abort["next"], "step": self.step,
+                           "ledger": idranges.from_ids(self.acc.ledger)})
         self._wait_generation(abort["next"])
         return False
 
@@ -271,14 +273,14 @@ class Replica:
     def _wait_generation(self, gen: int) -> None:
         msg = self._wait_for({"gen"}, min_gen=gen)
         self.generation = msg["gen"]
-        self.members = list(msg["members"])
+        self.members = idranges.to_ids(msg["members"])
         self.step = msg["step"]
         self.microbatches = msg["microbatches"]
         self.steps = msg["steps"]
         self._set_quota(msg["quota"])
 
-    def _set_quota(self, quota: list[int]) -> None:
-        self._quota = list(quota)
+    def _set_quota(self, quota: list[list[int]]) -> None:
+        self._quota = idranges.to_ids(quota)  # on the wire as id ranges
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
 

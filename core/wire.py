@@ -5,10 +5,10 @@ Contract:
   is refused: not JSON (or not UTF-8, or nested absurdly deep), not an object,
   an unknown type, or a field of a known type missing or of the wrong type (an
   int field must be a JSON integer, not a bool or a float; a ledger a list of
-  integers). It never raises: the control port is reachable by any machine on
+  id ranges, `[[start, stop], ...]` int pairs as `idranges.check` accepts). It never raises: the control port is reachable by any machine on
   a cluster's network, and no line from it may crash the coordinator.
-- `MAX_LINE_BYTES` bounds one line (a vote's ledger of M ids fits many times
-  over); `MAX_REFUSALS` is how many refused messages one connection may send
+- `MAX_LINE_BYTES` bounds one line (a vote's ledger is a few id ranges, so
+  this is room, not a budget); `MAX_REFUSALS` is how many refused messages one connection may send
   before the coordinator closes it.
 - The shapes here are the worker -> coordinator messages of `protocol.py`; what
   a well-formed message means (its generation, its step) is the protocol's
@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-MAX_LINE_BYTES = 4 << 20  # 4 MiB: a ledger of 100k ids is ~1 MiB
+from . import idranges
+
+MAX_LINE_BYTES = 4 << 20  # 4 MiB: even a ledger of 100k scattered ids (as ranges) fits
 MAX_REFUSALS = 8  # refused messages one connection may send before it is closed
 
-_INT, _BOOL, _STR, _NUM, _IDS = "int", "bool", "str", "number", "list of int"
+_INT, _BOOL, _STR, _NUM, _IDS = "int", "bool", "str", "number", "list of [start, stop] id ranges"
 
 # type -> required fields and their kinds; optional fields are checked when present
 _REQUIRED: dict[str, dict[str, str]] = {
@@ -48,7 +50,11 @@ def _is(kind: str, v: Any) -> bool:
         return isinstance(v, str)
     if kind == _NUM:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
-    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+    try:
+        idranges.check(v)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:

@@ -92,7 +92,9 @@ wrong_messages = st.one_of(
     st.fixed_dictionaries({"t": st.just("hello"), "replica": st.integers(-2, R + 1), "token": st.text(max_size=40)}),
     st.fixed_dictionaries({"t": st.sampled_from(["vote", "join", "fail"]), "gen": st.integers(-1, 3),
                            "step": st.integers(-1, S), "ok": st.booleans(),
-                           "ledger": st.lists(st.integers(0, M * S), max_size=6)}),
+                           "ledger": st.lists(st.one_of(  # id ranges, as the wire carries them, or plain ids
+                               st.tuples(st.integers(0, M * S), st.integers(0, M * S)).map(list),
+                               st.integers(0, M * S)), max_size=6)}),
     st.fixed_dictionaries({"t": st.one_of(st.text(max_size=8), st.integers(), st.none())}),
     st.dictionaries(st.text(max_size=6), st.one_of(st.none(), st.integers(), st.text(max_size=6), st.booleans()),
                     max_size=4),
@@ -139,6 +141,9 @@ def test_wire_parse_line_never_raises():
     assert parse_line(b"[" * 100_000)[0] is None  # nesting deep enough to blow the recursion limit
     assert parse_line(b'{"t": "hello", "replica": true, "token": "x"}')[0] is None  # a bool is not an id
     assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [1.5]}')[0] is None
+    assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [0, 1]}')[0] is None  # ids, not ranges
+    assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[2, 2]]}')[0] is None  # empty range
+    assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[0, 2]]}')[0] is not None
     assert parse_line(b'{"t": "hb"}') == ({"t": "hb"}, "")
 
 

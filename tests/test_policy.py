@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core.policy import assign_quotas, makespan, quota_sizes
+from recover.core import idranges
+from recover.core.policy import assign_quota_ranges, assign_quotas, greedy_quota_sizes, makespan, quota_sizes
 
 replica_sets = st.lists(st.integers(0, 63), min_size=1, max_size=12, unique=True)
 
@@ -24,11 +25,28 @@ def test_quotas_always_partition_the_ids(ids, replicas, data):
 
 
 @settings(max_examples=300, deadline=None)
+@given(ids=st.sets(st.integers(0, 400), max_size=200), replicas=replica_sets, data=st.data())
+def test_quota_ranges_are_the_quotas_written_as_ranges(ids, replicas, data):
+    speeds = data.draw(st.one_of(st.none(), st.fixed_dictionaries({r: st.floats(0.05, 20.0) for r in replicas})))
+    q = assign_quota_ranges(idranges.from_ids(ids), replicas, speeds)
+    assert {r: idranges.to_ids(v) for r, v in q.items()} == assign_quotas(sorted(ids), replicas, speeds)
+
+
+@settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 500), replicas=replica_sets)
 def test_equal_speeds_give_quotas_within_one(n, replicas):
     sizes = quota_sizes(n, replicas, {r: 2.5 for r in replicas})
     assert max(sizes.values()) - min(sizes.values()) <= 1
     assert sum(sizes.values()) == n
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 500), replicas=replica_sets, speed=st.one_of(st.none(), st.floats(0.05, 20.0)))
+def test_equal_speeds_closed_form_is_the_greedy_split(n, replicas, speed):
+    """The O(R) closed form for equal speeds gives exactly what the greedy gives."""
+    speeds = None if speed is None else {r: speed for r in replicas}
+    rate = {r: 1.0 if speed is None else speed for r in replicas}
+    assert quota_sizes(n, replicas, speeds) == greedy_quota_sizes(n, replicas, rate)
 
 
 @settings(max_examples=200, deadline=None)

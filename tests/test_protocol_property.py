@@ -8,7 +8,8 @@ channels both ways, whose coordinator ends are fake sockets that can fail a send
 that follow the same rules as `core.replica.Replica` (keep the accumulator and
 ledger across an abort, rejoin with the ledger, fold only the quota handed out;
 while waiting for a generation, an abort is read and dropped, only its generation
-remembered, and a later collective of that generation fails on it).
+remembered, and a later collective of that generation fails on it) and speak its
+wire format (ids as `core.idranges` range lists).
 Each microbatch id contributes a distinct power-of-two-free integer, so a wrong
 or double-counted gradient can never sum to the right one by accident.
 
@@ -33,13 +34,15 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from recover.core import idranges
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 from recover.core.membership import MembershipService, _Conn
-from recover.core.protocol import Membership
+from recover.core.protocol import Membership, ProtocolError
 
 SCRATCH = tempfile.mkdtemp(prefix="recover-protocol-property-")  # the service opens its files here
 
@@ -169,7 +172,8 @@ class World:
             return
         if t == "gen":
             assert w.state in ("starting", "waiting_gen"), (w.state, msg)
-            w.gen, w.step, w.members, w.quota = msg["gen"], msg["step"], msg["members"], list(msg["quota"])
+            w.gen, w.step = msg["gen"], msg["step"]
+            w.members, w.quota = idranges.to_ids(msg["members"]), idranges.to_ids(msg["quota"])
             w.state = "computing"
             return
         if t == "commit":
@@ -179,7 +183,7 @@ class World:
             self.applied.append((r, w.step, w.result))
             w.step += 1
             w.ledger, w.acc, w.result = [], 0, None
-            w.quota = list(msg["quota"])
+            w.quota = idranges.to_ids(msg["quota"])
             w.state = "computing"
             return
         raise AssertionError(msg)
@@ -187,7 +191,7 @@ class World:
     def _rejoin(self, w: FakeWorker, abort: dict) -> None:
         assert abort["step"] == w.step, f"replica {w.r} at step {w.step} read an abort of step {abort['step']}"
         w.pending_abort = None
-        w.outbox.append({"t": "join", "gen": abort["next"], "step": w.step, "ledger": list(w.ledger)})
+        w.outbox.append({"t": "join", "gen": abort["next"], "step": w.step, "ledger": idranges.from_ids(w.ledger)})
         w.state = "waiting_gen"
 
     def worker_work(self, r: int) -> None:
@@ -210,7 +214,7 @@ class World:
             red = self.reductions.get((w.gen, w.step), {})
             assert set(red) == set(w.members)
             w.result = sum(red.values())
-            w.outbox.append({"t": "vote", "gen": w.gen, "step": w.step, "ok": True, "ledger": list(w.ledger),
+            w.outbox.append({"t": "vote", "gen": w.gen, "step": w.step, "ok": True, "ledger": idranges.from_ids(w.ledger),
                              "loss_sum": 0.0, "mb_seconds": 0.01})
             w.state = "voted"
 
@@ -407,6 +411,50 @@ def test_every_replica_dying_stops_the_run_cleanly():
         world.do(("declare_lost", r))
     assert world.finished == (1, "no replica left: every replica of the run has failed")
     check(world)
+
+
+def _formed(R: int, M: int) -> tuple[Membership, dict]:
+    proto = Membership(R, M, 3, join_timeout=1e9, now=0.0)
+    quotas = {}
+    for r in range(R):
+        quotas.update({a.replica: a.msg["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
+                       if a.kind == "send"})
+    return proto, quotas
+
+
+def _vote(proto: Membership, r: int, ledger) -> list:
+    return proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
+                             "loss_sum": 0.0, "mb_seconds": 0.01}, 0.0)
+
+
+def test_quotas_members_and_votes_travel_as_id_ranges():
+    proto, quotas = _formed(4, 32)
+    assert quotas == {0: [[0, 8]], 1: [[8, 16]], 2: [[16, 24]], 3: [[24, 32]]}
+    outs = []
+    for r in range(4):
+        outs += _vote(proto, r, quotas[r])
+    assert [a.msg["microbatch_ids"] for a in outs if a.kind == "commit"] == [iteration_ids(0, 32)]
+    assert {a.replica: a.msg["quota"] for a in outs if a.kind == "send"}[1] == [[40, 48]]
+    aborts = {a.replica: a.msg["t"] for a in proto.on_lost(2, "gone", 0.0) if a.kind == "send"}
+    assert aborts == {0: "abort", 1: "abort", 3: "abort"}
+    for r in (0, 1, 3):  # each had folded its whole quota of step 1
+        outs = proto.on_join(r, {"gen": 1, "step": 1, "ledger": [[32 + 8 * r, 40 + 8 * r]]}, 0.0)
+    gens = {a.replica: a.msg for a in outs if a.kind == "send"}
+    assert {r: m["members"] for r, m in gens.items()} == {r: [[0, 2], [3, 4]] for r in (0, 1, 3)}  # as ranges
+    # the dead replica's ids [48, 56), and nothing else, split over the survivors
+    assert sorted(i for m in gens.values() for i in idranges.to_ids(m["quota"])) == list(range(48, 56))
+
+
+def test_a_commit_needs_exactly_the_step_ids_each_once():
+    """Overlapping, missing or stray ledgers never commit: the check is exact on ranges."""
+    for bad in ([[0, 9]], [[0, 7]], [[1, 9]], [[0, 4], [4, 8], [8, 9]]):  # overlap, missing, stray, overlap
+        proto, quotas = _formed(2, 16)
+        assert _vote(proto, 0, bad) == []
+        with pytest.raises(ProtocolError):
+            _vote(proto, 1, quotas[1])
+    proto, _ = _formed(2, 16)
+    with pytest.raises(ProtocolError, match="malformed ledger"):
+        _vote(proto, 0, [0, 1, 2])  # a plain id list is not the wire format
 
 
 def test_a_send_failing_mid_commit_broadcast_aborts_only_after_the_commit():

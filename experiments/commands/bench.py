@@ -1,13 +1,15 @@
 """`recover bench recovery`: what a fault costs each system, measured with real kills;
 `recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py);
-`recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py).
+`recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py);
+`recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
 itself, and what it writes, is experiments/bench.py's `bench_recovery`,
-experiments/bench_checkpoint.py's `bench_checkpoint` and experiments/bench_dtype.py's `bench_dtype`,
-imported when their command runs: they import torch, which every other `recover`
-command (and each run's launcher process) would otherwise pay for at start-up.
+experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`
+and experiments/bench_coordinator.py's `bench_coordinator`, imported when their command
+runs: most import torch, which every other `recover` command (and each run's launcher
+process) would otherwise pay for at start-up.
 """
 from __future__ import annotations
 
@@ -58,6 +60,20 @@ def add_parser(sub) -> None:
     d.add_argument("--corpus-bytes", type=int, default=1_000_000, help="bytes of the stdlib corpus (default: 1e6)")
     d.add_argument("--out", default="results/bench", help="where to write dtype.json (default: results/bench)")
     d.set_defaults(func=cmd_bench_dtype)
+    k = bsub.add_parser("coordinator", help="the coordinator state machine's cost per commit and per recovery, against R",
+                        description="Drive core.protocol.Membership in process with R replicas; write NAME.json.")
+    k.add_argument("--replicas", type=int, nargs="+", default=[64, 512, 4096, 16384],
+                   help="replica counts R to measure (default: 64 512 4096 16384)")
+    k.add_argument("--per-replica", type=int, default=8, help="microbatches per replica, M = this * R (default: 8)")
+    k.add_argument("--repeats", type=int, default=3, help="commit and recovery rounds per R (default: 3)")
+    k.add_argument("--seed", type=int, default=0, help="seed of the message order and the crashes (default: 0)")
+    k.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
+    k.add_argument("--name", default="coordinator_state_machine",
+                   help="file stem of the results (default: coordinator_state_machine)")
+    k.add_argument("--no-gc", action="store_true",
+                   help="disable Python's garbage collector while measuring (to see its share; the service runs with it)")
+    k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
+    k.set_defaults(func=cmd_bench_coordinator)
 
 
 def cmd_bench_recovery(args: argparse.Namespace) -> int:
@@ -96,3 +112,16 @@ def cmd_bench_dtype(args: argparse.Namespace) -> int:
     from ..bench_dtype import bench_dtype
 
     return bench_dtype(args)
+
+
+def cmd_bench_coordinator(args: argparse.Namespace) -> int:
+    if any(r < 2 for r in args.replicas):
+        return fail("--replicas: every R must be >= 2 (one replica crashes, another must survive)")
+    for name in ("per_replica", "repeats"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    if not args.name or "/" in args.name:
+        return fail("--name: must be a file stem (no '/')")
+    from ..bench_coordinator import bench_coordinator
+
+    return bench_coordinator(args)

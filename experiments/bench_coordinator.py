@@ -1,0 +1,215 @@
+"""The coordinator benchmark (`recover bench coordinator`): the state machine's cost against R.
+
+Contract:
+- It drives the coordinator's real state machine (`core.protocol.Membership`) in
+  this process, with R replicas of `--per-replica` microbatches each (M = that * R),
+  for each R of `--replicas`. No sockets, no workers: what it measures is the
+  coordinator's own work per step, which every replica of a run waits on.
+- Every inbound message is made the way a worker makes it and parsed the way the
+  membership service parses it (one JSON line, `json.loads`); the vote's ledger is
+  the quota the replica was handed, as the worker reports it after folding all of it.
+  Votes and rejoins arrive in a seeded random order.
+- Per R it measures, `--repeats` times each (the figure is the median):
+  * `commit_s`: one step's R votes, parse + `on_vote`, up to and including the
+    commit (the last vote's call returns the commit and the next quotas); also
+    split into `commit_parse_s` (json.loads of the R lines) and `commit_machine_s`;
+  * `recovery_s`: one crash mid-step (`on_lost`: the abort), then the R-1
+    survivors' rejoins, parse + `on_join`, up to and including the new generation
+    and its quotas; split the same way (`recovery_parse_s`, `recovery_machine_s`);
+  * `*_encode_s` and `*_bytes_out`: encoding what those calls answered, every
+    message to a worker and every record, as the service does (`json.dumps`);
+  * `vote_bytes` / `join_bytes`: the size of one inbound message, on the wire.
+  * `machine_over_parse`: commit_machine_s / commit_parse_s, a ratio taken in the
+    same run (these machines are noisy and shared: absolute times move with the
+    load, ratios much less): the state machine's cost in units of parsing the votes.
+  `--no-gc` runs with Python's cyclic garbage collector disabled, to show what
+  share of the cost is collection (the service runs with it on).
+  It checks what it measured: each commit round ends in exactly one commit of the
+  step's M ids, each recovery round in exactly one new generation.
+- Writes OUT/NAME.json (NAME: `--name`, default coordinator_state_machine) and
+  draws paper_figs/coordinator_scale.py's log-log figure from OUT (into paper_figs/
+  for results/bench, into OUT otherwise).
+  Nothing here is asserted on: it is a measurement, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from recover.core.data import iteration_ids
+from recover.core.protocol import Membership, Out
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _wire(msg: dict) -> bytes:
+    """One message as it travels: a JSON line (core.control / core.membership)."""
+    return (json.dumps(msg) + "\n").encode()
+
+
+def _encode(outs: list[Out]) -> tuple[float, int]:
+    """Seconds and bytes to encode what the state machine answered, as the service would."""
+    start = time.perf_counter()
+    n = 0
+    for a in outs:
+        if a.kind == "send":
+            n += len(_wire(a.msg))
+        elif a.kind in ("commit", "recovery"):
+            n += len(_wire(a.msg))  # the metrics / events line
+    return time.perf_counter() - start, n
+
+
+def _quotas(outs: list[Out], kind: str) -> dict[int, object]:
+    return {a.replica: a.msg["quota"] for a in outs if a.kind == "send" and a.msg.get("t") == kind}
+
+
+class _Run:
+    """One coordinator and the R replicas it serves (their quotas, as they were told)."""
+
+    def __init__(self, R: int, M: int, rng: random.Random):
+        self.R, self.M, self.rng = R, M, rng
+        self.proto = Membership(R, M, 10**9, join_timeout=30.0, now=0.0)
+        self.now = 0.0
+        start = time.perf_counter()
+        outs: list[Out] = []
+        for r in range(R):
+            msg = json.loads(_wire({"t": "hello", "replica": r, "pid": 1000 + r, "tokens_per_mb": 1024}))
+            outs += self.proto.on_hello(r, msg, self.now)
+        self.formation_s = time.perf_counter() - start
+        self.quota = _quotas(outs, "gen")
+        if self.proto.state != "running" or len(self.quota) != R:
+            raise RuntimeError(f"R={R}: generation 0 did not form")
+
+    def _tick(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def commit(self) -> dict:
+        p = self.proto
+        step, members = p.step, list(self.quota)
+        lines = [(r, _wire({"t": "vote", "gen": p.gen, "step": step, "ok": True, "ledger": self.quota[r],
+                             "loss_sum": 2.5 * self.M / len(members), "mb_seconds": 0.25, "lr": 1e-3}))
+                 for r in members]
+        self.rng.shuffle(lines)
+        now = self._tick()
+        outs: list[Out] = []
+        start = time.perf_counter()
+        msgs = [(r, json.loads(line)) for r, line in lines]
+        parse_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for r, msg in msgs:
+            outs += p.on_vote(r, msg, now)
+        machine_s = time.perf_counter() - start
+        commits = [a for a in outs if a.kind == "commit"]
+        if len(commits) != 1 or commits[0].msg["microbatch_ids"] != iteration_ids(step, self.M):
+            raise RuntimeError(f"R={self.R}: step {step} did not commit exactly its M ids")
+        enc_s, enc_b = _encode(outs)
+        self.quota = _quotas(outs, "commit")
+        return {"s": parse_s + machine_s, "parse_s": parse_s, "machine_s": machine_s, "encode_s": enc_s,
+                "bytes_out": enc_b, "msg_bytes": len(lines[0][1])}
+
+    def recovery(self) -> dict:
+        p = self.proto
+        victim = self.rng.choice(sorted(self.quota))
+        survivors = [r for r in self.quota if r != victim]
+        now = self._tick()
+        start = time.perf_counter()
+        outs = p.on_lost(victim, "bench: crashed", now)
+        machine_s = time.perf_counter() - start
+        aborts = [a for a in outs if a.kind == "send" and a.msg.get("t") == "abort"]
+        if len(aborts) != len(survivors):
+            raise RuntimeError(f"R={self.R}: the crash did not abort the generation")
+        nxt = aborts[0].msg["next"]
+        # Mid-step: each survivor had folded its whole quota; it rejoins with that ledger.
+        lines = [(r, _wire({"t": "join", "gen": nxt, "step": p.step, "ledger": self.quota[r]})) for r in survivors]
+        self.rng.shuffle(lines)
+        start = time.perf_counter()
+        msgs = [(r, json.loads(line)) for r, line in lines]
+        parse_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for r, msg in msgs:
+            outs += p.on_join(r, msg, now)
+        machine_s += time.perf_counter() - start
+        gens = _quotas(outs, "gen")
+        if p.state != "running" or p.gen != nxt or set(gens) != set(survivors):
+            raise RuntimeError(f"R={self.R}: the survivors did not form generation {nxt}")
+        enc_s, enc_b = _encode(outs)
+        # The survivors' ledgers stay; their new quotas are the dead replica's ids. After
+        # folding those too, what each reports is old ledger + redo quota: the next commit
+        # round sends exactly that (as the worker's accumulator would hold it).
+        self.quota = {r: _join_ledgers(self.quota[r], gens[r]) for r in survivors}
+        return {"s": parse_s + machine_s, "parse_s": parse_s, "machine_s": machine_s, "encode_s": enc_s,
+                "bytes_out": enc_b, "msg_bytes": len(lines[0][1])}
+
+
+def _join_ledgers(kept, redo):
+    """What a survivor's vote reports after a redo: the ids it kept plus its redo quota."""
+    return list(kept) + list(redo)
+
+
+def _median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def bench_coordinator(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    rows = []
+    if args.no_gc:
+        gc.disable()
+    for R in args.replicas:
+        M = args.per_replica * R
+        t0 = time.perf_counter()
+        run = _Run(R, M, rng)
+        commits, recoveries = [], []
+        for _ in range(args.repeats):
+            commits.append(run.commit())
+            recoveries.append(run.recovery())
+            run.commit()  # the redo's commit: the run goes on (not timed as a plain commit)
+        row = {
+            "replicas": R, "microbatches": M, "formation_s": run.formation_s,
+            "commit_s": _median(commits, "s"), "commit_parse_s": _median(commits, "parse_s"),
+            "commit_machine_s": _median(commits, "machine_s"), "commit_encode_s": _median(commits, "encode_s"),
+            "commit_bytes_out": _median(commits, "bytes_out"), "vote_bytes": _median(commits, "msg_bytes"),
+            "recovery_s": _median(recoveries, "s"), "recovery_parse_s": _median(recoveries, "parse_s"),
+            "recovery_machine_s": _median(recoveries, "machine_s"), "recovery_encode_s": _median(recoveries, "encode_s"),
+            "recovery_bytes_out": _median(recoveries, "bytes_out"), "join_bytes": _median(recoveries, "msg_bytes"),
+            "machine_over_parse": _median(commits, "machine_s") / _median(commits, "parse_s"),
+            "samples": {"commit_s": [c["s"] for c in commits], "recovery_s": [c["s"] for c in recoveries]},
+        }
+        rows.append(row)
+        print(f"R={R:>6} M={M:>7}  commit {row['commit_s'] * 1e3:9.2f} ms (parse {row['commit_parse_s'] * 1e3:7.2f},"
+              f" machine {row['commit_machine_s'] * 1e3:7.2f}; + encode {row['commit_encode_s'] * 1e3:7.2f})"
+              f"  recovery {row['recovery_s'] * 1e3:9.2f} ms (parse {row['recovery_parse_s'] * 1e3:7.2f},"
+              f" machine {row['recovery_machine_s'] * 1e3:7.2f}; + encode {row['recovery_encode_s'] * 1e3:8.2f})"
+              f"  vote {row['vote_bytes']} B  [{time.perf_counter() - t0:.1f}s]", flush=True)
+    result = {
+        "what": "coordinator state machine (core.protocol.Membership) in process: one commit = R votes parsed "
+                "from JSON + on_vote; one recovery round = on_lost + R-1 rejoins parsed + on_join; medians of "
+                "`repeats`; *_encode_s: json.dumps of what those calls answered",
+        "gc": not args.no_gc, "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
+        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "command": " ".join(["recover", "bench", "coordinator", *sys.argv[3:]]) if len(sys.argv) > 2 else "",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{args.name}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+    gc.enable()
+    if not args.no_figure:
+        figs = REPO / "paper_figs"
+        # results/bench's figure belongs to paper_figs/; any other results folder gets its own
+        dest = figs if out.resolve() == (REPO / "results" / "bench").resolve() else out
+        subprocess.run([sys.executable, str(figs / "coordinator_scale.py"), "--results", str(out), "--out", str(dest)],
+                       check=True)
+    return 0

@@ -1,0 +1,85 @@
+"""core.idranges against the plain set-based definitions beside it (hypothesis)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recover.core import idranges
+
+id_sets = st.sets(st.integers(0, 300), max_size=120)
+
+
+def plain_ids(ranges) -> set[int]:
+    """The plain version: the set of ids a range list names."""
+    return {i for a, b in ranges for i in range(a, b)}
+
+
+def canonical(ranges) -> bool:
+    return all(a < b for a, b in ranges) and all(p[1] < q[0] for p, q in zip(ranges, ranges[1:]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=id_sets)
+def test_from_ids_is_canonical_and_names_the_same_ids(ids):
+    r = idranges.from_ids(ids)
+    assert canonical(r) and plain_ids(r) == ids
+    assert idranges.to_ids(r) == sorted(ids) and idranges.count(r) == len(ids)
+    assert idranges.check(r) is r
+
+
+def test_from_ids_refuses_duplicates_and_contiguous_ids_are_one_pair():
+    with pytest.raises(ValueError):
+        idranges.from_ids([3, 4, 3])
+    assert idranges.from_ids(range(1000, 1008)) == [[1000, 1008]]
+    assert idranges.from_ids([]) == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(parts=st.lists(id_sets, max_size=6), shuffle=st.randoms())
+def test_union_disjoint_is_the_union_or_refuses_an_overlap(parts, shuffle):
+    lists = [idranges.from_ids(p) for p in parts]
+    # pairs may come in any order, and a list need not be canonical (split pieces)
+    lists = [[list(x) for x in sub] for sub in lists]
+    for sub in lists:
+        shuffle.shuffle(sub)
+    overlap = sum(len(p) for p in parts) != len(set().union(*parts))
+    if overlap:
+        with pytest.raises(ValueError):
+            idranges.union_disjoint(lists)
+    else:
+        u = idranges.union_disjoint(lists)
+        assert canonical(u) and plain_ids(u) == set().union(*parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=id_sets, start=st.integers(0, 300), length=st.integers(0, 300))
+def test_is_exactly_and_difference_match_the_set_definitions(ids, start, length):
+    stop = start + length
+    r = idranges.from_ids(ids)
+    assert idranges.is_exactly(r, start, stop) == (ids == set(range(start, stop)))
+    d = idranges.difference(start, stop, r)
+    assert canonical(d) and plain_ids(d) == set(range(start, stop)) - ids
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=id_sets, cuts=st.lists(st.integers(0, 120), max_size=8))
+def test_split_cuts_in_id_order_into_the_given_sizes(ids, cuts):
+    r = idranges.from_ids(ids)
+    n = len(ids)
+    bounds = sorted(min(c, n) for c in cuts)
+    sizes = [b - a for a, b in zip([0] + bounds, bounds + [n])]
+    pieces = idranges.split(r, sizes)
+    flat = sorted(ids)
+    at = 0
+    for size, piece in zip(sizes, pieces):
+        assert canonical(piece) and idranges.to_ids(piece) == flat[at:at + size]
+        at += size
+    with pytest.raises(ValueError):
+        idranges.split(r, sizes + [1])
+
+
+@pytest.mark.parametrize("bad", [{"a": 1}, [[3, 3]], [[4, 2]], [[1, 2, 3]], [[1.0, 2]], [[True, 2]], [5]])
+def test_check_refuses_what_is_not_a_range_list(bad):
+    with pytest.raises(ValueError):
+        idranges.check(bad)
