@@ -35,6 +35,8 @@ Contract:
   `.grad`) and a refused `commit()` raise, and discard what this replica folded
   in the iteration (its accumulator is zeroed, `.grad` re-attached, and
   `quota()` lists those ids again): a stray backward can never be committed.
+- Start-up waits as long as the coordinator says: its answer to the hello gives
+  the time left before generation 0 forms with the replicas that are there.
 - The hello carries a digest of the initial weights; generation 0 forms only if
   every replica's digest agrees, else the run stops naming the replica(s) that
   differ (e.g. a per-replica seed): replicas must start from the same weights.
@@ -60,6 +62,11 @@ from .control import ControlClient
 from .hooks import WorkerHooks
 from .recipe import CommittedStep, LRSchedule
 from .startup import JOIN_TOKEN_ENV, env_addr
+
+
+# Past the coordinator's start-up deadline it forms generation 0 (or stops the run)
+# within one tick and sends that at once: this is room for a loaded machine.
+STARTUP_ANSWER_SECONDS = 30.0
 
 
 class RunEnded(RuntimeError):
@@ -321,6 +328,13 @@ class Replica:
             if msg is None:
                 raise RunEnded("no word from the coordinator")
             if self._terminal(msg):
+                continue
+            if msg["t"] == "startup":
+                # The coordinator's start-up deadline is the one source: it says how long
+                # it may still wait for the other replicas; answering takes it a moment more.
+                deadline = max(deadline, time.monotonic() + float(msg["wait"]) + STARTUP_ANSWER_SECONDS)
+                self._log(f"connected; replicas connected {msg['connected']}/{msg['of']}, "
+                          f"start-up ends within {float(msg['wait']):.0f}s")
                 continue
             if msg["t"] in kinds and msg.get("gen", min_gen) >= min_gen:
                 if msg["t"] == "abort" and msg["gen"] < self.generation:

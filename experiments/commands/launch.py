@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
         "launch", help="run your own training script as a resilient job",
         description=__doc__.split("\n")[0] + " Usage: recover launch [flags] -- COMMAND [ARGS...]",
     )
-    for name in ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval"):
+    for name in ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
+                 "startup_timeout"):
         f = TrainConfig.__dataclass_fields__[name]
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=type(f.default), default=f.default,
                        help=f"{f.metadata['help']} (default: {f.default})")
@@ -40,7 +41,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return fail("COMMAND: missing; give the worker command after --")
     cfg = TrainConfig(system="recover", replicas=args.replicas, microbatches=args.microbatches, steps=args.steps,
                       heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
-                      heartbeat_interval=args.heartbeat_interval, out=args.out)
+                      heartbeat_interval=args.heartbeat_interval, startup_timeout=args.startup_timeout, out=args.out)
     try:
         cfg.validate()
     except ConfigError as e:
