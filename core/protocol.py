@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import idranges
-from .data import iteration_ids
 from .policy import assign_quota_ranges
 
 
@@ -317,7 +316,6 @@ class Membership:
                 "must start from the same weights (same seed, same initialisation)")
 
     def _commit(self, now: float) -> list[Out]:
-        want = iteration_ids(self.step, self.M)
         lo, hi = self.step * self.M, (self.step + 1) * self.M
         # Never commit a gradient that is not exactly the M ids, each once: the union
         # of the members' ledgers, no id twice, is [lo, hi) (O(ranges), not O(M)).
@@ -330,12 +328,14 @@ class Membership:
         # One pass over the votes (each pass over R members is a real cost at large R).
         measured: dict[int, float] = {}
         folded: dict[str, int] = {}  # how many microbatches each member folded
+        ledgers: dict[str, list] = {}  # member -> the ledger it voted (id ranges)
         lrs = set()
         timed = self.step > 0  # step 0 pays one-time costs (first calls, allocations): not a speed
         slowest = 0.0  # the slowest microbatch a member reported this step (seconds)
         for r in self.members:
             vote = self.votes[r]
             folded[str(r)] = idranges.count(vote["ledger"])
+            ledgers[str(r)] = vote["ledger"]
             lrs.add(vote.get("lr"))
             s = vote.get("mb_seconds")
             slowest = max(slowest, float(s or 0.0))
@@ -351,7 +351,10 @@ class Membership:
         lr = lrs.pop()
         records = [Out("commit", msg={
             "step": self.step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
-            "microbatch_ids": want, "generation": self.gen, "members": list(self.members),
+            # the ids the members reported folding (their ledgers' union, checked exactly above),
+            # and each member's report as it voted it: the evidence, not what was handed out
+            "microbatch_ids": idranges.to_ids(got), "ledgers": ledgers,
+            "generation": self.gen, "members": list(self.members),
             "recoveries": len(self.pending),
             **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible

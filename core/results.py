@@ -8,7 +8,11 @@ Contract (DIR = the run's --out):
   microbatch loss), tokens, microbatch_ids (sorted ids folded into that step's
   gradient), generation, members (replica ids that took part), wall_time (seconds
   since the run started), and lr (the learning rate that step used, as the
-  replicas that committed it reported it).
+  replicas that committed it reported it). recover's coordinator also writes
+  `ledgers`: {member: the id ranges that member's vote reported folding}, and
+  derives microbatch_ids from their union; `reported_ids` recomputes that union
+  for a reader, so a check of the ids rests on what the workers said, not on
+  what the coordinator handed out.
 - DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
 - DIR/events.jsonl (systems that recover): one object per recovery or restart;
   recover's coordinator adds one per refused control message ("kind": "refused",
@@ -26,6 +30,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
+
+from . import idranges
 
 METRIC_FIELDS = ("step", "loss", "tokens", "microbatch_ids", "generation", "members", "wall_time", "lr")
 
@@ -72,6 +78,19 @@ def metric_record(
         "step": step, "loss": loss, "tokens": tokens, "microbatch_ids": sorted(ids),
         "generation": generation, "members": sorted(members), "wall_time": time.time() - t0, **extra,
     }
+
+
+def reported_ids(record: dict[str, Any]) -> list[int]:
+    """The sorted ids a committed step's members reported folding (its `ledgers`' union).
+
+    ValueError if two members reported the same id (a double-counted microbatch)
+    or the record carries no per-member ledgers (a system that does not report them)."""
+    if "ledgers" not in record:
+        raise ValueError(f"step {record.get('step')}: no per-member ledgers in this record")
+    try:
+        return idranges.to_ids(idranges.union_disjoint(record["ledgers"].values()))
+    except ValueError as e:
+        raise ValueError(f"step {record.get('step')}: members reported overlapping ledgers: {e}") from None
 
 
 def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from recover.core.config import TrainConfig
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, reported_ids
 from recover.fault_injection.injector import attach_plan
 
 from .run import run_training
@@ -64,8 +64,9 @@ def main() -> int:
         mark = "  <- replica lost, recovered" if y["step"] in recovered_at else ""
         print(f"{x['step']:>4}  {x['loss']:>12.6f}  {y['loss']:>10.6f}  {d:>9.2e}  {y['members']}{mark}")
     print(f"\nlargest relative loss difference: {worst:.2e} (floating-point summation order only)")
+    # recover's side from what its members reported folding, not what was handed out
     print("every step of the faulty run folded exactly the same 8 microbatch ids:",
-          all(x["microbatch_ids"] == y["microbatch_ids"] for x, y in zip(a, b)))
+          all(x["microbatch_ids"] == reported_ids(y) for x, y in zip(a, b)))
     for f, e in zip(fired, events):
         print(f"recovery at step {e['step']}: replica {f['replica']} killed in {f['phase']}; detected "
               f"{1e3 * (e['detected_at'] - f['wall_time']):.0f} ms after the kill; next step committed "

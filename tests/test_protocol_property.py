@@ -43,6 +43,7 @@ from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 from recover.core.membership import MembershipService, _Conn
 from recover.core.protocol import Membership, ProtocolError
+from recover.core.results import reported_ids
 
 SCRATCH = tempfile.mkdtemp(prefix="recover-protocol-property-")  # the service opens its files here
 
@@ -317,6 +318,7 @@ def check(world: World) -> None:
     steps = [c["step"] for c in world.commits]
     assert steps == list(range(len(steps))), steps
     for c in world.commits:
+        assert reported_ids(c) == iteration_ids(c["step"], world.M)  # the members' reports
         assert c["microbatch_ids"] == iteration_ids(c["step"], world.M)
     survivors = [w for w in world.workers if w.r not in world.proto.dead and w.state != "dead"]
     if code == 0:
@@ -448,6 +450,21 @@ def test_quotas_members_and_votes_travel_as_id_ranges():
     assert {r: m["members"] for r, m in gens.items()} == {r: [[0, 2], [3, 4]] for r in (0, 1, 3)}  # as ranges
     # the dead replica's ids [48, 56), and nothing else, split over the survivors
     assert sorted(i for m in gens.values() for i in idranges.to_ids(m["quota"])) == list(range(48, 56))
+
+
+def test_the_commit_record_is_what_the_members_reported():
+    """metrics.jsonl's ids come from the votes' ledgers (issue 12 item 6), not the quotas handed out."""
+    proto, quotas = _formed(2, 8)
+    assert quotas == {0: [[0, 4]], 1: [[4, 8]]}
+    outs = _vote(proto, 0, [[0, 2], [6, 8]]) + _vote(proto, 1, [[2, 6]])  # not the quotas: still M ids, once
+    (commit,) = [a.msg for a in outs if a.kind == "commit"]
+    assert commit["ledgers"] == {"0": [[0, 2], [6, 8]], "1": [[2, 6]]}
+    assert reported_ids(commit) == commit["microbatch_ids"] == list(range(8))
+    assert commit["folded"] == {"0": 4, "1": 4}
+    with pytest.raises(ValueError, match="overlapping"):
+        reported_ids({"step": 3, "ledgers": {"0": [[0, 2]], "1": [[1, 3]]}})
+    with pytest.raises(ValueError, match="no per-member ledgers"):
+        reported_ids({"step": 3, "microbatch_ids": [0, 1]})
 
 
 def test_a_commit_needs_exactly_the_step_ids_each_once():

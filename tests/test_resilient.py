@@ -17,7 +17,7 @@ import pytest
 from conftest import load_run, run_recover
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, reported_ids
 
 pytestmark = pytest.mark.procs  # every test here starts processes
 
@@ -55,7 +55,9 @@ def run_with_faults(
 def assert_same_trajectory(metrics: list[dict], reference: list[float]) -> None:
     assert [m["step"] for m in metrics] == list(range(STEPS))
     for m, ref in zip(metrics, reference):
-        assert m["microbatch_ids"] == iteration_ids(m["step"], M)  # exactly M ids, each once
+        # exactly M ids, each once, from what the members' votes reported folding
+        assert reported_ids(m) == iteration_ids(m["step"], M)
+        assert sorted(map(int, m["ledgers"])) == m["members"]
         assert abs(m["loss"] - ref) <= LOSS_RTOL * abs(ref), (m["step"], m["loss"], ref)
 
 
