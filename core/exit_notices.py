@@ -18,7 +18,7 @@ import socket
 
 
 class ExitNotices:
-    """Tells the coordinator of worker exits; `send` never raises."""
+    """Tells the coordinator of worker exits; no method raises."""
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 5.0):
         self.sock: socket.socket | None = None
