@@ -99,6 +99,10 @@ class TrainConfig:
     max_failed_generations: int = _f(
         10, "recover: stop the run (exit 1) after this many consecutive generations fail without a commit"
     )
+    startup_timeout: float = _f(
+        300.0, "seconds the coordinator waits for every replica's hello before generation 0 forms "
+        "with those connected (the workers wait as long as it tells them)"
+    )
     faults: str = _f("", "fault plan JSON file to inject (see README); '' = none")
     progress: bool = _f(True, "show a progress bar on the terminal")
     hooks: str = _f("", "module:function building worker hooks (set by the CLI; advanced)", cli=False)
@@ -171,7 +175,7 @@ class TrainConfig:
             raise ConfigError("--backend", f"unknown backend {self.backend!r}; choose from auto, gloo, nccl")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"unknown device {self.device!r}; choose from auto, cpu, cuda")
-        for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout"]:
+        for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout", "startup_timeout"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:

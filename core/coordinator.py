@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = TrainConfig.load(args.config)
     service = MembershipService(cfg, host=args.host, port=args.control_port, stop=stop)
-    info = {"host": args.host, "store_port": store.port, "control_port": service.port}
+    # accepts_exits: the launcher may tell it of worker exits (core/exit_notices.py)
+    info = {"host": args.host, "store_port": store.port, "control_port": service.port, "accepts_exits": True}
     if not os.environ.get(JOIN_TOKEN_ENV):
         info["join_token"] = service.join_token
     print(json.dumps(info), flush=True)

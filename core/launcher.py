@@ -13,6 +13,9 @@ Contract:
 - `run()` reports how every process exited (`ProcessExit`), and the launcher's
   hooks (`LauncherHooks`) see the PIDs and a periodic tick, which is how the fault
   injector fires wall-clock faults and ends timed hangs.
+- A coordinator that accepts them (`"accepts_exits"` in its first line) is told
+  of every worker exit at once (`exit_notices.py`): a worker lost before its hello
+  does not hold generation 0 until the start-up deadline.
 - Each run gets a fresh random join token (RECOVER_JOIN_TOKEN), set in the
   environment of the coordinator and of every worker, and of nothing else.
 - When the job is over, and its verdict, is the end policy's call
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from .end_policy import CoordinatorEnds, EndPolicy, JobView
+from .exit_notices import ExitNotices
 from .startup import JOIN_TOKEN_ENV, new_join_token
 
 _PR_SET_PDEATHSIG = 1
@@ -128,6 +132,7 @@ class Launcher:
         self.exits: list[ProcessExit] = []
         self._interrupted: str | None = None
         self._logs: list = []
+        self._notices: ExitNotices | None = None
 
     # ---- process start -------------------------------------------------------------
     def _start_coordinator(self, timeout: float = 60.0) -> dict:
@@ -185,6 +190,8 @@ class Launcher:
         self.env[JOIN_TOKEN_ENV] = new_join_token()
         try:
             info = self._start_coordinator()
+            if info.get("accepts_exits"):
+                self._notices = ExitNotices(info["host"], info["control_port"], self.env[JOIN_TOKEN_ENV])
             env = {
                 **self.env,
                 "RECOVER_STORE_ADDR": f"{info['host']}:{info['store_port']}",
@@ -201,6 +208,8 @@ class Launcher:
             return self._watch(t0)
         finally:
             self._cleanup(t0)
+            if self._notices is not None:
+                self._notices.close()
             for sig, h in old_handlers.items():
                 signal.signal(sig, h)
             for log in self._logs:
@@ -212,6 +221,8 @@ class Launcher:
     def _record(self, role: str, replica: int, proc: subprocess.Popen, t0: float) -> ProcessExit:
         e = ProcessExit(role, replica, proc.pid, proc.returncode, time.monotonic() - t0, describe_exit(proc.returncode))
         self.exits.append(e)
+        if role == "worker" and self._notices is not None:
+            self._notices.exited(replica, e.how)
         for h in self.hooks:
             h.on_exit(e)
         return e

@@ -20,6 +20,10 @@ Contract:
   dropped and recorded in events.jsonl as {"kind": "refused", "peer", "replica",
   "what"}; a wrong token, or `wire.MAX_REFUSALS` refused lines, closes the
   connection. Nothing a peer sends crashes the coordinator.
+- Start-up is visible: each hello is counted in the log ("replicas connected 3/4");
+  a replica whose process exited before its hello (the launcher says so at once, on
+  a connection of its own that shows the join token) and the forming of generation
+  0 are logged and recorded in events.jsonl as {"kind": "startup", ...}.
 - `serve()` returns 0 when the last step is committed, 1 when no replica is left
   (everything committed so far is already on disk), 130 when stopped by a signal;
   its verdict and reason are the last line of events.jsonl ("kind": "run_end").
@@ -78,7 +82,9 @@ class MembershipService:
         # A survivor that is still computing its quota rejoins only when done, so
         # the rejoin deadline is the collective deadline, not the heartbeat one.
         self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
-                                fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations)
+                                fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
+                                startup_timeout=cfg.startup_timeout)
+        self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")
         self.events = JsonlWriter(out / "events.jsonl")
@@ -225,6 +231,8 @@ class MembershipService:
         kind = msg.get("t")
         if kind == "hb":
             return
+        if kind in ("launcher", "exited"):
+            return self._from_launcher(conn, msg, now)
         if kind == "hello":
             if conn.replica is not None:
                 return self._refuse(conn, "a second hello on one connection", now)
@@ -248,6 +256,20 @@ class MembershipService:
         if handler is not None:
             self._apply(handler(r, msg, now))
 
+    def _from_launcher(self, conn: _Conn, msg: dict, now: float) -> None:
+        """The launcher's line: it says who it is (with the join token), then which
+        worker processes exited, so a replica lost before its hello is known at once."""
+        if msg["t"] == "launcher":
+            if conn.replica is not None or self.launcher is not None:
+                return self._refuse(conn, "a launcher hello on a replica's or a second connection", now)
+            if not hmac.compare_digest(str(msg.get("token", "")).encode(), self.join_token.encode()):
+                return self._refuse(conn, "launcher hello with a wrong join token", now, close=True)
+            self.launcher = conn
+            return
+        if conn is not self.launcher:
+            return self._refuse(conn, "exited from a connection that is not the launcher's", now)
+        self._apply(self.proto.on_exit(msg["replica"], msg["how"], now))
+
     # ---- actions ------------------------------------------------------------------------
     def _apply(self, actions: list[Out], origin: _Conn | None = None) -> None:
         # A failed send makes its replica lost, and that loss has consequences (an
@@ -260,6 +282,8 @@ class MembershipService:
                 conn = self.by_replica.get(a.replica)
                 if conn is None:
                     continue
+                if a.reason:
+                    self.log(a.reason)
                 try:
                     conn.sock.sendall((json.dumps(a.msg) + "\n").encode())
                 except OSError as e:
@@ -282,9 +306,9 @@ class MembershipService:
                     f"generation {rec['generation']} = {rec['survivors']}, redid {len(rec['redone'])} microbatches"
                 )
                 self.events.write({"kind": "recovery", **rec})
-            elif a.kind == "fenced":
-                self.log(a.msg["reason"])
-                self.events.write({"kind": "fenced", **a.msg})
+            elif a.kind == "event":
+                self.log(a.reason)
+                self.events.write(a.msg)
             elif a.kind == "finish":
                 self.result = (a.code, a.reason)
         for r, reason in lost:

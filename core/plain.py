@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     replica, R, M = args.replica, cfg.replicas, cfg.microbatches
     work = Workload(cfg, cfg.resolved_device())
     hooks.attach_weights(work.acc)  # a bitflip fault corrupts these (and nothing here notices)
-    store = connect_store()
-    comm = Communicator.build(store, 0, replica, R, cfg.resolved_backend(), cfg.collective_timeout, namespace="plain/")
+    comm = Communicator.build(connect_store, 0, replica, R, cfg.resolved_backend(), cfg.collective_timeout,
+                              namespace="plain/")
     metrics = JsonlWriter(Path(cfg.out) / "metrics.jsonl") if replica == 0 else None
     members = list(range(R))
     for step in range(cfg.steps):

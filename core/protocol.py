@@ -32,6 +32,8 @@ Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
   commit {gen, step, loss, quota}          step committed; `quota` is for step+1
   abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
+  startup {wait, connected, of}            answer to a hello: start-up ends within `wait` seconds
+                                           (the worker waits that long for generation 0)
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
 worker -> coordinator:
@@ -43,6 +45,8 @@ worker -> coordinator:
                                            digest; a member off the majority is fenced
   fail   {gen, step, reason}               my collective failed
   hb     {}                                heartbeat (handled by the service)
+launcher -> coordinator (the service's `launcher` connection):
+  exited {replica, how}                    that replica's process exited (`on_exit`)
 Ids on the wire (quota, ledger, members) are `core.idranges` range lists,
 [[start, stop], ...]: a few numbers per message whatever M and R are.
 """
@@ -59,11 +63,11 @@ from .policy import assign_quota_ranges
 class Out:
     """One action for the service to carry out."""
 
-    kind: str  # "send" | "close" | "commit" | "recovery" | "fenced" | "finish"
+    kind: str  # "send" | "close" | "commit" | "recovery" | "event" | "finish"
     replica: int = -1  # for send/close
-    msg: dict[str, Any] = field(default_factory=dict)  # send: the message; commit/recovery/fenced: the record
+    msg: dict[str, Any] = field(default_factory=dict)  # send: the message; commit/recovery/event: the record
     code: int = 0  # finish: exit code
-    reason: str = ""  # close/finish
+    reason: str = ""  # close/finish; send/event: a line for the coordinator's log
 
 
 SPEED_SMOOTHING = 0.2  # weight of the newest measurement in a replica's speed estimate
@@ -91,7 +95,7 @@ class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
-                 fence_after: int = 3, max_failed_generations: int = 10):
+                 fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None):
         self.R, self.M, self.S = replicas, microbatches, steps
         self.fence_after = fence_after  # consecutive failed generations implicating a member before it is fenced
         self.max_failed_generations = max_failed_generations  # consecutive failed generations before the run stops
@@ -111,7 +115,10 @@ class Membership:
         self.next_gen = 0
         self.expected: set[int] = set(range(replicas))  # forming: who must (re)join
         self.joins: dict[int, idranges.Ranges] = {}  # replica -> its ledger
-        self.deadline = now + max(join_timeout, 300.0)  # the first start-up is slow
+        # The first start-up is slow (imports, model build): generation 0 waits this long
+        # for the hellos, then forms with the replicas connected. Each hello is answered
+        # with the time left (a "startup" message), so the workers wait exactly as long.
+        self.deadline = now + (max(join_timeout, 300.0) if startup_timeout is None else startup_timeout)
         self.votes: dict[int, dict] = {}
         self.speeds: dict[int, float] = {}
         self.slowest_microbatch = 0.0  # seconds, the longest any member reported (rejoin waits one out)
@@ -130,7 +137,7 @@ class Membership:
         if msg.get("weights_digest"):
             self.digests[r] = str(msg["weights_digest"])
         if self.state == "forming" and self.next_gen == 0:
-            return self._joined(r, [], now)
+            return [self._startup_progress(r, now), *self._joined(r, [], now)]
         # A late start-up hello after generation 0 formed: it was dropped from the run.
         self.alive.discard(r)
         self.dead.add(r)
@@ -187,6 +194,33 @@ class Membership:
             out += self._maybe_publish(now)
         return out
 
+    def on_exit(self, r: int, how: str, now: float) -> list[Out]:
+        """The launcher saw replica r's process exit (`how`: e.g. "killed by SIGKILL").
+
+        Only news for a replica that never said hello: one that did is handled by its
+        closed connection (`on_lost`). During start-up it is dropped at once, and
+        generation 0 forms with the replicas there, instead of at the deadline."""
+        if r in self.alive or r in self.dead or not 0 <= r < self.R:
+            return []
+        self.dead.add(r)
+        if not (self.state == "forming" and self.next_gen == 0 and r in self.expected):
+            return []
+        reason = f"replica {r} exited during start-up ({how})"
+        self._record_failure(reason, now)
+        self.expected.discard(r)
+        connected = len(self.alive & self.expected)
+        out = [Out("event", msg={"kind": "startup", "exited": r, "how": how, "connected": connected,
+                                 "expected": len(self.expected), "of": self.R, "at": now},
+                   reason=f"{reason}; replicas connected {connected}/{len(self.expected)}")]
+        return out + self._maybe_publish(now)
+
+    def _startup_progress(self, r: int, now: float) -> Out:
+        """Tell replica r how long start-up may still take (its own wait), and count it in."""
+        connected = len((self.alive & self.expected) | set(self.joins) | {r})
+        return Out("send", r, {"t": "startup", "wait": max(0.0, self.deadline - now), "connected": connected,
+                               "of": len(self.expected)},
+                   reason=f"replicas connected {connected}/{len(self.expected)}")
+
     def on_tick(self, now: float) -> list[Out]:
         if self.state != "forming" or now < self.deadline:
             return []
@@ -194,10 +228,12 @@ class Membership:
         for r in sorted(self.expected - set(self.joins)):
             if r in self.alive:
                 out += self.on_lost(r, "did not rejoin before the deadline", now)
-            else:  # never connected at all (died during start-up)
+            else:  # never connected at all (died during start-up, or still starting)
                 self.dead.add(r)
                 self._record_failure(f"replica {r} never connected", now)
                 self.expected.discard(r)
+                out.append(Out("event", msg={"kind": "startup", "never_connected": r, "at": now},
+                               reason=f"replica {r} did not connect within the start-up timeout"))
         return out + self._maybe_publish(now)
 
     def balancing_speeds(self) -> dict[int, float] | None:
@@ -230,7 +266,8 @@ class Membership:
         """The running generation failed: abort it, collect the survivors' ledgers."""
         self._record_failure(reason, now)
         self.failed_since_commit += 1
-        if self.failed_since_commit >= self.max_failed_generations:
+        # (with nobody left the verdict is "no replica left", below, not "no progress")
+        if self.failed_since_commit >= self.max_failed_generations and self.member_set & self.alive:
             return self._finish(1, (
                 f"no progress: {self.failed_since_commit} consecutive generations failed without a commit "
                 f"(step {self.step}, generations {self.gen - self.failed_since_commit + 1}..{self.gen}, "
@@ -285,7 +322,14 @@ class Membership:
         if self.pending and "generation" not in self.pending[-1]:
             self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=idranges.to_ids(todo),
                                     formed_at=now)
-        return fenced + [
+        out = list(fenced)
+        if self.gen == 0:  # the end of start-up, with whoever is there
+            missing = sorted(set(range(self.R)) - self.member_set)
+            out.append(Out("event", msg={"kind": "startup", "formed": 0, "members": len(self.members), "of": self.R,
+                                         "missing": missing, "at": now},
+                           reason=f"generation 0 formed with {len(self.members)}/{self.R} replicas"
+                                  + (f" (missing: {missing})" if missing else "")))
+        return out + [
             Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
                             "quota": quotas[r], "microbatches": self.M, "steps": self.S})
             for r in self.members
@@ -336,9 +380,10 @@ class Membership:
         out: list[Out] = []
         for r in sorted(r for d, rs in groups.items() if d != ref for r in rs):
             why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
-            out.append(Out("fenced", r, msg={"replica": r, "reason": f"replica {r} fenced: {why}", "step": self.step,
-                                             "at": now, "weights_digest": self.votes[r]["weights_digest"],
-                                             "majority_digest": ref}))
+            out.append(Out("event", r, msg={"kind": "fenced", "replica": r, "reason": f"replica {r} fenced: {why}",
+                                            "step": self.step, "at": now,
+                                            "weights_digest": self.votes[r]["weights_digest"], "majority_digest": ref},
+                           reason=f"replica {r} fenced: {why}"))
             out += self.on_lost(r, f"fenced: {why}", now)
         return out
 
@@ -472,7 +517,8 @@ class Membership:
         self.expected.discard(r)
         self.joins.pop(r, None)
         self._record_failure(reason, now)
-        return [Out("fenced", r, msg={"replica": r, "reason": reason, "step": self.step, "at": now, **evidence}),
+        return [Out("event", r, msg={"kind": "fenced", "replica": r, "reason": reason, "step": self.step, "at": now,
+                                     **evidence}, reason=reason),
                 Out("close", r, reason=reason)]
 
     def _finish(self, code: int, reason: str, now: float) -> list[Out]:

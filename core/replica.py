@@ -35,6 +35,8 @@ Contract:
   `.grad`) and a refused `commit()` raise, and discard what this replica folded
   in the iteration (its accumulator is zeroed, `.grad` re-attached, and
   `quota()` lists those ids again): a stray backward can never be committed.
+- Start-up waits as long as the coordinator says: its answer to the hello gives
+  the time left before generation 0 forms with the replicas that are there.
 - The hello carries a digest of the initial weights; generation 0 forms only if
   every replica's digest agrees, else the run stops naming the replica(s) that
   differ (e.g. a per-replica seed): replicas must start from the same weights.
@@ -49,6 +51,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Iterable, Iterator
@@ -63,6 +66,11 @@ from .control import ControlClient
 from .hooks import WorkerHooks
 from .recipe import CommittedStep, LRSchedule
 from .startup import JOIN_TOKEN_ENV, env_addr
+
+
+# Past the coordinator's start-up deadline it forms generation 0 (or stops the run)
+# within one tick and sends that at once: this is room for a loaded machine.
+STARTUP_ANSWER_SECONDS = 30.0
 
 
 class RunEnded(RuntimeError):
@@ -110,8 +118,12 @@ class Replica:
         if digest_every < 0:
             raise ValueError(f"digest_every must be >= 0 (0: never), got {digest_every}")
         self.digest_every = digest_every
-        self.store = dist.TCPStore(store_addr[0], store_addr[1], is_master=False,
-                                   timeout=timedelta(seconds=max(60.0, collective_timeout)))
+        self.store_addr = store_addr
+        self.store_timeout = timedelta(seconds=max(60.0, collective_timeout))
+        # A first client proves the store is reachable before the hello; each
+        # generation's communicator then opens its own (core/comm.py: a rendezvous
+        # abandoned in a shared client would hold the next one up to its timeout).
+        dist.TCPStore(store_addr[0], store_addr[1], is_master=False, timeout=self.store_timeout)
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
         self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
                            "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
@@ -193,13 +205,14 @@ class Replica:
         try:
             if self.comm is None or self.comm.generation != g:
                 rank = self.members.index(self.replica)
-                self.comm = Communicator.build(self.store, g, rank, len(self.members), self.backend,
+                self.comm = Communicator.build(self._open_store, g, rank, len(self.members), self.backend,
                                                self.timeout, should_abort)
             buf = self.acc.pack()
             self.comm.allreduce(buf, self.timeout, should_abort,
                                 while_in_flight=lambda: self.hooks.at(step, "allreduce"))
         except CollectiveError as e:
             self._abandon_comm()  # never reuse a communicator that failed
+            self._log(f"step {step}: {e}")
             if self.control.abort_reason(g) is None:
                 self.control.send({"t": "fail", "gen": g, "step": step, "reason": e.reason})
             return self._recover(self._wait_for({"abort"}))
@@ -227,6 +240,14 @@ class Replica:
 
     def close(self) -> None:
         self.control.close()
+
+    def _open_store(self) -> dist.Store:
+        """A new client of the coordinator's store, for one generation's communicator."""
+        return dist.TCPStore(self.store_addr[0], self.store_addr[1], is_master=False, timeout=self.store_timeout)
+
+    def _log(self, text: str) -> None:
+        # The replica's log (DIR/logs/replica<r>.log): what this replica saw, in its words.
+        print(f"[replica {self.replica}] {text}", file=sys.stderr, flush=True)
 
     # ---- refusals --------------------------------------------------------------------
     def _discard_folded(self) -> None:
@@ -320,6 +341,13 @@ class Replica:
             if msg is None:
                 raise RunEnded("no word from the coordinator")
             if self._terminal(msg):
+                continue
+            if msg["t"] == "startup":
+                # The coordinator's start-up deadline is the one source: it says how long
+                # it may still wait for the other replicas; answering takes it a moment more.
+                deadline = max(deadline, time.monotonic() + float(msg["wait"]) + STARTUP_ANSWER_SECONDS)
+                self._log(f"connected; replicas connected {msg['connected']}/{msg['of']}, "
+                          f"start-up ends within {float(msg['wait']):.0f}s")
                 continue
             if msg["t"] in kinds and msg.get("gen", min_gen) >= min_gen:
                 if msg["t"] == "abort" and msg["gen"] < self.generation:

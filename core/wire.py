@@ -33,6 +33,9 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "join": {"gen": _INT, "step": _INT, "ledger": _IDS},
     "vote": {"gen": _INT, "step": _INT, "ok": _BOOL, "ledger": _IDS},
     "fail": {"gen": _INT, "step": _INT},
+    # from the launcher (core/exit_notices.py), not from a worker
+    "launcher": {"token": _STR},
+    "exited": {"replica": _INT, "how": _STR},
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
     "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR},

@@ -59,7 +59,9 @@ def test_user_loop_survives_a_killed_replica(tmp_path):
     # the example's LambdaLR, stepped only on commit: its 5-step warm-up, by committed step, kill or not
     assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(STEPS)])
     events = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
-    assert len(events) == 1 and "replica 2" in events[0]["fault"]
+    # one recovery; a ring neighbour may report the broken all-reduce before the coordinator
+    # sees the death, so the loss is among the recovery's faults, not always its first
+    assert len(events) == 1 and any("replica 2 lost" in f for f in events[0]["faults"]), events
 
 
 def test_launch_without_a_command_is_refused():

@@ -29,7 +29,7 @@ def test_bench_commit_vote_64_replicas(benchmark):
         out = []
         for r in range(R):
             out += proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
-        quotas = {a.replica: a.msg["quota"] for a in out if a.kind == "send"}
+        quotas = {a.replica: a.msg["quota"] for a in out if a.kind == "send" and a.msg["t"] == "gen"}
         for r in range(R):
             out = proto.on_vote(r, {"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
                                     "mb_seconds": 0.1}, 0.0)

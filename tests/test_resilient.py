@@ -243,3 +243,42 @@ def test_a_permanently_broken_link_gets_its_replica_fenced_and_the_others_finish
     assert exits[2]["returncode"] == 3, exits[2]  # told it was fenced: the connection closed
     assert exits[0]["returncode"] == exits[1]["returncode"] == 0
     assert summary["status"] == "ok" and summary["steps"] == steps
+
+
+def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
+    """Issue 12 item 2. Replica 2's microbatches last 1 s, so replicas 0 and 1 finish
+    their step-0 quota and are in generation 0's rendezvous, waiting for 2, when it is
+    killed; each abandons that rendezvous with a wait still inside the backend. In
+    generation 1 replica 1 is killed at its redo microbatch (its third of step 0),
+    so replica 0 abandons a second rendezvous. With one store client shared across
+    generations the two dead waits sit ahead of generation 2's rendezvous in that
+    client, and it times out (then a generation 3 forms); with a client per
+    communicator generation 2 forms at once and commits step 0."""
+    r, m, steps, timeout = 3, 6, 2, 3.0
+    common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps), "--seed", str(SEED),
+              "--heartbeat-timeout", "3", "--collective-timeout", str(timeout), "--no-progress"]
+    reference = plain_losses(tmp_path / "plain", common)
+    faults = [
+        {"kind": "pace", "replica": 2, "step": 0, "phase": "forward", "seconds": 1.0},
+        {"kind": "crash", "replica": 2, "step": 0, "phase": "forward", "microbatch": 1},
+        # only a redo of replica 2's work (one id each for 0 and 1) is a third microbatch of step 0
+        {"kind": "crash", "replica": 1, "step": 0, "phase": "forward", "microbatch": 2},
+    ]
+    metrics, summary, events, fired = run_with_faults(tmp_path, faults, common)
+    assert sorted((f["kind"], f["replica"], f["step"], f["microbatch"]) for f in fired) == [
+        ("crash", 1, 0, 2), ("crash", 2, 0, 1), ("pace", 2, 0, 0)]
+    # no rendezvous waited out its deadline: exactly one generation per loss
+    everything = [f for e in events for f in e["faults"]]
+    assert not any("timed out" in f for f in everything), everything
+    assert [(e["from_generation"], e["generation"]) for e in events] == [(0, 1), (1, 2)], events
+    assert [(x["step"], x["generation"], x["members"]) for x in metrics] == [(0, 2, [0]), (1, 2, [0])]
+    assert metrics[0]["folded"] == {"0": m}  # the dead replicas' ledgers were redone, all by replica 0
+    for x, ref in zip(metrics, reference):
+        assert x["microbatch_ids"] == iteration_ids(x["step"], m)
+        assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
+    exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
+    assert exits[1]["how"] == exits[2]["how"] == "killed by SIGKILL" and exits[0]["returncode"] == 0
+    # precondition, from the survivor's own log: it was in generation 0's rendezvous,
+    # and then in generation 1's, when each was aborted
+    log = (tmp_path / "run" / "logs" / "replica0.log").read_text()
+    assert "generation 0: rendezvous aborted" in log and "generation 1: rendezvous aborted" in log, log

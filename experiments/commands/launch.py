@@ -21,7 +21,7 @@ from . import fail
 
 
 LAUNCH_FIELDS = ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
-                 "fence_after", "max_failed_generations")  # the TrainConfig fields a user's job is run with
+                 "fence_after", "max_failed_generations", "startup_timeout")  # the TrainConfig fields a user's job is run with
 
 
 def add_parser(sub) -> None:

@@ -1,0 +1,47 @@
+"""The launcher's line to the coordinator: which worker processes exited, told at once.
+
+Contract:
+- A coordinator whose first line says `"accepts_exits": true` (the membership
+  service) takes one connection from the launcher on its control port: first
+  {"t": "launcher", "token"} with the run's join token, then one
+  {"t": "exited", "replica", "how"} per worker process that exited.
+- Why: a worker that dies before its hello has no control connection whose
+  closing the coordinator could see, so without this the coordinator learns of it
+  only at its start-up deadline (minutes) while the others wait for generation 0.
+- Best effort and never in the way: a coordinator that cannot be reached, or a
+  send that fails, only turns the notices off; the start-up deadline still holds.
+"""
+from __future__ import annotations
+
+import json
+import socket
+
+
+class ExitNotices:
+    """Tells the coordinator of worker exits; no method raises."""
+
+    def __init__(self, host: str, port: int, token: str, timeout: float = 5.0):
+        self.sock: socket.socket | None = None
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            self.sock = None
+            return
+        self._send({"t": "launcher", "token": token})
+
+    def exited(self, replica: int, how: str) -> None:
+        self._send({"t": "exited", "replica": replica, "how": how})
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def _send(self, msg: dict) -> None:
+        if self.sock is None:
+            return
+        try:
+            self.sock.sendall((json.dumps(msg) + "\n").encode())
+        except OSError:
+            self.close()
