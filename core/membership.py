@@ -3,7 +3,8 @@
 Contract:
 - Listens on a TCP port for one control connection per worker (see `control.py`).
   A connection that closes, or stays silent for `heartbeat_timeout` seconds, makes
-  its replica dead; the protocol then aborts the generation and re-forms it with
+  its replica dead (until the replica's first vote, silence is allowed up to the
+  collective timeout: see `_silent`); the protocol then aborts the generation and re-forms it with
   the survivors. A dead replica's connection is closed: if it was only frozen, it
   wakes up to a closed socket and leaves (fencing).
 - It is the single writer of DIR/metrics.jsonl (one line per committed step) and
@@ -58,6 +59,7 @@ class _Conn:
         self.peer = peer  # host:port, for the records of what it sent that was refused
         self.refusals = 0
         self.skipping = False  # inside an oversized line: drop bytes up to its newline
+        self.voted = False  # has voted once: past its first step's one-time costs
 
 
 class MembershipService:
@@ -99,7 +101,6 @@ class MembershipService:
 
     # ---- the loop ----------------------------------------------------------------------
     def serve(self) -> int:
-        hb_timeout = self.cfg.heartbeat_timeout
         tick = min(0.05, self.cfg.heartbeat_interval)
         next_scan = 0.0
         try:
@@ -119,9 +120,8 @@ class MembershipService:
                 # (under load the selector returns after every few messages).
                 if now >= next_scan:
                     next_scan = now + tick
-                    for r, conn in list(self.by_replica.items()):
-                        if now - conn.last_seen > hb_timeout:
-                            self._apply(self.proto.on_lost(r, f"no heartbeat for {now - conn.last_seen:.1f}s", now))
+                    for r, silence in self._silent(now):
+                        self._apply(self.proto.on_lost(r, f"no heartbeat for {silence:.1f}s", now))
                 self._apply(self.proto.on_tick(now))
         except ProtocolError as e:
             self.log(f"PROTOCOL ERROR (nothing was committed for this step): {e}")
@@ -157,6 +157,23 @@ class MembershipService:
         conn.sock.close()
         if conn.replica is not None and self.by_replica.get(conn.replica) is conn:
             del self.by_replica[conn.replica]
+
+    def _silent(self, now: float) -> list[tuple[int, float]]:
+        """(replica, seconds of silence) of each member silent past its limit, O(R).
+
+        The limit is the heartbeat timeout once the replica has voted. Before its
+        first vote a worker is in its first step, paying one-time costs (first calls,
+        lazy imports, first-touch page faults of torch's libraries) inside C code that
+        holds the GIL, so its heartbeat thread cannot run: on a loaded machine this was
+        seen to silence every worker at once for over 1.5 s before step 0, and all of
+        them were declared dead ("no replica left"). Until then silence is judged by
+        the collective timeout, the deadline for work of unknown length; a crash is
+        still seen at once (its connection closes). The price: a replica that freezes
+        during its first step is caught after the collective timeout, not the
+        heartbeat one."""
+        hb, cold = self.cfg.heartbeat_timeout, max(self.cfg.heartbeat_timeout, self.cfg.collective_timeout)
+        return [(r, now - c.last_seen) for r, c in list(self.by_replica.items())
+                if now - c.last_seen > (hb if c.voted else cold)]
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -233,6 +250,8 @@ class MembershipService:
             return self._refuse(conn, f"{kind} before a hello", now)
         if self.by_replica.get(r) is not conn:
             return  # fenced: it was a member once, and is closed
+        if kind == "vote":
+            conn.voted = True
         handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "fail": self.proto.on_fail}.get(kind)
         if handler is not None:
             self._apply(handler(r, msg, now))

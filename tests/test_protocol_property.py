@@ -586,3 +586,24 @@ def test_a_broken_link_is_fenced_through_the_service_and_a_lone_one_stops_the_ru
     drain(alone, random.Random(5))
     check(alone)
     assert alone.finished[0] == 1 and alone.finished[1].startswith("no progress: 10 consecutive generations")
+
+
+def test_silence_is_judged_by_the_collective_timeout_until_a_replica_first_votes():
+    """A worker's first step pays one-time costs that can hold its heartbeat thread off
+    (seen: all four silent for 1.5 s before step 0 on a loaded machine, all declared dead).
+    Until its first vote a member is removed only after the collective timeout; after it,
+    after the heartbeat timeout. Driven through the real service's dispatch and scan."""
+    world = World(2, 4, 2)
+    svc, cfg = world.service, world.service.cfg
+    hb, cold = cfg.heartbeat_timeout, cfg.collective_timeout
+    assert hb < cold
+    world.do(("to_coord", 0))
+    world.do(("to_coord", 1))  # both hellos in (at t=0): generation 0 forms
+    assert sorted(svc.by_replica) == [0, 1]
+    assert svc._silent(hb + 1.0) == []  # silent past the heartbeat timeout, but in their first step
+    assert [r for r, _ in svc._silent(cold + 1.0)] == [0, 1]
+    while world.workers[0].state != "voted":  # both fold and reduce step 0; nothing reaches the coordinator
+        world.do(next(a for a in world.enabled(faults=False) if a[0] != "to_coord"))
+    while world.workers[0].outbox:
+        world.do(("to_coord", 0))  # replica 0's vote: it is past its first step's costs
+    assert svc._silent(hb + 1.0) == [(0, hb + 1.0)]
