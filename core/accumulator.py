@@ -26,6 +26,11 @@ from typing import Iterable
 import torch
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A flat view of `t`'s storage as signed integers of its width (int16 for bf16/fp16, int32 for fp32)."""
+    return t.reshape(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 class GradAccumulator:
     """Flat gradient accumulator (+ loss sum) with a ledger of folded microbatch ids."""
 
@@ -107,8 +112,7 @@ class GradAccumulator:
         """
         with torch.no_grad():
             sums = torch.stack([
-                p.detach().reshape(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[p.element_size()])
-                .sum(dtype=torch.int64)
+                _bits(p.detach()).sum(dtype=torch.int64)
                 for p in self.params
             ])
         return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()
@@ -130,10 +134,9 @@ class GradAccumulator:
             width = p.element_size() * 8
             if not 0 <= bit < width - 1:  # the top bit of a signed int view has no positive mask
                 raise ValueError(f"bit must be in [0, {width - 1}) for a {p.dtype} weight, got {bit}")
-            as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[p.element_size()]
             k = int(p.detach().abs().reshape(-1).argmax())
             before = float(p.detach().reshape(-1)[k])
-            p.data.view(-1)[k : k + 1].view(as_int).bitwise_xor_(1 << bit)
+            _bits(p.data.view(-1))[k : k + 1].bitwise_xor_(1 << bit)  # view(-1): in place, never a copy
             after = float(p.detach().reshape(-1)[k])
         return f"bit {bit} of element {k} of parameter {where} (shape {tuple(p.shape)}): {before:g} -> {after:g}"
 

@@ -9,7 +9,7 @@ Contract:
   wakes up to a closed socket and leaves (fencing).
 - It is the single writer of DIR/metrics.jsonl (one line per committed step) and
   DIR/events.jsonl (one line per recovery, and one {"kind": "fenced", "replica",
-  "reason", ...} per replica fenced for persistent faults): no worker, replica 0 included, is
+  "reason", ...} per replica fenced for persistent faults or corrupt weights): no worker, replica 0 included, is
   special, so any of them can die.
 - Times in the records are seconds since the run started (RECOVER_T0), on the
   same clock as the fault injector's DIR/faults.jsonl.
@@ -236,7 +236,7 @@ class MembershipService:
         if kind == "hello":
             if conn.replica is not None:
                 return self._refuse(conn, "a second hello on one connection", now)
-            if not hmac.compare_digest(str(msg.get("token", "")).encode(), self.join_token.encode()):
+            if not self._token_ok(msg):
                 return self._refuse(conn, f"hello as replica {msg.get('replica')} with a wrong join token", now,
                                     close=True)
             r = msg["replica"]
@@ -256,13 +256,17 @@ class MembershipService:
         if handler is not None:
             self._apply(handler(r, msg, now))
 
+    def _token_ok(self, msg: dict) -> bool:
+        """Whether a hello (a replica's or the launcher's) shows the run's join token (constant time)."""
+        return hmac.compare_digest(str(msg.get("token", "")).encode(), self.join_token.encode())
+
     def _from_launcher(self, conn: _Conn, msg: dict, now: float) -> None:
         """The launcher's line: it says who it is (with the join token), then which
         worker processes exited, so a replica lost before its hello is known at once."""
         if msg["t"] == "launcher":
             if conn.replica is not None or self.launcher is not None:
                 return self._refuse(conn, "a launcher hello on a replica's or a second connection", now)
-            if not hmac.compare_digest(str(msg.get("token", "")).encode(), self.join_token.encode()):
+            if not self._token_ok(msg):
                 return self._refuse(conn, "launcher hello with a wrong join token", now, close=True)
             self.launcher = conn
             return

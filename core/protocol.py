@@ -380,10 +380,8 @@ class Membership:
         out: list[Out] = []
         for r in sorted(r for d, rs in groups.items() if d != ref for r in rs):
             why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
-            out.append(Out("event", r, msg={"kind": "fenced", "replica": r, "reason": f"replica {r} fenced: {why}",
-                                            "step": self.step, "at": now,
-                                            "weights_digest": self.votes[r]["weights_digest"], "majority_digest": ref},
-                           reason=f"replica {r} fenced: {why}"))
+            out.append(self._fenced_record(r, f"replica {r} fenced: {why}", now, {
+                "weights_digest": self.votes[r]["weights_digest"], "majority_digest": ref}))
             out += self.on_lost(r, f"fenced: {why}", now)
         return out
 
@@ -517,9 +515,12 @@ class Membership:
         self.expected.discard(r)
         self.joins.pop(r, None)
         self._record_failure(reason, now)
-        return [Out("event", r, msg={"kind": "fenced", "replica": r, "reason": reason, "step": self.step, "at": now,
-                                     **evidence}, reason=reason),
-                Out("close", r, reason=reason)]
+        return [self._fenced_record(r, reason, now, evidence), Out("close", r, reason=reason)]
+
+    def _fenced_record(self, r: int, reason: str, now: float, evidence: dict[str, Any]) -> Out:
+        """The events.jsonl line saying `r` was fenced, why, and on what evidence."""
+        return Out("event", r, msg={"kind": "fenced", "replica": r, "reason": reason, "step": self.step, "at": now,
+                                    **evidence}, reason=reason)
 
     def _finish(self, code: int, reason: str, now: float) -> list[Out]:
         self.state = "finished"

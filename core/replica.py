@@ -123,7 +123,7 @@ class Replica:
         # A first client proves the store is reachable before the hello; each
         # generation's communicator then opens its own (core/comm.py: a rendezvous
         # abandoned in a shared client would hold the next one up to its timeout).
-        dist.TCPStore(store_addr[0], store_addr[1], is_master=False, timeout=self.store_timeout)
+        self._open_store()
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
         self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
                            "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),

@@ -67,6 +67,19 @@ def _encode(outs: list[Out]) -> tuple[float, int]:
     return time.perf_counter() - start, n
 
 
+def _parse_and_feed(lines: list[tuple[int, bytes]], handler, now: float) -> tuple[list[Out], float, float]:
+    """Parse each replica's line as the service would, then hand it to the state machine:
+    (what it answered, seconds parsing, seconds in the state machine), timed apart."""
+    start = time.perf_counter()
+    msgs = [(r, json.loads(line)) for r, line in lines]
+    parse_s = time.perf_counter() - start
+    outs: list[Out] = []
+    start = time.perf_counter()
+    for r, msg in msgs:
+        outs += handler(r, msg, now)
+    return outs, parse_s, time.perf_counter() - start
+
+
 def _quotas(outs: list[Out], kind: str) -> dict[int, object]:
     return {a.replica: a.msg["quota"] for a in outs if a.kind == "send" and a.msg.get("t") == kind}
 
@@ -100,14 +113,7 @@ class _Run:
                  for r in members]
         self.rng.shuffle(lines)
         now = self._tick()
-        outs: list[Out] = []
-        start = time.perf_counter()
-        msgs = [(r, json.loads(line)) for r, line in lines]
-        parse_s = time.perf_counter() - start
-        start = time.perf_counter()
-        for r, msg in msgs:
-            outs += p.on_vote(r, msg, now)
-        machine_s = time.perf_counter() - start
+        outs, parse_s, machine_s = _parse_and_feed(lines, p.on_vote, now)
         commits = [a for a in outs if a.kind == "commit"]
         if len(commits) != 1 or commits[0].msg["microbatch_ids"] != iteration_ids(step, self.M):
             raise RuntimeError(f"R={self.R}: step {step} did not commit exactly its M ids")
@@ -131,13 +137,9 @@ class _Run:
         # Mid-step: each survivor had folded its whole quota; it rejoins with that ledger.
         lines = [(r, _wire({"t": "join", "gen": nxt, "step": p.step, "ledger": self.quota[r]})) for r in survivors]
         self.rng.shuffle(lines)
-        start = time.perf_counter()
-        msgs = [(r, json.loads(line)) for r, line in lines]
-        parse_s = time.perf_counter() - start
-        start = time.perf_counter()
-        for r, msg in msgs:
-            outs += p.on_join(r, msg, now)
-        machine_s += time.perf_counter() - start
+        joined, parse_s, join_s = _parse_and_feed(lines, p.on_join, now)
+        outs += joined
+        machine_s += join_s
         gens = _quotas(outs, "gen")
         if p.state != "running" or p.gen != nxt or set(gens) != set(survivors):
             raise RuntimeError(f"R={self.R}: the survivors did not form generation {nxt}")
