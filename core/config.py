@@ -90,6 +90,10 @@ class TrainConfig:
     heartbeat_timeout: float = _f(
         3.0, "seconds without a heartbeat after which a worker is declared dead (catches hangs)"
     )
+    heartbeat_budget: float = _f(
+        2000.0, "recover: heartbeats per second the coordinator takes from all workers together; past "
+        "budget x interval replicas the interval stretches to replicas / budget (core/heartbeat.py)"
+    )
     digest_every: int = _f(
         1, "recover: every this many steps each vote carries a weights digest; off the majority = fenced (0 = off)"
     )
@@ -175,7 +179,8 @@ class TrainConfig:
             raise ConfigError("--backend", f"unknown backend {self.backend!r}; choose from auto, gloo, nccl")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"unknown device {self.device!r}; choose from auto, cpu, cuda")
-        for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout", "startup_timeout"]:
+        for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout", "heartbeat_budget",
+                     "startup_timeout"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:

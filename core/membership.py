@@ -2,10 +2,13 @@
 
 Contract:
 - Listens on a TCP port for one control connection per worker (see `control.py`).
-  A connection that closes, or stays silent for `heartbeat_timeout` seconds, makes
+  A connection that closes, or stays silent for the heartbeat timeout, makes
   its replica dead (until the replica's first vote, silence is allowed up to the
-  collective timeout: see `_silent`); the protocol then aborts the generation and re-forms it with
-  the survivors. A dead replica's connection is closed: if it was only frozen, it
+  collective timeout: see `_silent`); past a few hundred replicas the heartbeat
+  interval and timeout stretch with R so the heartbeat load stays within
+  `heartbeat_budget` per second (core/heartbeat.py: the strategy), and the interval
+  is named to each worker in the answer to its hello. Any line is a sign of life.
+  The protocol then aborts the generation and re-forms it with the survivors. A dead replica's connection is closed: if it was only frozen, it
   wakes up to a closed socket and leaves (fencing).
 - It is the single writer of DIR/metrics.jsonl (one line per committed step) and
   DIR/events.jsonl (one line per recovery, and one {"kind": "fenced", "replica",
@@ -47,6 +50,7 @@ import time
 from pathlib import Path
 
 from .config import TrainConfig
+from .heartbeat import heartbeat_plan
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
@@ -85,11 +89,14 @@ class MembershipService:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ)
         self.by_replica: dict[int, _Conn] = {}
+        # the heartbeat interval the workers are told, and the silence that makes one dead
+        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_plan(
+            cfg.replicas, cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.heartbeat_budget)
         # A survivor that is still computing its quota rejoins only when done, so
         # the rejoin deadline is the collective deadline, not the heartbeat one.
         self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
                                 fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
-                                startup_timeout=cfg.startup_timeout)
+                                startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval)
         self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")
@@ -111,6 +118,9 @@ class MembershipService:
     # ---- the loop ----------------------------------------------------------------------
     def serve(self) -> int:
         tick = min(0.05, self.cfg.heartbeat_interval)
+        if self.heartbeat_interval > self.cfg.heartbeat_interval:
+            self.log(f"{self.cfg.replicas} replicas: heartbeats every {self.heartbeat_interval:.2f}s, silent for "
+                     f"{self.heartbeat_timeout:.1f}s = dead (budget {self.cfg.heartbeat_budget:g}/s)")
         next_scan = 0.0
         try:
             while self.result is None:
@@ -139,7 +149,9 @@ class MembershipService:
             if self.result is not None:
                 code, reason = self.result
                 self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now(),
-                                  "max_heartbeat_gap": self.max_gap, "refused": self.refused})
+                                  "max_heartbeat_gap": self.max_gap, "refused": self.refused,
+                                  "heartbeat_interval": self.heartbeat_interval,
+                                  "heartbeat_timeout": self.heartbeat_timeout})
             self.metrics.close()
             self.events.close()
             for conn in list(self.by_replica.values()):
@@ -180,7 +192,7 @@ class MembershipService:
         still seen at once (its connection closes). The price: a replica that freezes
         during its first step is caught after the collective timeout, not the
         heartbeat one."""
-        hb, cold = self.cfg.heartbeat_timeout, max(self.cfg.heartbeat_timeout, self.cfg.collective_timeout)
+        hb, cold = self.heartbeat_timeout, max(self.heartbeat_timeout, self.cfg.collective_timeout)
         return [(r, now - c.last_seen) for r, c in list(self.by_replica.items())
                 if now - c.last_seen > (hb if c.voted else cold)]
 

@@ -32,8 +32,9 @@ Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
   commit {gen, step, loss, quota}          step committed; `quota` is for step+1
   abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
-  startup {wait, connected, of}            answer to a hello: start-up ends within `wait` seconds
-                                           (the worker waits that long for generation 0)
+  startup {wait, connected, of, heartbeat_interval}  answer to a hello: start-up ends within `wait`
+                                           seconds (the worker waits that long for generation 0); beat
+                                           every `heartbeat_interval` seconds (core/heartbeat.py)
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
 worker -> coordinator:
@@ -95,7 +96,8 @@ class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
-                 fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None):
+                 fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
+                 heartbeat_interval: float | None = None):
         self.R, self.M, self.S = replicas, microbatches, steps
         self.fence_after = fence_after  # consecutive failed generations implicating a member before it is fenced
         self.max_failed_generations = max_failed_generations  # consecutive failed generations before the run stops
@@ -104,6 +106,7 @@ class Membership:
         self.reporters: list[int] = []  # members that reported the failure of generation `gen`, first first
         self.lost_in_failure = False  # a member of the failed generation was lost before the next one formed
         self.join_timeout = join_timeout
+        self.heartbeat_interval = heartbeat_interval  # named in the answer to each hello (None: not named)
         self.alive: set[int] = set()  # connected, not declared dead
         self.dead: set[int] = set()
         self.gen = -1  # generation in force (-1: none yet)
@@ -217,8 +220,10 @@ class Membership:
     def _startup_progress(self, r: int, now: float) -> Out:
         """Tell replica r how long start-up may still take (its own wait), and count it in."""
         connected = len((self.alive & self.expected) | set(self.joins) | {r})
-        return Out("send", r, {"t": "startup", "wait": max(0.0, self.deadline - now), "connected": connected,
-                               "of": len(self.expected)},
+        msg = {"t": "startup", "wait": max(0.0, self.deadline - now), "connected": connected, "of": len(self.expected)}
+        if self.heartbeat_interval is not None:
+            msg["heartbeat_interval"] = self.heartbeat_interval
+        return Out("send", r, msg,
                    reason=f"replicas connected {connected}/{len(self.expected)}")
 
     def on_tick(self, now: float) -> list[Out]:

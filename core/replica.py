@@ -346,6 +346,8 @@ class Replica:
                 # The coordinator's start-up deadline is the one source: it says how long
                 # it may still wait for the other replicas; answering takes it a moment more.
                 deadline = max(deadline, time.monotonic() + float(msg["wait"]) + STARTUP_ANSWER_SECONDS)
+                if msg.get("heartbeat_interval"):  # stretched for a large run (core/heartbeat.py)
+                    self.control.heartbeat_interval = float(msg["heartbeat_interval"])
                 self._log(f"connected; replicas connected {msg['connected']}/{msg['of']}, "
                           f"start-up ends within {float(msg['wait']):.0f}s")
                 continue

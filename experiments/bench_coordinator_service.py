@@ -60,6 +60,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from recover.core.config import TrainConfig
+from recover.core.heartbeat import heartbeat_plan
 from recover.core.results import read_jsonl
 
 from .bench_replica_clients import ClientSpec
@@ -108,13 +109,15 @@ def run_one(N: int, args: argparse.Namespace, rng: random.Random, work: Path) ->
     out.mkdir(parents=True, exist_ok=True)
     cfg = TrainConfig(system="recover", replicas=N, microbatches=args.per_replica * N, steps=steps, out=str(out),
                       heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
-                      collective_timeout=args.collective_timeout, startup_timeout=args.startup_timeout)
+                      heartbeat_budget=args.heartbeat_budget, collective_timeout=args.collective_timeout,
+                      startup_timeout=args.startup_timeout)
     cfg.validate()
     (out / "config.json").write_text(json.dumps({"train": cfg.to_dict()}))
     t0, token = time.time(), secrets.token_hex(16)
     env = {**os.environ, "RECOVER_T0": repr(t0), "RECOVER_JOIN_TOKEN": token}
     procs: list[subprocess.Popen] = []
-    deadline = args.startup_timeout + steps * args.step_seconds * 4 + args.freezes * (args.heartbeat_timeout + 5) + 60
+    silence = heartbeat_plan(N, cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.heartbeat_budget)[1]
+    deadline = args.startup_timeout + steps * args.step_seconds * 4 + args.freezes * (silence + 5) + 60
     try:
         with open(out / "coordinator.log", "w") as log:
             coord = subprocess.Popen([sys.executable, "-m", "recover.experiments.bench_coordinator_service", "serve",
@@ -174,11 +177,13 @@ def _measure(N: int, args: argparse.Namespace, steps: int, faults: list[dict], t
     latency = [metrics[s]["coordinator"]["vote_to_commit_s"] for s in steady]
     client_latency = [max(x["commit_received"][str(s)][1] for x in seen if str(s) in x["commit_received"])
                       - max(x["vote_sent"][str(s)] for x in seen if str(s) in x["vote_sent"]) for s in steady]
-    interval = statistics.median(x["heartbeat_interval"] for x in seen)
+    interval = statistics.median(x["heartbeat_interval"] for x in seen)  # as the coordinator named it
+    end = next(e for e in events if e.get("kind") == "run_end")
     return {
         "replicas": N, "microbatches": args.per_replica * N, "clients": len(seen), "steps": steps,
         "step_seconds": args.step_seconds, "heartbeat_interval": interval,
-        "heartbeat_timeout": args.heartbeat_timeout,
+        "heartbeat_timeout": end["heartbeat_timeout"], "heartbeat_budget": args.heartbeat_budget,
+        "max_heartbeat_gap_s": end["max_heartbeat_gap"],
         "step_latency_s": statistics.median(latency), "step_latency_p95_s": _quantile(latency, 0.95),
         "client_step_latency_s": statistics.median(client_latency),
         "window_s": window, "cpu_s": b["cpu_s"] - a["cpu_s"], "cpu_share": (b["cpu_s"] - a["cpu_s"]) / window,

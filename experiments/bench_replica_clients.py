@@ -6,7 +6,8 @@ Contract:
   coordinator's membership service and speaks the worker's side of the real control
   protocol on each (core/control.py, core/replica.py, the messages of core/protocol.py):
   a hello with the join token; a heartbeat every `heartbeat_interval` seconds (what
-  ControlClient's heartbeat thread sends); per step, `step_seconds` after its quota
+  ControlClient's heartbeat thread sends, skipped when another message went out
+  within the interval); per step, `step_seconds` after its quota
   arrived (a stand-in for the forward/backward passes and the all-reduce, which never
   touch the coordinator), a vote whose ledger is what it folded, as id ranges; after
   an abort, a join with the ledger kept (a survivor in its all-reduce has folded its
@@ -152,8 +153,9 @@ class Clients:
     def _fire(self, what: str, rep: _Replica, work: int, now: float) -> None:
         if what == "hb":
             if rep.state == "live":
-                self._send(rep, {"t": "hb"})
-                self.seen["heartbeats_sent"] += 1
+                if now - rep.last_sent >= rep.interval:  # as ControlClient: a message just sent was the beat
+                    self._send(rep, {"t": "hb"})
+                    self.seen["heartbeats_sent"] += 1
                 self._at(now + rep.interval, "hb", rep)
             return
         if rep.state != "live" or work != rep.work:

@@ -9,7 +9,7 @@ what it answered, grey: parsing the inbound messages alone; the horizontal line 
 50 ms target. When RESULTS/coordinator_service.json is there (`recover bench coordinator
 --service`: the real membership service against N simulated replicas over loopback), and
 RESULTS/coordinator_service_before.json beside it (the same bench before the heartbeat
-strategy), a second row draws, against N: the step latency (last vote read -> commits
+strategy) and RESULTS/coordinator_service_step2s.json (`--step-seconds 2`), a second row draws, against N: the step latency (last vote read -> commits
 sent, and as the clients saw it), the coordinator's CPU share (25% target) and the crash
 detection latency (worst of the run's crashes; 100 ms target). Writes
 coordinator_scale.png and .pdf into --out (default: paper_figs/). A missing results
@@ -29,7 +29,8 @@ TARGET_S = 0.050  # the issue's bound on a commit and on a recovery round at R =
 CPU_TARGET = 0.25  # the bound on the service's CPU share at the largest N
 DETECT_TARGET_S = 0.100  # the bound on seeing a crash, under load
 SERVICE = {"coordinator_service_before": ("before: fixed heartbeats", "#0072B2"),
-           "coordinator_service": ("now", "#D55E00")}
+           "coordinator_service": ("now", "#D55E00"),
+           "coordinator_service_step2s": ("now, 2 s steps", "#009E73")}
 SERIES = {"coordinator_state_machine_before": ("before", "#0072B2"), "coordinator_state_machine": ("now", "#D55E00"),
           "coordinator_state_machine_nogc": ("now, garbage collector off", "#009E73")}
 

@@ -93,6 +93,8 @@ def add_parser(sub) -> None:
                     help="the run's --heartbeat-interval (default: the config's)")
     s_.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
                     help="the run's --heartbeat-timeout (default: the config's)")
+    s_.add_argument("--heartbeat-budget", type=float, default=TrainConfig.heartbeat_budget,
+                    help="the run's --heartbeat-budget, heartbeats/s from all workers (default: the config's)")
     s_.add_argument("--collective-timeout", type=float, default=TrainConfig.collective_timeout,
                     help="the run's --collective-timeout (default: the config's)")
     s_.add_argument("--startup-timeout", type=float, default=120.0,
@@ -187,7 +189,8 @@ def cmd_bench_coordinator(args: argparse.Namespace) -> int:
             return fail("--crashes: crashes + freezes must leave a survivor at the smallest --replicas")
         try:
             TrainConfig(system="recover", heartbeat_interval=args.heartbeat_interval,
-                        heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
+                        heartbeat_timeout=args.heartbeat_timeout, heartbeat_budget=args.heartbeat_budget,
+                        collective_timeout=args.collective_timeout,
                         startup_timeout=args.startup_timeout).validate()
         except ConfigError as e:
             return fail(str(e))
