@@ -27,10 +27,13 @@ Contract:
   `no_dist`, and no other replica waits for it).
 - Synchronous (`dcp.save`) and asynchronous (`dcp.async_save`) saves take the same
   path. `async_save` stages (copies) the state before it returns, so the optimizer
-  may step while the background thread writes; the save is finished (renamed) at
-  the first `poll()` after the background write is done; one save is in flight at
-  a time. `last_stall_seconds` is how long the training thread was held by the
-  last `save` (for async: the staging).
+  may step while the background thread writes; one save is in flight at a time.
+  With a group the save is finished (renamed, collectively) at the first `poll()`
+  after every rank's background write is done; a single writer renames from the
+  background thread as soon as its write is done, so the checkpoint is complete
+  even if the training thread never reaches another `poll()`. `on_complete(step)`
+  runs once each checkpoint is renamed into place. `last_stall_seconds` is how
+  long the training thread was held by the last `save` (for async: the staging).
 - The "checkpoint_save" fault point fires on each writer after its data files are
   written and before the checkpoint is complete, i.e. truly mid-save.
 - A group's DCP collectives run on a process group of their own: an async save's
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 import warnings
 from concurrent.futures import Future
@@ -160,13 +164,15 @@ class _Pending:
 
     step: int
     future: Future
+    renamed: threading.Event | None = None  # single writer: set once the background thread renamed it
 
 
 class CheckpointSaver:
     """Saves checkpoints of one replica's state: collectively with a group's other ranks, or alone."""
 
     def __init__(self, ckpts: CheckpointDir, state: TrainingState, group, rank: int, use_async: bool, keep: int,
-                 on_mid_save: Callable[[int], None] = lambda step: None):
+                 on_mid_save: Callable[[int], None] = lambda step: None,
+                 on_complete: Callable[[int], None] = lambda step: None):
         self.ckpts = ckpts
         self.state = state
         self.group = group  # None: a single writer (no collectives, no barriers)
@@ -174,6 +180,7 @@ class CheckpointSaver:
         self.use_async = use_async
         self.keep = keep
         self.on_mid_save = on_mid_save
+        self.on_complete = on_complete
         self.pending: _Pending | None = None
         self.last_stall_seconds = 0.0
         self.completed: list[int] = []  # steps this saver renamed into place, in order
@@ -201,8 +208,10 @@ class CheckpointSaver:
             warnings.simplefilter("ignore", UserWarning)
             if self.use_async:
                 fut = dcp.async_save(sd, storage_writer=writer, **dist_kw)
-                self.pending = _Pending(step, fut)
                 self.last_stall_seconds = time.perf_counter() - started
+                self.pending = _Pending(step, fut, None if self.group is not None else threading.Event())
+                if self.group is None:
+                    fut.add_done_callback(lambda f, p=self.pending: self._complete_alone(p))
             else:
                 dcp.save(sd, storage_writer=writer, **dist_kw)
                 self.last_stall_seconds = time.perf_counter() - started
@@ -212,6 +221,10 @@ class CheckpointSaver:
     def poll(self) -> None:
         """Finish an async save if every writer's background write is done (collective with a group)."""
         if self.pending is None:
+            return
+        if self.pending.renamed is not None:
+            if self.pending.future.done() and self.pending.renamed.is_set():
+                self._take_pending()
             return
         done = torch.tensor([1 if self.pending.future.done() else 0], dtype=torch.int32)
         if self.group is not None:
@@ -225,7 +238,23 @@ class CheckpointSaver:
         """Block until an in-flight async save is complete (collective with a group)."""
         if self.pending is not None:
             self.pending.future.result()
-            self._finish_pending()
+            if self.pending.renamed is not None:
+                self.pending.renamed.wait()
+                self._take_pending()
+            else:
+                self._finish_pending()
+
+    def _complete_alone(self, pending: _Pending) -> None:
+        """A single writer's background write ended (in its thread): rename it if it succeeded."""
+        try:
+            if pending.future.exception() is None:
+                self._complete(pending.step)
+        finally:
+            pending.renamed.set()
+
+    def _take_pending(self) -> None:
+        pending, self.pending = self.pending, None
+        pending.future.result()  # re-raises a failed background save
 
     def _finish_pending(self) -> None:
         pending, self.pending = self.pending, None
@@ -244,3 +273,4 @@ class CheckpointSaver:
                 os.close(fd)
             self.ckpts.prune(self.keep)
         self.completed.append(step)
+        self.on_complete(step)

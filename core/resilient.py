@@ -46,34 +46,33 @@ class _Checkpointer:
         self.replica_id = replica_id
         self.every = cfg.checkpoint_every
         self.steps = cfg.steps
-        self.saver = CheckpointSaver(CheckpointDir(cfg.checkpoint_root()), state, None, 0, use_async=True,
-                                     keep=cfg.checkpoint_keep,
-                                     on_mid_save=lambda step: hooks.at(step, "checkpoint_save"))
         self.log = Path(cfg.out) / "checkpoints.jsonl"
         self.started: dict[int, tuple[float, float]] = {}  # step -> (perf_counter at save, its stall)
+        self.saver = CheckpointSaver(CheckpointDir(cfg.checkpoint_root()), state, None, 0, use_async=True,
+                                     keep=cfg.checkpoint_keep,
+                                     on_mid_save=lambda step: hooks.at(step, "checkpoint_save"),
+                                     on_complete=self._record)
 
     def after_commit(self, replica: Replica) -> None:
-        self._record(self.saver.poll)
+        self.saver.poll()  # re-raises a failed background save
         s = replica.step  # the step about to start: the checkpoint holds the state before it
         if s % self.every == 0 and s < self.steps and replica.replica == min(replica.members):
             t = time.perf_counter()
-            if self.saver.save(s, fault_step=s - 1):
-                self.started[s] = (t, self.saver.last_stall_seconds)
+            self.started[s] = (t, 0.0)
+            if not self.saver.save(s, fault_step=s - 1):
+                del self.started[s]
 
     def finish(self) -> None:
-        self._record(self.saver.wait)
+        self.saver.wait()
 
-    def _record(self, finish_saves) -> None:
-        before = len(self.saver.completed)
-        finish_saves()
-        for step in self.saver.completed[before:]:
-            t, stall = self.started.pop(step)
-            log = JsonlWriter(self.log)
-            log.write({"step": step, "path": str(self.saver.ckpts.path(step)), "writer": self.replica_id,
-                       "stall_seconds": stall,
-                       # noticed at the first commit after the background write ended: an upper bound
-                       "completed_within_seconds": time.perf_counter() - t})
-            log.close()
+    def _record(self, step: int) -> None:
+        """checkpoints.jsonl: one line per checkpoint renamed into place (the background thread's)."""
+        t, _ = self.started.get(step, (time.perf_counter(), 0.0))
+        log = JsonlWriter(self.log)
+        log.write({"step": step, "path": str(self.saver.ckpts.path(step)), "writer": self.replica_id,
+                   # async_save returns after staging: the stall is set before its write can end
+                   "stall_seconds": self.saver.last_stall_seconds, "write_seconds": time.perf_counter() - t})
+        log.close()
 
 
 def main(argv: list[str] | None = None) -> int:
