@@ -107,3 +107,13 @@ def test_digest_cost_matches_its_benchmark():
     same(small, 100 * rows["small"]["fingerprint_over_iteration"])
     same(tiny_sha, 100 * rows["tiny"]["sha256_over_iteration"])
     same(small_sha, 100 * rows["small"]["sha256_over_iteration"])
+
+
+def test_checkpoint_stall_matches_results():
+    bench = json.loads((ROOT / "results" / "bench" / "checkpoint_stall.json").read_text())["models"]
+    tiny, small = found(r"stalls ([\d.]+) of an iteration on `tiny` and ([\d.]+) on `small`")
+    same(tiny, bench["tiny"]["stall_per_iteration"])
+    same(small, bench["small"]["stall_per_iteration"])
+    tiny, small = found(r"runs takes ([\d.]+)x \(tiny\) and ([\d.]+)x \(small\) one without")
+    same(tiny, bench["tiny"]["iteration_with_save_ratio"])
+    same(small, bench["small"]["iteration_with_save_ratio"])
