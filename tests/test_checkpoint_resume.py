@@ -162,3 +162,15 @@ def test_resume_without_a_complete_checkpoint_fails_at_once_naming_the_flag(tmp_
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("recover: error: --resume:"), proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json"]  # nothing started
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--checkpoint-every", "0"], "--checkpoint-every"),
+    (["--steps", "4"], "--steps"),  # too few for iterations both with and without a save at K=2
+])
+def test_a_bad_stall_benchmark_flag_fails_at_once_naming_it(tmp_path, flags, field):
+    proc = run_recover("bench", "checkpoint-stall", "--out", str(tmp_path / "never"), *flags, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"recover: error: {field}:"), proc.stderr
+    assert not (tmp_path / "never").exists()
