@@ -96,7 +96,8 @@ class MembershipService:
         # the rejoin deadline is the collective deadline, not the heartbeat one.
         self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
                                 fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
-                                startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval)
+                                startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval,
+                                start_step=cfg.start_step)
         self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")

@@ -97,7 +97,7 @@ class Membership:
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
-                 heartbeat_interval: float | None = None):
+                 heartbeat_interval: float | None = None, start_step: int = 0):
         self.R, self.M, self.S = replicas, microbatches, steps
         self.fence_after = fence_after  # consecutive failed generations implicating a member before it is fenced
         self.max_failed_generations = max_failed_generations  # consecutive failed generations before the run stops
@@ -113,7 +113,7 @@ class Membership:
         self.members: list[int] = []
         self.member_set: set[int] = set()  # the same replicas: O(1) membership tests per message
         self.member_ranges: idranges.Ranges = []  # the same replicas as the gen message carries them
-        self.step = 0
+        self.step = start_step  # 0, or the step of the checkpoint the run resumes from
         self.state = "forming"  # forming | running | finished
         self.next_gen = 0
         self.expected: set[int] = set(range(replicas))  # forming: who must (re)join

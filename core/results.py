@@ -70,6 +70,22 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
+def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]:
+    """Keep only metrics.jsonl lines with step < start; return the dropped ones.
+
+    They are redone from the checkpoint of step `start`. The kept lines are written
+    to a new file renamed over the old, so a reader never sees a half-truncated file."""
+    path = Path(out) / "metrics.jsonl"
+    records = read_jsonl(path)
+    keep = [r for r in records if r["step"] < start]
+    dropped = [r for r in records if r["step"] >= start]
+    if path.exists():  # rewritten even with nothing dropped: a torn last line goes too
+        tmp = path.with_name(".metrics.jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        os.replace(tmp, path)
+    return dropped
+
+
 def metric_record(
     step: int, loss: float, tokens: int, ids: Iterable[int], generation: int, members: Iterable[int],
     t0: float, **extra: Any,

@@ -137,3 +137,13 @@ def test_coordinator_numbers_match_the_service_bench():
         same(crash, 1e3 * max(row["crash_detect_s"]))
         same(abort, 1e3 * max(row["crash_abort_all_s"]))
         same(freeze, max(row["freeze_detect_s"]))
+
+
+def test_checkpoint_stall_matches_results():
+    bench = json.loads((ROOT / "results" / "bench" / "checkpoint_stall.json").read_text())["models"]
+    tiny, small = found(r"stalls ([\d.]+) of an iteration on `tiny` and ([\d.]+) on `small`")
+    same(tiny, bench["tiny"]["stall_per_iteration"])
+    same(small, bench["small"]["stall_per_iteration"])
+    tiny, small = found(r"runs takes ([\d.]+)x \(tiny\) and ([\d.]+)x \(small\) one without")
+    same(tiny, bench["tiny"]["iteration_with_save_ratio"])
+    same(small, bench["small"]["iteration_with_save_ratio"])

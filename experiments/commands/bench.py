@@ -1,5 +1,6 @@
 """`recover bench recovery`: what a fault costs each system, measured with real kills;
 `recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py);
+`recover bench checkpoint-stall`: recover's async checkpoint stall against an iteration (experiments/bench_checkpoint_stall.py);
 `recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py);
 `recover bench digest`: the votes' weights digest against an iteration (experiments/bench_digest.py);
 `recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py);
@@ -53,6 +54,18 @@ def add_parser(sub) -> None:
     c.add_argument("--out", default="results/bench", help="where to write checkpoint_dcp.json (default: results/bench)")
     c.add_argument("--work", default="", help="directory for the checkpoints (default: a temp dir)")
     c.set_defaults(func=cmd_bench_checkpoint)
+    s = bsub.add_parser("checkpoint-stall", help="recover's async checkpoint: the writer's stall against an iteration",
+                        description="One recover run with --checkpoint-every K per model; the stall of each save and "
+                        "the iterations with and without one, written to checkpoint_stall.json.")
+    s.add_argument("--models", nargs="+", default=["tiny", "small"], help="models to run (default: tiny small)")
+    s.add_argument("--replicas", type=int, default=2, help="replicas (default: 2)")
+    s.add_argument("--microbatches", type=int, default=4, help="microbatches M per iteration (default: 4)")
+    s.add_argument("--steps", type=int, default=14, help="steps of each run (default: 14)")
+    s.add_argument("--checkpoint-every", type=int, default=2, help="K (default: 2)")
+    s.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: 1)")
+    s.add_argument("--out", default="results/bench", help="where to write checkpoint_stall.json (default: results/bench)")
+    s.add_argument("--work", default="", help="directory for the runs (default: a temp dir)")
+    s.set_defaults(func=cmd_bench_checkpoint_stall)
     d = bsub.add_parser("dtype", help="time per iteration, fp32 vs bf16 autocast, per model",
                         description="Iteration time of the real workload, fp32 vs bf16 autocast, interleaved in one run.")
     _workload_args(d, "dtype.json", models=["small", "gpt2-124m"], batch_size=4, microbatches=1,
@@ -141,6 +154,22 @@ def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
     from ..bench_checkpoint import bench_checkpoint
 
     return bench_checkpoint(args)
+
+
+def cmd_bench_checkpoint_stall(args: argparse.Namespace) -> int:
+    for m in args.models:
+        if m not in MODEL_CONFIGS:
+            return fail(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_CONFIGS)}")
+    for name in ("replicas", "microbatches", "checkpoint_every", "threads"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.microbatches < args.replicas:
+        return fail("--microbatches: must be >= --replicas")
+    if args.steps < 2 + 2 * args.checkpoint_every:
+        return fail("--steps: must be >= 2 + 2 * --checkpoint-every (iterations with and without a save)")
+    from ..bench_checkpoint_stall import bench_checkpoint_stall
+
+    return bench_checkpoint_stall(args)
 
 
 def _bad_workload_args(args: argparse.Namespace) -> int | None:
