@@ -13,6 +13,12 @@ Contract:
   special, so any of them can die.
 - Times in the records are seconds since the run started (RECOVER_T0), on the
   same clock as the fault injector's DIR/faults.jsonl.
+- Each commit's metrics line carries the coordinator's own load, "coordinator":
+  {"vote_to_commit_s": seconds from reading the step's last vote to the last commit
+  message sent, "cpu_s": this process's CPU seconds so far, "heartbeats" and
+  "messages": how many heartbeats and well-formed lines it has handled so far}, so
+  its cost per step and its CPU share over any window of steps are read from the
+  run itself (`recover bench coordinator --service` does).
 - A connection is a replica's only after a hello carrying the run's join token
   (RECOVER_JOIN_TOKEN, set by the launcher; generated here when unset). Any line
   that is malformed, oversized, of an unknown type, ill-typed (`wire.py`) or out
@@ -92,6 +98,9 @@ class MembershipService:
         # Largest silence seen from a live worker: the evidence for how tight the
         # heartbeat timeout can be without false alarms.
         self.max_gap = 0.0
+        self.heartbeats = 0  # heartbeat lines handled (the coordinator's load, in each commit record)
+        self.messages = 0  # well-formed lines handled, heartbeats included
+        self.read_at = 0.0  # when the lines being handled were read (a commit's latency starts there)
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -180,7 +189,7 @@ class MembershipService:
             chunk = conn.sock.recv(65536)
         except OSError:
             chunk = b""
-        now = self.now()
+        now = self.read_at = self.now()
         if not chunk:
             self._drop(conn)
             if conn.replica is not None:
@@ -229,7 +238,9 @@ class MembershipService:
 
     def _dispatch(self, conn: _Conn, msg: dict, now: float) -> None:
         kind = msg.get("t")
+        self.messages += 1
         if kind == "hb":
+            self.heartbeats += 1
             return
         if kind in ("launcher", "exited"):
             return self._from_launcher(conn, msg, now)
@@ -302,7 +313,11 @@ class MembershipService:
                     self.log(f"replica {a.replica} removed: {a.reason}")
                     self._drop(conn)
             elif a.kind == "commit":
-                self.metrics.write({**a.msg, "wall_time": self.now()})
+                # The commit messages went out before this action (the protocol orders them so).
+                done = self.now()
+                self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
+                    "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),
+                    "heartbeats": self.heartbeats, "messages": self.messages}})
             elif a.kind == "recovery":
                 rec = a.msg
                 self.log(

@@ -12,7 +12,8 @@ Contract (DIR = the run's --out):
   `ledgers`: {member: the id ranges that member's vote reported folding}, and
   derives microbatch_ids from their union; `reported_ids` recomputes that union
   for a reader, so a check of the ids rests on what the workers said, not on
-  what the coordinator handed out.
+  what the coordinator handed out; and `coordinator`, its own load at that commit
+  (latency from the last vote, CPU seconds, lines handled: core/membership.py).
 - DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
 - DIR/events.jsonl (systems that recover): one object per recovery or restart;
   recover's coordinator adds one per refused control message ("kind": "refused",

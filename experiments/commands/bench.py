@@ -2,13 +2,16 @@
 `recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py);
 `recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py);
 `recover bench digest`: the votes' weights digest against an iteration (experiments/bench_digest.py);
-`recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py).
+`recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py);
+with `--service`, the real membership service against N simulated replicas over loopback
+(experiments/bench_coordinator_service.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
 itself, and what it writes, is experiments/bench.py's `bench_recovery`,
 experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`,
-experiments/bench_digest.py's `bench_digest` and experiments/bench_coordinator.py's `bench_coordinator`, imported when their command
+experiments/bench_digest.py's `bench_digest` and experiments/bench_coordinator.py's `bench_coordinator`
+(experiments/bench_coordinator_service.py's `bench_coordinator_service`), imported when their command
 runs: most import torch, which every other `recover` command (and each run's launcher
 process) would otherwise pay for at start-up.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from recover.core.config import TrainConfig
+from recover.core.config import ConfigError, TrainConfig
 
 from recover.core.shapes import MODEL_CONFIGS
 
@@ -61,19 +64,40 @@ def add_parser(sub) -> None:
                    microbatches_help="microbatches per iteration, M/R of a run (the tests' 8 over 4 replicas)",
                    iters=5, repeats=3)
     w.set_defaults(func=cmd_bench_digest)
-    k = bsub.add_parser("coordinator", help="the coordinator state machine's cost per commit and per recovery, against R",
-                        description="Drive core.protocol.Membership in process with R replicas; write NAME.json.")
-    k.add_argument("--replicas", type=int, nargs="+", default=[64, 512, 4096, 16384],
-                   help="replica counts R to measure (default: 64 512 4096 16384)")
+    k = bsub.add_parser("coordinator", help="the coordinator's cost per commit and per recovery, against R "
+                        "(--service: the real service over loopback)",
+                        description="Drive core.protocol.Membership in process with R replicas; write NAME.json. "
+                                    "With --service: the real membership service in its own process against N "
+                                    "simulated replicas (a few client processes, real connections, real faults).")
+    k.add_argument("--replicas", type=int, nargs="+", default=None,
+                   help="replica counts R to measure (default: 64 512 4096 16384; with --service 64 512 4096)")
     k.add_argument("--per-replica", type=int, default=8, help="microbatches per replica, M = this * R (default: 8)")
     k.add_argument("--repeats", type=int, default=3, help="commit and recovery rounds per R (default: 3)")
     k.add_argument("--seed", type=int, default=0, help="seed of the message order and the crashes (default: 0)")
     k.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
-    k.add_argument("--name", default="coordinator_state_machine",
-                   help="file stem of the results (default: coordinator_state_machine)")
+    k.add_argument("--name", default=None,
+                   help="file stem of the results (default: coordinator_state_machine; with --service coordinator_service)")
     k.add_argument("--no-gc", action="store_true",
                    help="disable Python's garbage collector while measuring (to see its share; the service runs with it)")
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
+    s_ = k.add_argument_group("--service", "the real service (experiments/bench_coordinator_service.py)")
+    s_.add_argument("--service", action="store_true",
+                    help="run core.membership.MembershipService against simulated replicas over loopback")
+    s_.add_argument("--clients", type=int, default=4, help="client processes sharing the N connections (default: 4)")
+    s_.add_argument("--step-seconds", type=float, default=0.5,
+                    help="seconds from a quota's arrival to its vote, the compute stand-in (default: 0.5)")
+    s_.add_argument("--steady-steps", type=int, default=8, help="fault-free steps measured (default: 8)")
+    s_.add_argument("--crashes", type=int, default=3, help="replicas whose connection closes mid-step (default: 3)")
+    s_.add_argument("--freezes", type=int, default=1, help="replicas that go silent mid-step (default: 1)")
+    s_.add_argument("--heartbeat-interval", type=float, default=TrainConfig.heartbeat_interval,
+                    help="the run's --heartbeat-interval (default: the config's)")
+    s_.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
+                    help="the run's --heartbeat-timeout (default: the config's)")
+    s_.add_argument("--collective-timeout", type=float, default=TrainConfig.collective_timeout,
+                    help="the run's --collective-timeout (default: the config's)")
+    s_.add_argument("--startup-timeout", type=float, default=120.0,
+                    help="seconds generation 0 waits for the N hellos (default: 120)")
+    s_.add_argument("--work", default="", help="directory for the runs' records (default: a temp dir)")
     k.set_defaults(func=cmd_bench_coordinator)
 
 
@@ -145,13 +169,33 @@ def cmd_bench_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_coordinator(args: argparse.Namespace) -> int:
+    if args.replicas is None:
+        args.replicas = [64, 512, 4096] if args.service else [64, 512, 4096, 16384]
+    if args.name is None:
+        args.name = "coordinator_service" if args.service else "coordinator_state_machine"
     if any(r < 2 for r in args.replicas):
         return fail("--replicas: every R must be >= 2 (one replica crashes, another must survive)")
-    for name in ("per_replica", "repeats"):
+    for name in ("per_replica", "repeats", "clients", "steady_steps"):
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.name or "/" in args.name:
         return fail("--name: must be a file stem (no '/')")
+    if args.service:
+        if args.crashes < 0 or args.freezes < 0:
+            return fail(f"--{'crashes' if args.crashes < 0 else 'freezes'}: must be >= 0")
+        if args.crashes + args.freezes >= min(args.replicas):
+            return fail("--crashes: crashes + freezes must leave a survivor at the smallest --replicas")
+        try:
+            TrainConfig(system="recover", heartbeat_interval=args.heartbeat_interval,
+                        heartbeat_timeout=args.heartbeat_timeout, collective_timeout=args.collective_timeout,
+                        startup_timeout=args.startup_timeout).validate()
+        except ConfigError as e:
+            return fail(str(e))
+        if args.step_seconds <= 0:
+            return fail("--step-seconds: must be > 0")
+        from ..bench_coordinator_service import bench_coordinator_service
+
+        return bench_coordinator_service(args)
     from ..bench_coordinator import bench_coordinator
 
     return bench_coordinator(args)
