@@ -116,8 +116,13 @@ def test_crash_during_checkpoint_save_loads_the_previous_complete_checkpoint(ref
     (event,) = read_jsonl(out / "events.jsonl")
     assert event["from_step"] == 2  # not 4: the killed save was never loaded
     # Sync: steps 2 and 3 are lost. Async: training went on while the background
-    # save ran, so step 4 may have committed too before the kill.
-    assert event["work_lost_steps"] == 2 if mode == "sync" else 2 <= event["work_lost_steps"] <= 3
+    # save ran, so later steps may have committed too before the kill: how many
+    # depends on how fast the write went (under load, steps 4 and 5 did), never
+    # more than the steps begun since the checkpoint.
+    if mode == "sync":
+        assert event["work_lost_steps"] == 2, event
+    else:
+        assert 2 <= event["work_lost_steps"] <= event["furthest_step"] - event["from_step"] + 1, event
     _steps_once(metrics)
     assert summary["weights_checksum"] == reference["checksum"]
     # The restarted attempt wrote the checkpoint of step 4 again, completely.
