@@ -4,7 +4,8 @@ Contract: the same workload, data and optimizer as the plain trainer, driven
 through the public `Replica` API, so every iteration folds exactly the M ids of
 the failure-free run and commits the same gradient up to summation order,
 whatever replicas die. Exit codes: 0 when the run completes, 1 when it is stopped
-(no replica left, coordinator gone), 3 when this replica was fenced out.
+(no replica left, coordinator gone), 3 when this replica was fenced out (with
+--no-rejoin, or fenced on evidence; by default a fenced replica rejoins).
 
 Run as `python -m recover.core.resilient --config DIR/config.json --replica r`
 with RECOVER_STORE_ADDR and RECOVER_CONTROL_ADDR set by the launcher.
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip,
         lr_schedule=work.schedule,
         tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
+        rejoin=cfg.rejoin,
     )
     try:
         while not replica.done:
