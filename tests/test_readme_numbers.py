@@ -107,3 +107,11 @@ def test_digest_cost_matches_its_benchmark():
     same(small, 100 * rows["small"]["fingerprint_over_iteration"])
     same(tiny_sha, 100 * rows["tiny"]["sha256_over_iteration"])
     same(small_sha, 100 * rows["small"]["sha256_over_iteration"])
+
+
+def test_state_transfer_ratios_match_the_committed_benchmark():
+    rows = {r["model"]: r for r in json.loads((ROOT / "results" / "bench" / "state_transfer.json").read_text())["rows"]}
+    tiny, small = found(r"throughput ([\d.]+) of a plain gloo broadcast of the same bytes on\s+`tiny` "
+                        r"\(1\.4 MB\) and ([\d.]+) on `small`")
+    same(tiny, rows["tiny"]["throughput_ratio"])
+    same(small, rows["small"]["throughput_ratio"])
