@@ -106,3 +106,43 @@ def test_a_frozen_replica_declared_dead_rejoins_when_it_wakes(tmp_path, referenc
     assert [(p["pid"], p["how"]) for p in ones] == [(fired[0]["pid"], "exited 0")]
     assert j["pid"] == fired[0]["pid"]
     assert "rejoining as a newcomer" in (out / "logs" / "replica1.log").read_text()
+
+
+def test_recover_launch_replaces_a_killed_replica_of_a_users_loop(tmp_path):
+    """`recover launch --replace-after`: the example loop's LambdaLR position moves with the state
+    (a newcomer whose scheduler were at step 0 would report another rate, or be refused)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
+    out, steps = tmp_path / "launch", 40
+    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", "launch", "--replicas", "2",
+                             "--microbatches", "4", "--steps", str(steps), "--heartbeat-timeout", "2",
+                             "--replace-after", "0.2", "--min-replicas", "2", "--out", str(out), "--",
+                             sys.executable, example], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(read_jsonl(out / "metrics.jsonl")) < 3:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        victim = json.loads((out / "pids.json").read_text())["replicas"]["1"][0]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout + stderr
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert all(reported_ids(m) == iteration_ids(m["step"], 4) for m in metrics)
+    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(steps)])
+    (join,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "join"]
+    assert join["replica"] == 1 and join["pid"] != victim and join["bytes"] > 0
+    assert set(join["member_digests"].values()) == {join["weights_digest"]}
+    assert metrics[-1]["members"] == [0, 1] and any(m["members"] == [0] for m in metrics)
+    ones = [p for p in json.loads((out / "summary.json").read_text())["processes"] if p["replica"] == 1]
+    assert [(p["pid"] == victim, p["how"]) for p in ones] == [(True, "killed by SIGKILL"), (False, "exited 0")]
