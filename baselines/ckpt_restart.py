@@ -7,7 +7,7 @@ Contract:
   and the launcher kills every other process of it, as a cluster scheduler
   would cancel the whole job.
 - After a failed attempt the next one starts from the last *complete* DCP
-  checkpoint (a save killed midway is never loaded: `checkpoint.py`), either
+  checkpoint (a save killed midway is never loaded: `core/checkpoint.py`), either
   - with the survivors only (--restart-mode survivors): the culprit replicas are
     dropped and the others keep the global batch M by accumulating more, or
   - with a replacement (--restart-mode replace): after --replace-wait seconds the

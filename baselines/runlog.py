@@ -1,9 +1,6 @@
 """Bookkeeping that lets a restarted job tell what a restart cost, and keep metrics once per step.
 
 Contract (DIR = the run's --out; everything baseline-internal lives in DIR/baseline/):
-- `truncate_metrics(DIR, s)` drops the metrics.jsonl lines of steps >= s (they are
-  redone from the checkpoint of step s) by writing a new file and renaming it over
-  the old, so a reader never sees a half-truncated file; it returns the dropped lines.
 - The work log DIR/baseline/worklog/replica<r>.txt has one line "<generation>
   <step> <microbatch id>" per microbatch *begun*, flushed before its forward pass,
   so the microbatches lost to a fault (committed, done, or still in flight) can be
@@ -36,19 +33,6 @@ def baseline_dir(out: str | os.PathLike) -> Path:
 def fault_notice_path(out: str | os.PathLike, generation: int) -> Path:
     """Where the supervisor leaves what it knows of the fault that caused attempt `generation`."""
     return baseline_dir(out) / f"fault-{generation}.json"
-
-
-def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]:
-    """Keep only metrics.jsonl lines with step < start; return the dropped ones."""
-    path = Path(out) / "metrics.jsonl"
-    records = read_jsonl(path)
-    keep = [r for r in records if r["step"] < start]
-    dropped = [r for r in records if r["step"] >= start]
-    if path.exists():  # rewritten even with nothing dropped: a torn last line goes too
-        tmp = path.with_name(".metrics.jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        os.replace(tmp, path)
-    return dropped
 
 
 def _last_step(f) -> int:

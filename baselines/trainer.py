@@ -3,7 +3,8 @@
 Contract:
 - One call of `train` is one *incarnation* of the job: a fixed group of ranks that
   resumes from the latest complete checkpoint (or step 0), trains until the last
-  step, and checkpoints every K iterations (`checkpoint.py`). Any fault ends the
+  step, and checkpoints every K iterations (`core/checkpoint.py`, the one
+  implementation every checkpointing system shares). Any fault ends the
   incarnation with an exception or a signal; whoever restarts the job (our
   supervisor, or TorchElastic) starts the next one.
 - The same workload as every other system: `core.workload.Workload` (model, AdamW,
@@ -29,22 +30,21 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from recover.core.checkpoint import CheckpointDir, CheckpointSaver, TrainingState, load_checkpoint
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 from recover.core.fold import fold_quota
 from recover.core.hooks import WorkerHooks
 from recover.core.policy import assign_quotas, quota_sizes
-from recover.core.results import JsonlWriter, metric_record
+from recover.core.results import JsonlWriter, metric_record, truncate_metrics
 from recover.core.workload import Workload
 
-from .checkpoint import CheckpointDir, CheckpointSaver, load_checkpoint
 from .runlog import (
     WorkLog,
     baseline_dir,
     furthest_step_begun,
     microbatches_begun,
     record_detection,
-    truncate_metrics,
 )
 from .settings import BaselineConfig
 
@@ -115,8 +115,8 @@ def train(
     plan = _broadcast(plan, ckpt_group)
     start = plan["start"]
     if start > 0:
-        load_checkpoint(work, ckpts.path(start), ckpt_group)
-    saver = CheckpointSaver(ckpts, work, ckpt_group, inc.rank, settings.ckpt_async, settings.ckpt_keep,
+        load_checkpoint(TrainingState.of(work), ckpts.path(start), ckpt_group)
+    saver = CheckpointSaver(ckpts, TrainingState.of(work), ckpt_group, inc.rank, settings.ckpt_async, settings.ckpt_keep,
                             on_mid_save=lambda step: hooks.at(step, "checkpoint_save"))
     log = WorkLog(out, inc.replica, inc.generation)
     metrics = JsonlWriter(out / "metrics.jsonl") if inc.rank == 0 else None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_dir import CheckpointDir
 from .fields import doc_field as _f
 from .schedule import WarmupCosine
 from .shapes import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
@@ -90,6 +91,10 @@ class TrainConfig:
     heartbeat_timeout: float = _f(
         3.0, "seconds without a heartbeat after which a worker is declared dead (catches hangs)"
     )
+    heartbeat_budget: float = _f(
+        2000.0, "recover: heartbeats per second the coordinator takes from all workers together; past "
+        "budget x interval replicas the interval stretches to replicas / budget (core/heartbeat.py)"
+    )
     digest_every: int = _f(
         1, "recover: every this many steps each vote carries a weights digest; off the majority = fenced (0 = off)"
     )
@@ -115,6 +120,13 @@ class TrainConfig:
         300.0, "seconds the coordinator waits for every replica's hello before generation 0 forms "
         "with those connected (the workers wait as long as it tells them)"
     )
+    checkpoint_every: int = _f(
+        0, "recover: save an asynchronous DCP checkpoint every K committed steps (0, the default: never; "
+        "given on the command line it must be >= 1)"
+    )
+    checkpoint_dir: str = _f("", "recover: where checkpoints are written ('' = DIR/checkpoints)")
+    checkpoint_keep: int = _f(2, "recover: complete checkpoints kept on disk (older ones deleted)")
+    resume_from: str = _f("", "the complete checkpoint this run resumes from (set by --resume DIR)", cli=False)
     faults: str = _f("", "fault plan JSON file to inject (see README); '' = none")
     progress: bool = _f(True, "show a progress bar on the terminal")
     hooks: str = _f("", "module:function building worker hooks (set by the CLI; advanced)", cli=False)
@@ -135,6 +147,15 @@ class TrainConfig:
         min_lr = self.min_lr if self.min_lr >= 0 else d.min_lr * max_lr / d.max_lr
         warmup = self.warmup_steps if self.warmup_steps >= 0 else d.warmup_for(self.steps)
         return WarmupCosine(max_lr=max_lr, min_lr=min_lr, warmup_steps=warmup, decay_steps=self.steps - 1)
+
+    def checkpoint_root(self) -> Path:
+        """The directory checkpoints are written to and resumed from."""
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.out) / "checkpoints"
+
+    @property
+    def start_step(self) -> int:
+        """The first step this run trains: 0, or the step of the checkpoint it resumes from."""
+        return CheckpointDir.step_of(self.resume_from) if self.resume_from else 0
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -158,7 +179,7 @@ class TrainConfig:
         if self.model not in MODEL_CONFIGS:
             raise ConfigError("--model", f"unknown model {self.model!r}; choose from {', '.join(MODEL_CONFIGS)}")
         positive = ["replicas", "microbatches", "steps", "batch_size", "threads", "corpus_bytes", "fence_after",
-                    "max_failed_generations"]
+                    "max_failed_generations", "checkpoint_keep"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
@@ -167,7 +188,7 @@ class TrainConfig:
                 "--microbatches",
                 f"M={self.microbatches} is less than --replicas R={self.replicas}; every replica needs work",
             )
-        for name in ["block_size", "vocab_size", "seed", "digest_every"]:
+        for name in ["block_size", "vocab_size", "seed", "digest_every", "checkpoint_every"]:
             if getattr(self, name) < 0:
                 raise ConfigError(flag_name(name), f"must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
@@ -187,7 +208,8 @@ class TrainConfig:
             raise ConfigError("--backend", f"unknown backend {self.backend!r}; choose from auto, gloo, nccl")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"unknown device {self.device!r}; choose from auto, cpu, cuda")
-        for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout", "startup_timeout"]:
+        for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout", "heartbeat_budget",
+                     "startup_timeout"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
@@ -205,6 +227,19 @@ class TrainConfig:
             raise ConfigError("--faults", f"file not found: {self.faults}")
         if not self.out:
             raise ConfigError("--out", "must name a directory")
+        if self.checkpoint_every and self.system != "recover":
+            raise ConfigError("--checkpoint-every", f"is for --system recover, not {self.system} "
+                              "(the baselines checkpoint with --ckpt-every)")
+        if self.resume_from:
+            if self.system != "recover":
+                raise ConfigError("--resume", f"only --system recover resumes from checkpoints, not {self.system}")
+            path = Path(self.resume_from)
+            ckpts = CheckpointDir(self.checkpoint_root())
+            if path.parent.resolve() != ckpts.root.resolve() or \
+                    path.name not in [ckpts.path(s).name for s in ckpts.complete_steps()]:
+                raise ConfigError("--resume", f"{path} is not a complete checkpoint of {ckpts.root}")
+            if self.start_step >= self.steps:
+                raise ConfigError("--steps", f"must exceed the checkpoint's step {self.start_step}, got {self.steps}")
 
     # ---- serialisation -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -5,7 +5,10 @@ Contract:
   kernel closes it when the worker process dies, which is how the coordinator
   learns of a crash within milliseconds, on this machine or across a cluster;
   heartbeats, sent by a thread of their own, catch what a closed socket cannot
-  (a frozen process, a lost node).
+  (a frozen process, a lost node). Any message is a sign of life to the
+  coordinator, so a heartbeat is skipped when something else was sent within the
+  interval; `heartbeat_interval` may be changed while running (the coordinator
+  names one in its answer to the hello: core/heartbeat.py).
 - Messages are read by the thread that asks for them (`recv`, `abort_reason`),
   in order. There is deliberately no reader thread: the commit message a worker
   waits for after its vote then wakes that worker directly, one scheduling hop
@@ -41,7 +44,8 @@ class ControlClient:
         self._pending: "collections.deque[dict[str, Any]]" = collections.deque()
         self._buf = b""
         self._send_lock = threading.Lock()
-        self._heartbeat_interval = heartbeat_interval
+        self.heartbeat_interval = heartbeat_interval
+        self._last_sent = time.monotonic()
         threading.Thread(target=self._heartbeat_loop, name="control-heartbeat", daemon=True).start()
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -51,6 +55,7 @@ class ControlClient:
                 self.sock.sendall(data)
             except OSError:
                 self.closed.set()
+            self._last_sent = time.monotonic()
 
     def recv(self, timeout: float | None) -> dict[str, Any] | None:
         """The next message, or None after `timeout` seconds."""
@@ -112,5 +117,6 @@ class ControlClient:
         return True
 
     def _heartbeat_loop(self) -> None:
-        while not self.closed.wait(self._heartbeat_interval):
-            self.send({"t": "hb"})
+        while not self.closed.wait(self.heartbeat_interval):
+            if time.monotonic() - self._last_sent >= self.heartbeat_interval:  # else that message was the beat
+                self.send({"t": "hb"})

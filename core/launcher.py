@@ -4,7 +4,9 @@ Contract:
 - The coordinator (store + membership) is its own process, never a worker, so no
   worker's death takes the rendezvous store down.
 - Workers are started with `subprocess.Popen` (torch's `mp.spawn` SIGTERMs every
-  child when one dies, so it cannot host survivors), each in its own process
+  child when one dies, so it cannot host survivors), or, with
+  RECOVER_WORKER_START=fork, forked from a server that has torch imported under
+  the same contract (core/forkserver.py), each in its own process
   group (a replica's processes die together on a "lost node"), with its output
   streamed to DIR/logs/replica<r>.log.
 - Every child is started with PR_SET_PDEATHSIG=SIGKILL and is killed, by PID,
@@ -45,8 +47,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from . import forkserver
 from .end_policy import CoordinatorEnds, EndPolicy, JobView
 from .exit_notices import ExitNotices
+from .forkserver import ForkedProcess
 from .startup import JOIN_TOKEN_ENV, new_join_token
 
 _PR_SET_PDEATHSIG = 1
@@ -122,6 +126,7 @@ class Launcher:
         tick_seconds: float = 0.02,
         grace_seconds: float = 10.0,
         replace_after: float | None = None,
+        fork_workers: bool | None = None,
     ):
         self.out = Path(out_dir)
         self.coordinator_argv = list(coordinator_argv)
@@ -135,8 +140,11 @@ class Launcher:
         self.end: EndPolicy = end if end is not None else CoordinatorEnds()
         self.tick_seconds = tick_seconds
         self.grace_seconds = grace_seconds
-        self.coordinator: subprocess.Popen | None = None
-        self.workers: dict[int, subprocess.Popen] = {}
+        # Fork `python -m` workers from a server that has torch imported (tests), or
+        # spawn a fresh interpreter each (default: what a restart really costs).
+        self.fork_workers = forkserver.wanted() if fork_workers is None else fork_workers
+        self.coordinator: subprocess.Popen | ForkedProcess | None = None
+        self.workers: dict[int, subprocess.Popen | ForkedProcess] = {}
         self.exits: list[ProcessExit] = []
         self._interrupted: str | None = None
         self._logs: list = []
@@ -147,12 +155,25 @@ class Launcher:
 
     # ---- process start -------------------------------------------------------------
     def _start_coordinator(self, timeout: float = 60.0) -> dict:
-        log = open(self.out / "logs" / "coordinator.log", "ab")
+        log_path = self.out / "logs" / "coordinator.log"
+        log = open(log_path, "ab")
         self._logs.append(log)
-        self.coordinator = subprocess.Popen(
-            self.coordinator_argv, stdout=subprocess.PIPE, stderr=log, env=self.env,
-            preexec_fn=_die_with_parent, start_new_session=True,
-        )
+        if self.fork_workers and forkserver.forkable(self.coordinator_argv):
+            # Its stdout reaches us through a FIFO, as a pipe would (core/forkserver.py).
+            fifo = self.out / "logs" / ".coordinator.stdout"
+            fifo.unlink(missing_ok=True)
+            os.mkfifo(fifo)
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # does not wait for the writer
+            self.coordinator = forkserver.ForkServer.shared().start(
+                self.coordinator_argv, self.env, str(log_path), stdout_path=str(fifo), new_session=True)
+            os.set_blocking(reader, True)
+            self.coordinator.stdout = os.fdopen(reader, "rb")
+            fifo.unlink()
+        else:
+            self.coordinator = subprocess.Popen(
+                self.coordinator_argv, stdout=subprocess.PIPE, stderr=log, env=self.env,
+                preexec_fn=_die_with_parent, start_new_session=True,
+            )
         # The coordinator's first stdout line announces its ports.
         box: dict = {}
 
@@ -179,12 +200,18 @@ class Launcher:
         threading.Thread(target=drain, daemon=True).start()
         return info
 
-    def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.out / "logs" / f"replica{replica}.log", "ab")
+    def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
+        argv = list(self.worker_argv(replica))
+        env = {**env, "RECOVER_REPLICA": str(replica), "RECOVER_WORKER_STARTED": repr(time.time())}
+        log_path = self.out / "logs" / f"replica{replica}.log"
+        if self.fork_workers and forkserver.forkable(argv):
+            # Same process, group, output and parent-death contract as below, without
+            # a fresh `import torch` (core/forkserver.py).
+            return forkserver.ForkServer.shared().start(argv, env, str(log_path))
+        log = open(log_path, "ab")
         self._logs.append(log)
         return subprocess.Popen(
-            list(self.worker_argv(replica)), stdout=log, stderr=subprocess.STDOUT,
-            env={**env, "RECOVER_REPLICA": str(replica), "RECOVER_WORKER_STARTED": repr(time.time())},
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env,
             preexec_fn=_die_with_parent, process_group=0,
         )
 

@@ -2,10 +2,13 @@
 
 Contract:
 - Listens on a TCP port for one control connection per worker (see `control.py`).
-  A connection that closes, or stays silent for `heartbeat_timeout` seconds, makes
+  A connection that closes, or stays silent for the heartbeat timeout, makes
   its replica dead (until the replica's first vote, silence is allowed up to the
-  collective timeout: see `_silent`); the protocol then aborts the generation and re-forms it with
-  the survivors. A dead replica's connection is closed: if it was only frozen, it
+  collective timeout: see `_silent`); past a few hundred replicas the heartbeat
+  interval and timeout stretch with R so the heartbeat load stays within
+  `heartbeat_budget` per second (core/heartbeat.py: the strategy), and the interval
+  is named to each worker in the answer to its hello. Any line is a sign of life.
+  The protocol then aborts the generation and re-forms it with the survivors. A dead replica's connection is closed: if it was only frozen, it
   wakes up to a closed socket and leaves (fencing).
 - It is the single writer of DIR/metrics.jsonl (one line per committed step) and
   DIR/events.jsonl (one line per recovery, and one {"kind": "fenced", "replica",
@@ -19,6 +22,12 @@ Contract:
   freeze. Its old connection stays closed, so nothing it sent there counts.
 - Times in the records are seconds since the run started (RECOVER_T0), on the
   same clock as the fault injector's DIR/faults.jsonl.
+- Each commit's metrics line carries the coordinator's own load, "coordinator":
+  {"vote_to_commit_s": seconds from reading the step's last vote to the last commit
+  message sent, "cpu_s": this process's CPU seconds so far, "heartbeats" and
+  "messages": how many heartbeats and well-formed lines it has handled so far}, so
+  its cost per step and its CPU share over any window of steps are read from the
+  run itself (`recover bench coordinator --service` does).
 - A connection is a replica's only after a hello carrying the run's join token
   (RECOVER_JOIN_TOKEN, set by the launcher; generated here when unset). Any line
   that is malformed, oversized, of an unknown type, ill-typed (`wire.py`) or out
@@ -47,6 +56,7 @@ import time
 from pathlib import Path
 
 from .config import TrainConfig
+from .heartbeat import heartbeat_plan
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
@@ -85,11 +95,15 @@ class MembershipService:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ)
         self.by_replica: dict[int, _Conn] = {}
+        # the heartbeat interval the workers are told, and the silence that makes one dead
+        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_plan(
+            cfg.replicas, cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.heartbeat_budget)
         # A survivor that is still computing its quota rejoins only when done, so
         # the rejoin deadline is the collective deadline, not the heartbeat one.
         self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
                                 fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
-                                startup_timeout=cfg.startup_timeout, min_replicas=cfg.min_replicas)
+                                startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval,
+                                start_step=cfg.start_step, min_replicas=cfg.min_replicas)
         self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")
@@ -98,6 +112,9 @@ class MembershipService:
         # Largest silence seen from a live worker: the evidence for how tight the
         # heartbeat timeout can be without false alarms.
         self.max_gap = 0.0
+        self.heartbeats = 0  # heartbeat lines handled (the coordinator's load, in each commit record)
+        self.messages = 0  # well-formed lines handled, heartbeats included
+        self.read_at = 0.0  # when the lines being handled were read (a commit's latency starts there)
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -108,6 +125,9 @@ class MembershipService:
     # ---- the loop ----------------------------------------------------------------------
     def serve(self) -> int:
         tick = min(0.05, self.cfg.heartbeat_interval)
+        if self.heartbeat_interval > self.cfg.heartbeat_interval:
+            self.log(f"{self.cfg.replicas} replicas: heartbeats every {self.heartbeat_interval:.2f}s, silent for "
+                     f"{self.heartbeat_timeout:.1f}s = dead (budget {self.cfg.heartbeat_budget:g}/s)")
         next_scan = 0.0
         try:
             while self.result is None:
@@ -136,7 +156,9 @@ class MembershipService:
             if self.result is not None:
                 code, reason = self.result
                 self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now(),
-                                  "max_heartbeat_gap": self.max_gap, "refused": self.refused})
+                                  "max_heartbeat_gap": self.max_gap, "refused": self.refused,
+                                  "heartbeat_interval": self.heartbeat_interval,
+                                  "heartbeat_timeout": self.heartbeat_timeout})
             self.metrics.close()
             self.events.close()
             for conn in list(self.by_replica.values()):
@@ -177,7 +199,7 @@ class MembershipService:
         still seen at once (its connection closes). The price: a replica that freezes
         during its first step is caught after the collective timeout, not the
         heartbeat one."""
-        hb, cold = self.cfg.heartbeat_timeout, max(self.cfg.heartbeat_timeout, self.cfg.collective_timeout)
+        hb, cold = self.heartbeat_timeout, max(self.heartbeat_timeout, self.cfg.collective_timeout)
         return [(r, now - c.last_seen) for r, c in list(self.by_replica.items())
                 if now - c.last_seen > (hb if c.voted else cold)]
 
@@ -186,7 +208,7 @@ class MembershipService:
             chunk = conn.sock.recv(65536)
         except OSError:
             chunk = b""
-        now = self.now()
+        now = self.read_at = self.now()
         if not chunk:
             self._drop(conn)
             if conn.replica is not None:
@@ -235,7 +257,9 @@ class MembershipService:
 
     def _dispatch(self, conn: _Conn, msg: dict, now: float) -> None:
         kind = msg.get("t")
+        self.messages += 1
         if kind == "hb":
+            self.heartbeats += 1
             return
         if kind in ("launcher", "exited"):
             return self._from_launcher(conn, msg, now)
@@ -311,7 +335,11 @@ class MembershipService:
                     self.log(f"replica {a.replica} removed: {a.reason}")
                     self._drop(conn)
             elif a.kind == "commit":
-                self.metrics.write({**a.msg, "wall_time": self.now()})
+                # The commit messages went out before this action (the protocol orders them so).
+                done = self.now()
+                self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
+                    "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),
+                    "heartbeats": self.heartbeats, "messages": self.messages}})
             elif a.kind == "recovery":
                 rec = a.msg
                 self.log(

@@ -49,8 +49,9 @@ Messages, coordinator -> worker ("t" is the type):
   gen ... heal {donor, joining}            (an admitting generation) the donor sends its state to `joining`
   pending {step}                           answer to a newcomer's hello: admitted at the next commit
   abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
-  startup {wait, connected, of}            answer to a hello: start-up ends within `wait` seconds
-                                           (the worker waits that long for generation 0)
+  startup {wait, connected, of, heartbeat_interval}  answer to a hello: start-up ends within `wait`
+                                           seconds (the worker waits that long for generation 0); beat
+                                           every `heartbeat_interval` seconds (core/heartbeat.py)
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
 worker -> coordinator:
@@ -116,7 +117,7 @@ class Membership:
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
-                 min_replicas: int = 1):
+                 heartbeat_interval: float | None = None, start_step: int = 0, min_replicas: int = 1):
         self.R, self.M, self.S = replicas, microbatches, steps
         # Below this many members, the next step waits at the boundary for newcomers
         # (up to the start-up timeout: a newcomer's start is a start-up).
@@ -129,13 +130,14 @@ class Membership:
         self.reporters: list[int] = []  # members that reported the failure of generation `gen`, first first
         self.lost_in_failure = False  # a member of the failed generation was lost before the next one formed
         self.join_timeout = join_timeout
+        self.heartbeat_interval = heartbeat_interval  # named in the answer to each hello (None: not named)
         self.alive: set[int] = set()  # connected, not declared dead
         self.dead: set[int] = set()
         self.gen = -1  # generation in force (-1: none yet)
         self.members: list[int] = []
         self.member_set: set[int] = set()  # the same replicas: O(1) membership tests per message
         self.member_ranges: idranges.Ranges = []  # the same replicas as the gen message carries them
-        self.step = 0
+        self.step = start_step  # 0, or the step of the checkpoint the run resumes from
         self.state = "forming"  # forming | running | waiting (at a boundary, for newcomers) | finished
         self.next_gen = 0
         self.expected: set[int] = set(range(replicas))  # forming: who must (re)join
@@ -310,8 +312,10 @@ class Membership:
     def _startup_progress(self, r: int, now: float) -> Out:
         """Tell replica r how long start-up may still take (its own wait), and count it in."""
         connected = len((self.alive & self.expected) | set(self.joins) | {r})
-        return Out("send", r, {"t": "startup", "wait": max(0.0, self.deadline - now), "connected": connected,
-                               "of": len(self.expected)},
+        msg = {"t": "startup", "wait": max(0.0, self.deadline - now), "connected": connected, "of": len(self.expected)}
+        if self.heartbeat_interval is not None:
+            msg["heartbeat_interval"] = self.heartbeat_interval
+        return Out("send", r, msg,
                    reason=f"replicas connected {connected}/{len(self.expected)}")
 
     def on_tick(self, now: float) -> list[Out]:

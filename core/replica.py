@@ -168,6 +168,7 @@ class Replica:
         self._quota: list[int] = []
         self._abort: dict | None = None  # an abort seen between microbatches, not yet acted on
         self._unhealed = False  # admitted as a newcomer and the state has not arrived: never fold or vote
+        self.healed = False  # this replica joined a running job and holds a donor's state (core/state_transfer.py)
         self._digest_next_vote = False  # the first vote of an admitting generation carries the digest
         self._rejoined = False  # quota() rejoined after a fence: the next commit() only returns False
         self._work_started = time.perf_counter()
@@ -401,6 +402,7 @@ class Replica:
             return
         if self._unhealed:
             self._unhealed = False
+            self.healed = True
             self._log(f"healed from replica {donor}: {stats.bytes} bytes in {stats.seconds:.3f}s, "
                       f"weights fingerprint {stats.fingerprint[:12]}")
             self.control.send({"t": "healed", "gen": g, "step": self.step, "donor": donor, "bytes": stats.bytes,
@@ -479,6 +481,8 @@ class Replica:
                 # The coordinator's start-up deadline is the one source: it says how long
                 # it may still wait for the other replicas; answering takes it a moment more.
                 deadline = max(deadline, time.monotonic() + float(msg["wait"]) + STARTUP_ANSWER_SECONDS)
+                if msg.get("heartbeat_interval"):  # stretched for a large run (core/heartbeat.py)
+                    self.control.heartbeat_interval = float(msg["heartbeat_interval"])
                 self._log(f"connected; replicas connected {msg['connected']}/{msg['of']}, "
                           f"start-up ends within {float(msg['wait']):.0f}s")
                 continue

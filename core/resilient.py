@@ -7,6 +7,17 @@ whatever replicas die. Exit codes: 0 when the run completes, 1 when it is stoppe
 (no replica left, coordinator gone), 3 when this replica was fenced out (with
 --no-rejoin, or fenced on evidence; by default a fenced replica rejoins).
 
+Checkpoints (`--checkpoint-every K`): after the commit of every step s-1 with s a
+multiple of K (and s < --steps), the lowest-numbered member of the generation that
+committed it writes the state before step s, asynchronously and alone
+(`checkpoint.CheckpointSaver` with no group: every member holds the same weights
+after a commit, so one copy is the whole state, and no other replica waits). A
+writer that dies mid-save leaves only a temp dir; the next multiple of K is written
+by whoever is then the lowest member. Each completed save is a line of
+DIR/checkpoints.jsonl (step, path, writer, the training thread's stall).
+With `resume_from` set (`recover train --resume`), every replica loads that
+checkpoint before its hello, so all start from its weights at its step.
+
 Run as `python -m recover.core.resilient --config DIR/config.json --replica r`
 with RECOVER_STORE_ADDR and RECOVER_CONTROL_ADDR set by the launcher.
 """
@@ -16,14 +27,53 @@ import faulthandler
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
+from .checkpoint import CheckpointDir, CheckpointSaver, TrainingState, load_checkpoint
 from .fold import fold_quota
 from .replica import Replica, RunEnded
-from .results import write_final
+from .results import JsonlWriter, write_final
 from .startup import begin, env_addr, worker_args
 from .workload import Workload
 
 EXIT_FENCED = 3
+
+
+class _Checkpointer:
+    """This replica's checkpoint writer: it writes only while it is the lowest member."""
+
+    def __init__(self, cfg, state: TrainingState, hooks, replica_id: int):
+        self.replica_id = replica_id
+        self.every = cfg.checkpoint_every
+        self.steps = cfg.steps
+        self.log = Path(cfg.out) / "checkpoints.jsonl"
+        self.started: dict[int, tuple[float, float]] = {}  # step -> (perf_counter at save, its stall)
+        self.saver = CheckpointSaver(CheckpointDir(cfg.checkpoint_root()), state, None, 0, use_async=True,
+                                     keep=cfg.checkpoint_keep,
+                                     on_mid_save=lambda step: hooks.at(step, "checkpoint_save"),
+                                     on_complete=self._record)
+
+    def after_commit(self, replica: Replica) -> None:
+        self.saver.poll()  # re-raises a failed background save
+        s = replica.step  # the step about to start: the checkpoint holds the state before it
+        if s % self.every == 0 and s < self.steps and replica.replica == min(replica.members):
+            t = time.perf_counter()
+            self.started[s] = (t, 0.0)
+            if not self.saver.save(s, fault_step=s - 1):
+                del self.started[s]
+
+    def finish(self) -> None:
+        self.saver.wait()
+
+    def _record(self, step: int) -> None:
+        """checkpoints.jsonl: one line per checkpoint renamed into place (the background thread's)."""
+        t, _ = self.started.get(step, (time.perf_counter(), 0.0))
+        log = JsonlWriter(self.log)
+        log.write({"step": step, "path": str(self.saver.ckpts.path(step)), "writer": self.replica_id,
+                   # async_save returns after staging: the stall is set before its write can end
+                   "stall_seconds": self.saver.last_stall_seconds, "write_seconds": time.perf_counter() - t})
+        log.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg, hooks = begin(args.config, args.replica)
     work = Workload(cfg, cfg.resolved_device())
+    if cfg.resume_from:
+        # before the hello: its weights digest must be the checkpoint's on every replica
+        load_checkpoint(TrainingState.of(work), Path(cfg.resume_from))
     replica = Replica(
         work.acc, work.optimizer, replica=args.replica,
         control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"),
@@ -41,12 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
         rejoin=cfg.rejoin,
     )
+    if not replica.healed:  # a newcomer already holds its donor's committed count, newer than any checkpoint
+        replica.stepper.load_state_dict(work.stepper.state_dict())  # the committed count the checkpoint holds
+    saver = _Checkpointer(cfg, TrainingState.of(work, replica.stepper), hooks, args.replica) if cfg.checkpoint_every else None
     try:
         while not replica.done:
             # k counts on from what this replica folded before a recovery handed it more
             fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
                        first=len(replica.ledger), after=replica.fold)
-            replica.commit()
+            if replica.commit() and saver is not None:
+                saver.after_commit(replica)
+        if saver is not None:
+            saver.finish()
         write_final(cfg.out, args.replica, replica.step, work.state_checksum())
     except RunEnded as e:
         print(f"replica {args.replica}: {e.reason}", file=sys.stderr, flush=True)

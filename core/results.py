@@ -12,7 +12,8 @@ Contract (DIR = the run's --out):
   `ledgers`: {member: the id ranges that member's vote reported folding}, and
   derives microbatch_ids from their union; `reported_ids` recomputes that union
   for a reader, so a check of the ids rests on what the workers said, not on
-  what the coordinator handed out.
+  what the coordinator handed out; and `coordinator`, its own load at that commit
+  (latency from the last vote, CPU seconds, lines handled: core/membership.py).
 - DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
 - DIR/events.jsonl (systems that recover): one object per recovery or restart;
   recover's coordinator adds one per refused control message ("kind": "refused",
@@ -67,6 +68,22 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:  # a torn final line from a killed writer
             continue
     return out
+
+
+def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]:
+    """Keep only metrics.jsonl lines with step < start; return the dropped ones.
+
+    They are redone from the checkpoint of step `start`. The kept lines are written
+    to a new file renamed over the old, so a reader never sees a half-truncated file."""
+    path = Path(out) / "metrics.jsonl"
+    records = read_jsonl(path)
+    keep = [r for r in records if r["step"] < start]
+    dropped = [r for r in records if r["step"] >= start]
+    if path.exists():  # rewritten even with nothing dropped: a torn last line goes too
+        tmp = path.with_name(".metrics.jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        os.replace(tmp, path)
+    return dropped
 
 
 def metric_record(

@@ -7,7 +7,18 @@ Contract:
   the coordinator and one worker per replica (or the system's own supervisor for
   systems that restart or re-form their job), and writes DIR/summary.json, whose
   dict it returns. A fault plan is saved as DIR/fault_plan.json before any worker
-  starts.
+  starts. A fresh run also clears DIR/checkpoints (recover's default checkpoint
+  root, which the run owns).
+- `run_training(cfg, resume=True)` (cfg.resume_from set: `recover train --resume`)
+  continues the run's files instead: metrics.jsonl keeps the steps before the
+  checkpoint's and drops those after it (they are redone), so it holds every step
+  once; events.jsonl gets a "resume" record (from_step, checkpoint, dropped_steps);
+  checkpoints.jsonl and the checkpoints stay; leftovers of saves killed midway
+  (.tmp dirs) are deleted, since nothing of the old run can be writing.
+  wall_time starts again from 0 with the resumed run.
+- With checkpoints on, summary.json names the last complete checkpoint
+  (last_checkpoint, last_checkpoint_step) and the command that resumes from it
+  (resume_command).
 - Its verdict is what the processes and files say: "ok" only if the job exited 0
   and metrics.jsonl holds every one of cfg.steps steps; a failing coordinator's
   own reason (events.jsonl's run_end) beats its exit code.
@@ -19,16 +30,18 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import platform
+import shlex
 import shutil
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from recover.core.checkpoint_dir import CheckpointDir
 from recover.core.config import TrainConfig
 from recover.core.end_policy import CoordinatorEnds, FailFast
 from recover.core.launcher import Launcher, python_module_argv
-from recover.core.results import read_finals, read_jsonl, write_summary
+from recover.core.results import JsonlWriter, read_finals, read_jsonl, truncate_metrics, write_summary
 from recover.fault_injection.injector import launcher_hooks
 from recover.fault_injection.plan import FaultPlan
 
@@ -38,7 +51,9 @@ from .systems import SYSTEMS
 # Files a run owns in its --out directory; a new run into the same directory
 # replaces them so results never mix two runs.
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "events.jsonl", "faults.jsonl",
-             "fault_plan.json", "pids.json")
+             "fault_plan.json", "pids.json", "checkpoints.jsonl")
+# What a resumed run continues rather than replaces.
+RESUMED_FILES = ("metrics.jsonl", "events.jsonl", "checkpoints.jsonl")
 
 
 def resolved_config_dict(cfg: TrainConfig) -> dict:
@@ -52,12 +67,37 @@ def resolved_config_dict(cfg: TrainConfig) -> dict:
     }
 
 
-def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None, settings=None) -> dict:
+def _continue_files(cfg: TrainConfig) -> None:
+    """A resumed run's files: metrics up to the checkpoint's step, a "resume" record, no stray temp dirs."""
+    out = Path(cfg.out)
+    dropped = truncate_metrics(out, cfg.start_step)
+    CheckpointDir(cfg.checkpoint_root()).remove_temps()
+    events = JsonlWriter(out / "events.jsonl")
+    events.write({"kind": "resume", "from_step": cfg.start_step, "checkpoint": cfg.resume_from,
+                  "dropped_steps": [m["step"] for m in dropped], "at": 0.0})
+    events.close()
+
+
+def _checkpoint_summary(cfg: TrainConfig) -> dict:
+    """The last complete checkpoint and the command that resumes from it ({} if checkpoints are off)."""
+    if not cfg.checkpoint_every:
+        return {}
+    ckpts = CheckpointDir(cfg.checkpoint_root())
+    latest = ckpts.latest()
+    if latest is None:
+        return {"last_checkpoint": None}
+    return {"last_checkpoint": str(ckpts.path(latest)), "last_checkpoint_step": latest,
+            "resume_command": f"recover train --resume {shlex.quote(cfg.out)}"}
+
+
+def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None, settings=None,
+                 resume: bool = False) -> dict:
     """Launch `cfg` (already validated) and write its summary; returns the summary.
 
     With a fault `plan` (from `attach_plan(cfg)`), it is saved as DIR/fault_plan.json
     before any worker starts, and its launcher-side hooks join `extra_hooks`.
     `settings`: the system's own settings (its defaults if None), in config.json.
+    `resume`: continue the run's files from cfg.resume_from's step (see the contract).
     """
     system = SYSTEMS[cfg.system]
     if settings is None and system.settings is not None:
@@ -65,8 +105,13 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
+        if not (resume and name in RESUMED_FILES):
+            (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "final", ignore_errors=True)
+    if resume:
+        _continue_files(cfg)
+    elif not cfg.checkpoint_dir:
+        CheckpointDir(cfg.checkpoint_root()).remove_all()  # the run owns DIR/checkpoints
     config_path = out / "config.json"
     config = resolved_config_dict(cfg)
     if settings is not None:
@@ -102,4 +147,5 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     return write_summary(
         out, status, time.time() - t0, returncode=result.returncode, reason=result.reason,
         processes=[e.__dict__ for e in result.exits], **{**read_finals(out), **getattr(result, "summary_extra", {})},
+        **_checkpoint_summary(cfg),
     )

@@ -28,6 +28,12 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Workers are forked from a server that has torch imported (core/forkserver.py): the
+# suite starts hundreds of short runs, and a fresh `import torch` per worker was most
+# of their time on two cores. Set here, so the `recover` CLIs the tests start inherit
+# it too. A test about a real interpreter start (a kill during the import) sets spawn.
+os.environ.setdefault("RECOVER_WORKER_START", "fork")
+
 
 def run_recover(*args: str, timeout: float = 240, check: bool = False,
                 python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

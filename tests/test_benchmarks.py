@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from recover.core.data import iteration_ids
 from recover.core.policy import assign_quotas
 from recover.core.protocol import Membership
@@ -40,6 +42,7 @@ def test_bench_commit_vote_64_replicas(benchmark):
     assert len(commits) == 1 and commits[0].msg["microbatch_ids"] == iteration_ids(0, M)
 
 
+@pytest.mark.procs  # the CLI and the figure script
 def test_bench_coordinator_writes_its_figures_and_votes_stay_small(tmp_path):
     """`recover bench coordinator` end to end on small R: the JSON, the figure, and a vote
     whose size does not grow with the microbatches it names (ids travel as ranges)."""

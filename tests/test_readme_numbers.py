@@ -115,3 +115,43 @@ def test_state_transfer_ratios_match_the_committed_benchmark():
                         r"\(1\.4 MB\) and ([\d.]+) on `small`")
     same(tiny, rows["tiny"]["throughput_ratio"])
     same(small, rows["small"]["throughput_ratio"])
+
+
+def test_coordinator_numbers_match_the_service_bench():
+    """The coordinator paragraph: the fit to results/bench/coordinator_service.json, the 100k
+    scenario's share and the largest R below 1%, and the N = 4,096 table rows."""
+    from recover.experiments.sim.calibration import coordinator_law
+    from recover.experiments.sim.scenarios import SCENARIOS
+
+    law = coordinator_law()
+    slope, share, it, rmax = found(r"The fit gives ([\d.]+) us per replica, so the `100k` scenario's\s+781 replicas "
+                                   r"of 128 GPUs pay ([\d.]+)% of its ([\d.]+) s iteration, and the single\s+coordinator "
+                                   r"stays below 1% of such an iteration up to R = ([\d,]+) replicas")
+    job = SCENARIOS["100k"]().calibration.job
+    t_it = job.iteration_seconds(job.replicas)
+    assert job.replicas == 781
+    same(slope, law.per_replica_seconds * 1e6)
+    same(share, 100 * law(job.replicas) / t_it)
+    same(it, t_it)
+    assert int(rmax.replace(",", "")) == law.largest_replicas(t_it)
+    assert law(law.largest_replicas(t_it)) <= 0.01 * t_it < law(law.largest_replicas(t_it) + 1)
+    bench = ROOT / "results" / "bench"
+    for stem in ("coordinator_service_before", "coordinator_service", "coordinator_service_step2s"):
+        (row,) = [r for r in json.loads((bench / f"{stem}.json").read_text())["rows"] if r["replicas"] == 4096]
+        hb, cpu, crash, abort, freeze = found(
+            rf"\(`{stem}.json`\) \| (\d+)/s \| ([\d.]+)% of a core \| ([\d.]+) ms \| (\d+) ms \| ([\d.]+) s \|")
+        same(hb, row["heartbeats_per_s"])
+        same(cpu, 100 * row["cpu_share"])
+        same(crash, 1e3 * max(row["crash_detect_s"]))
+        same(abort, 1e3 * max(row["crash_abort_all_s"]))
+        same(freeze, max(row["freeze_detect_s"]))
+
+
+def test_checkpoint_stall_matches_results():
+    bench = json.loads((ROOT / "results" / "bench" / "checkpoint_stall.json").read_text())["models"]
+    tiny, small = found(r"stalls ([\d.]+) of an iteration on `tiny` and ([\d.]+) on `small`")
+    same(tiny, bench["tiny"]["stall_per_iteration"])
+    same(small, bench["small"]["stall_per_iteration"])
+    tiny, small = found(r"runs takes ([\d.]+)x \(tiny\) and ([\d.]+)x \(small\) one without")
+    same(tiny, bench["tiny"]["iteration_with_save_ratio"])
+    same(small, bench["small"]["iteration_with_save_ratio"])

@@ -1,15 +1,19 @@
 """`recover bench recovery`: what a fault costs each system, measured with real kills;
 `recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py);
+`recover bench checkpoint-stall`: recover's async checkpoint stall against an iteration (experiments/bench_checkpoint_stall.py);
 `recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py);
 `recover bench digest`: the votes' weights digest against an iteration (experiments/bench_digest.py);
 `recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py);
+with `--service`, the real membership service against N simulated replicas over loopback
+(experiments/bench_coordinator_service.py);
 `recover bench transfer`: live state transfer against a plain broadcast (experiments/bench_transfer.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
 itself, and what it writes, is experiments/bench.py's `bench_recovery`,
 experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`,
-experiments/bench_digest.py's `bench_digest` and experiments/bench_coordinator.py's `bench_coordinator`, imported when their command
+experiments/bench_digest.py's `bench_digest` and experiments/bench_coordinator.py's `bench_coordinator`
+(experiments/bench_coordinator_service.py's `bench_coordinator_service`), imported when their command
 runs: most import torch, which every other `recover` command (and each run's launcher
 process) would otherwise pay for at start-up.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from recover.core.config import TrainConfig
+from recover.core.config import ConfigError, TrainConfig
 
 from recover.core.shapes import MODEL_CONFIGS
 
@@ -51,6 +55,18 @@ def add_parser(sub) -> None:
     c.add_argument("--out", default="results/bench", help="where to write checkpoint_dcp.json (default: results/bench)")
     c.add_argument("--work", default="", help="directory for the checkpoints (default: a temp dir)")
     c.set_defaults(func=cmd_bench_checkpoint)
+    s = bsub.add_parser("checkpoint-stall", help="recover's async checkpoint: the writer's stall against an iteration",
+                        description="One recover run with --checkpoint-every K per model; the stall of each save and "
+                        "the iterations with and without one, written to checkpoint_stall.json.")
+    s.add_argument("--models", nargs="+", default=["tiny", "small"], help="models to run (default: tiny small)")
+    s.add_argument("--replicas", type=int, default=2, help="replicas (default: 2)")
+    s.add_argument("--microbatches", type=int, default=4, help="microbatches M per iteration (default: 4)")
+    s.add_argument("--steps", type=int, default=14, help="steps of each run (default: 14)")
+    s.add_argument("--checkpoint-every", type=int, default=2, help="K (default: 2)")
+    s.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: 1)")
+    s.add_argument("--out", default="results/bench", help="where to write checkpoint_stall.json (default: results/bench)")
+    s.add_argument("--work", default="", help="directory for the runs (default: a temp dir)")
+    s.set_defaults(func=cmd_bench_checkpoint_stall)
     d = bsub.add_parser("dtype", help="time per iteration, fp32 vs bf16 autocast, per model",
                         description="Iteration time of the real workload, fp32 vs bf16 autocast, interleaved in one run.")
     _workload_args(d, "dtype.json", models=["small", "gpt2-124m"], batch_size=4, microbatches=1,
@@ -70,19 +86,42 @@ def add_parser(sub) -> None:
     t.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
     t.add_argument("--out", default="results/bench", help="where to write state_transfer.json (default: results/bench)")
     t.set_defaults(func=cmd_bench_transfer)
-    k = bsub.add_parser("coordinator", help="the coordinator state machine's cost per commit and per recovery, against R",
-                        description="Drive core.protocol.Membership in process with R replicas; write NAME.json.")
-    k.add_argument("--replicas", type=int, nargs="+", default=[64, 512, 4096, 16384],
-                   help="replica counts R to measure (default: 64 512 4096 16384)")
+    k = bsub.add_parser("coordinator", help="the coordinator's cost per commit and per recovery, against R "
+                        "(--service: the real service over loopback)",
+                        description="Drive core.protocol.Membership in process with R replicas; write NAME.json. "
+                                    "With --service: the real membership service in its own process against N "
+                                    "simulated replicas (a few client processes, real connections, real faults).")
+    k.add_argument("--replicas", type=int, nargs="+", default=None,
+                   help="replica counts R to measure (default: 64 512 4096 16384; with --service 64 512 4096)")
     k.add_argument("--per-replica", type=int, default=8, help="microbatches per replica, M = this * R (default: 8)")
     k.add_argument("--repeats", type=int, default=3, help="commit and recovery rounds per R (default: 3)")
     k.add_argument("--seed", type=int, default=0, help="seed of the message order and the crashes (default: 0)")
     k.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
-    k.add_argument("--name", default="coordinator_state_machine",
-                   help="file stem of the results (default: coordinator_state_machine)")
+    k.add_argument("--name", default=None,
+                   help="file stem of the results (default: coordinator_state_machine; with --service coordinator_service)")
     k.add_argument("--no-gc", action="store_true",
                    help="disable Python's garbage collector while measuring (to see its share; the service runs with it)")
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
+    s_ = k.add_argument_group("--service", "the real service (experiments/bench_coordinator_service.py)")
+    s_.add_argument("--service", action="store_true",
+                    help="run core.membership.MembershipService against simulated replicas over loopback")
+    s_.add_argument("--clients", type=int, default=4, help="client processes sharing the N connections (default: 4)")
+    s_.add_argument("--step-seconds", type=float, default=0.5,
+                    help="seconds from a quota's arrival to its vote, the compute stand-in (default: 0.5)")
+    s_.add_argument("--steady-steps", type=int, default=8, help="fault-free steps measured (default: 8)")
+    s_.add_argument("--crashes", type=int, default=3, help="replicas whose connection closes mid-step (default: 3)")
+    s_.add_argument("--freezes", type=int, default=1, help="replicas that go silent mid-step (default: 1)")
+    s_.add_argument("--heartbeat-interval", type=float, default=TrainConfig.heartbeat_interval,
+                    help="the run's --heartbeat-interval (default: the config's)")
+    s_.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
+                    help="the run's --heartbeat-timeout (default: the config's)")
+    s_.add_argument("--heartbeat-budget", type=float, default=TrainConfig.heartbeat_budget,
+                    help="the run's --heartbeat-budget, heartbeats/s from all workers (default: the config's)")
+    s_.add_argument("--collective-timeout", type=float, default=TrainConfig.collective_timeout,
+                    help="the run's --collective-timeout (default: the config's)")
+    s_.add_argument("--startup-timeout", type=float, default=120.0,
+                    help="seconds generation 0 waits for the N hellos (default: 120)")
+    s_.add_argument("--work", default="", help="directory for the runs' records (default: a temp dir)")
     k.set_defaults(func=cmd_bench_coordinator)
 
 
@@ -126,6 +165,22 @@ def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
     return bench_checkpoint(args)
 
 
+def cmd_bench_checkpoint_stall(args: argparse.Namespace) -> int:
+    for m in args.models:
+        if m not in MODEL_CONFIGS:
+            return fail(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_CONFIGS)}")
+    for name in ("replicas", "microbatches", "checkpoint_every", "threads"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.microbatches < args.replicas:
+        return fail("--microbatches: must be >= --replicas")
+    if args.steps < 2 + 2 * args.checkpoint_every:
+        return fail("--steps: must be >= 2 + 2 * --checkpoint-every (iterations with and without a save)")
+    from ..bench_checkpoint_stall import bench_checkpoint_stall
+
+    return bench_checkpoint_stall(args)
+
+
 def _bad_workload_args(args: argparse.Namespace) -> int | None:
     """fail(...) for the first bad flag of `_workload_args`, else None."""
     for m in args.models:
@@ -154,13 +209,34 @@ def cmd_bench_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_coordinator(args: argparse.Namespace) -> int:
+    if args.replicas is None:
+        args.replicas = [64, 512, 4096] if args.service else [64, 512, 4096, 16384]
+    if args.name is None:
+        args.name = "coordinator_service" if args.service else "coordinator_state_machine"
     if any(r < 2 for r in args.replicas):
         return fail("--replicas: every R must be >= 2 (one replica crashes, another must survive)")
-    for name in ("per_replica", "repeats"):
+    for name in ("per_replica", "repeats", "clients", "steady_steps"):
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')}: must be >= 1")
     if not args.name or "/" in args.name:
         return fail("--name: must be a file stem (no '/')")
+    if args.service:
+        if args.crashes < 0 or args.freezes < 0:
+            return fail(f"--{'crashes' if args.crashes < 0 else 'freezes'}: must be >= 0")
+        if args.crashes + args.freezes >= min(args.replicas):
+            return fail("--crashes: crashes + freezes must leave a survivor at the smallest --replicas")
+        try:
+            TrainConfig(system="recover", heartbeat_interval=args.heartbeat_interval,
+                        heartbeat_timeout=args.heartbeat_timeout, heartbeat_budget=args.heartbeat_budget,
+                        collective_timeout=args.collective_timeout,
+                        startup_timeout=args.startup_timeout).validate()
+        except ConfigError as e:
+            return fail(str(e))
+        if args.step_seconds <= 0:
+            return fail("--step-seconds: must be > 0")
+        from ..bench_coordinator_service import bench_coordinator_service
+
+        return bench_coordinator_service(args)
     from ..bench_coordinator import bench_coordinator
 
     return bench_coordinator(args)

@@ -26,6 +26,12 @@ Published figures used (cited, not copied):
 - TorchElastic's c10d rendezvous waits a last-call timeout of 30 s by default before
   a smaller group is formed (measured here: about 42 s to re-form with fewer nodes).
 - Young (1974) and Daly (2006) for the optimal checkpoint interval (youngdaly.py).
+- `coordinator_law(bench)`: the coordinator's cost per commit against the replica count R,
+  fitted by code (least squares, a + b R: the service is O(R) per step) to the committed
+  results/bench/coordinator_service.json (`recover bench coordinator --service`: the real
+  service, real connections, last vote read -> commits sent). Charged per iteration at
+  cluster scale (`recover_commit_seconds`); locally it is already inside the measured
+  iteration time, so it is 0 there.
 The ReCoVer paper does not state its restart time, checkpoint cost or interval,
 replica size, or run length; scenarios.py says what is assumed for each.
 """
@@ -62,6 +68,8 @@ class Costs:
     torchft_detect_seconds: float = _f(5.0, "torchft: a crash to the survivors' next quorum (heartbeat-bound)")
     torchft_quorum_seconds: float = _f(0.5, "torchft: forming the new quorum / reconfiguring the process group")
     join_seconds: float = _f(10.0, "a replacement's launch and state transfer before it can join in place (recover, torchft)")
+    recover_commit_seconds: float = _f(0.0, "recover: the coordinator's work per commit (last vote in -> commits "
+                                            "out), on every iteration's critical path")
 
 
 def save_stall_seconds(costs: Costs) -> float:
@@ -323,6 +331,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
     )
     sources["hang_detect_seconds"] = "recover train's default --heartbeat-timeout (3 s); a run's own config.json wins"
     sources["join_seconds"] = "a new worker's launch, taken equal to the measured startup"
+    sources["recover_commit_seconds"] = "0: the coordinator's work is inside the measured iteration time"
     return Calibration("local", job, costs, sources)
 
 
@@ -370,6 +379,47 @@ def restart_seconds(n_gpus: int, bench: str | Path | None = None) -> float:
     and FT-HSDP's ~600 s at 100k GPUs. Assumed shape: restarts grow with scale (rendezvous,
     communicator set-up, loading) but sub-linearly; the exponent is whatever the two anchors give."""
     return restart_law(bench)(n_gpus)
+
+
+COORDINATOR_BENCH = "coordinator_service.json"
+COORDINATOR_SHARE = 0.01  # the share of an iteration the single coordinator may take (issue 20 item 5)
+
+
+@dataclass(frozen=True)
+class CoordinatorLaw:
+    """commit(R) = fixed_seconds + per_replica_seconds * R: the coordinator's work per commit."""
+
+    fixed_seconds: float  # the fit's intercept (clamped at 0: then fitted through the origin)
+    per_replica_seconds: float  # the fit's slope
+    source: str  # the results file and the rows fitted
+
+    def __call__(self, replicas: int) -> float:
+        return self.fixed_seconds + self.per_replica_seconds * replicas
+
+    def largest_replicas(self, iteration_seconds: float, share: float = COORDINATOR_SHARE) -> int:
+        """The largest R whose commit costs at most `share` of an iteration of this length."""
+        return max(0, int((share * iteration_seconds - self.fixed_seconds) / self.per_replica_seconds))
+
+
+def coordinator_law(bench: str | Path | None = None) -> CoordinatorLaw | None:
+    """The fit to `recover bench coordinator --service`'s step latency (median per N); None without the file."""
+    p = Path(bench) if bench is not None else DEFAULT_BENCH_DIR
+    f = p / COORDINATOR_BENCH if p.is_dir() else None
+    if f is None or not f.is_file():
+        return None
+    d = json.loads(f.read_text())
+    pts = [(float(r["replicas"]), float(r["step_latency_s"])) for r in d["rows"]]
+    if len(pts) < 2 or any(y <= 0 for _, y in pts):
+        raise ValueError(f"{f}: need step_latency_s > 0 at two replica counts or more")
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    a = my - b * mx
+    if a < 0 or b <= 0:  # no fixed cost to speak of: through the origin
+        a, b = 0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
+    rows = ", ".join(f"R={int(x)}: {y * 1e3:.1f} ms" for x, y in pts)
+    return CoordinatorLaw(a, b, f"`{d.get('command') or 'recover bench coordinator --service'}` ({f}), step_latency_s "
+                                f"median per N ({rows}), fitted {a * 1e3:.2f} ms + {b * 1e6:.1f} us x R")
 
 
 CHECKPOINT_OPS = {"save_s": "dcp.save", "async_stall_s": "dcp.async_save's stall (until it returns)",
@@ -425,6 +475,9 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
         torchft_quorum_seconds=lc.recover_rebuild_seconds * scale,
         join_seconds=law(gpus_per_replica),
     )
+    coord = coordinator_law(bench)
+    if coord is not None:
+        costs = replace(costs, recover_commit_seconds=coord(n_gpus // gpus_per_replica))
     ck_src: dict[str, str] = {}
     tput = checkpoint_throughput(bench) if state_bytes else None
     if tput:
@@ -457,6 +510,8 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
         "torchft_quorum_seconds": "as recover_rebuild_seconds (a process-group reconfiguration): assumed",
         "join_seconds": "a replica-sized launch, restart_seconds(gpus_per_replica): assumed",
         "checkpoint_async_stall_seconds": "None: a blocking save",
+        "recover_commit_seconds": (f"the coordinator at R = {n_gpus // gpus_per_replica} replicas: {coord.source}"
+                                   if coord is not None else f"0: no {COORDINATOR_BENCH} in the bench results"),
     }
     sources.update(ck_src)
     return costs, sources

@@ -84,6 +84,10 @@ class Recover(Policy):
     def join_delay(self) -> float:
         return self.costs.join_seconds
 
+    def iteration_seconds(self) -> float:
+        # the single coordinator's commit (last vote in -> commits out) ends every iteration
+        return super().iteration_seconds() + self.costs.recover_commit_seconds
+
     def start_iteration(self, t: float) -> None:
         super().start_iteration(t)
         self.round_start, self.round_m, self.ledger = t, self.job.microbatches, None
@@ -126,7 +130,8 @@ class Recover(Policy):
         r1 = len(self.members)
         self.round_m = int(job.microbatches - self.ledger.sum())
         self.round_start = t + detect + c.recover_rebuild_seconds
-        self.cur_end = self.round_start + job.compute_seconds(self.round_m, r1) + job.allreduce_seconds(r1)
+        self.cur_end = (self.round_start + job.compute_seconds(self.round_m, r1) + job.allreduce_seconds(r1)
+                        + c.recover_commit_seconds)
 
     def on_join(self, t: float, replica: int) -> None:
         self.pending.add(replica)

@@ -1,0 +1,106 @@
+"""The fork server keeps Popen's contract for `python -m` workers (core/forkserver.py).
+
+Real processes throughout: the child is a real fork, killed by its PID.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import pid_alive
+from recover.core.forkserver import ForkServer, forkable
+from recover.core.launcher import python_module_argv
+
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(120)]
+
+HERE = str(Path(__file__).parent)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": HERE, **extra}
+
+
+def _report(log: Path, timeout: float = 30.0) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for line in log.read_text().splitlines() if log.exists() else []:
+            if line.startswith("{"):
+                return json.loads(line)
+        time.sleep(0.02)
+    raise AssertionError(f"no report in {log}: {log.read_text() if log.exists() else 'missing'}")
+
+
+def test_a_forked_worker_has_its_own_pid_group_env_argv_and_exit_code(tmp_path):
+    server = ForkServer.shared()
+    log = tmp_path / "a.log"
+    p = server.start(python_module_argv("forkserver_child", "exit", "7"), _env(PROBE="x"), str(log))
+    assert p.wait(30) == 7
+    r = _report(log)
+    assert r["pid"] == p.pid and r["ppid"] == os.getpid()  # re-parented to us: we reap it
+    assert r["pgid"] == p.pid != os.getpgid(0)  # a process group of its own
+    assert r["argv"] == ["exit", "7"] and r["probe"] == "x" and r["n_env"] == 3  # exactly the env given
+    assert r["torch_loaded"]  # the point: imported once, by the server
+
+
+def test_a_signal_and_an_exception_read_as_they_do_with_popen(tmp_path):
+    server = ForkServer.shared()
+    p = server.start(python_module_argv("forkserver_child", "sleep", "60"), _env(), str(tmp_path / "k.log"))
+    _report(tmp_path / "k.log")
+    assert p.poll() is None
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait(30) == -signal.SIGKILL
+    q = server.start(python_module_argv("forkserver_child", "raise"), _env(), str(tmp_path / "r.log"))
+    assert q.wait(30) == 1 and "RuntimeError: boom" in (tmp_path / "r.log").read_text()
+    s = server.start(python_module_argv("forkserver_child", "sleep", "60"), _env(), str(tmp_path / "s.log"),
+                     new_session=True)
+    assert _report(tmp_path / "s.log")["sid"] == s.pid
+    s.kill()
+    assert s.wait(30) == -signal.SIGKILL
+
+
+def test_a_worker_dies_with_its_launcher(tmp_path):
+    # A launcher process of our own that forks a sleeper and is then SIGKILLed: the
+    # sleeper must not outlive it (PR_SET_PDEATHSIG, set once it is the launcher's).
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import sys, time\n"
+        "from recover.core.forkserver import ForkServer\n"
+        "from recover.core.launcher import python_module_argv\n"
+        f"p = ForkServer.shared().start(python_module_argv('forkserver_child', 'sleep', '120'), "
+        f"{{'PYTHONPATH': {HERE!r}}}, {str(tmp_path / 'c.log')!r})\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(launcher.stdout.readline())
+        _report(tmp_path / "c.log")
+        launcher.kill()
+        launcher.wait(30)
+        end = time.monotonic() + 30
+        # (dead, it may linger as a zombie of ours: this process is a subreaper too)
+        while time.monotonic() < end:
+            if not pid_alive(child):
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the forked worker outlived its launcher")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_only_this_interpreters_module_runs_are_forkable():
+    assert forkable(python_module_argv("recover.core.plain", "--replica", "0"))
+    assert not forkable(["/bin/sleep", "1"]) and not forkable([sys.executable, "script.py"])
+    with pytest.raises(ValueError, match="only"):
+        ForkServer.start(None, ["/bin/true"], {}, "/dev/null")  # refused before any use of the server
