@@ -149,6 +149,19 @@ class Communicator:
             raise CollectiveError(self.generation, f"allreduce failed: {e}") from e
         self._wait(work, "allreduce", timeout, should_abort)
 
+    def broadcast(self, tensor: torch.Tensor, root: int, timeout: float,
+                  should_abort: AbortCheck | None = None) -> None:
+        """Overwrite `tensor` on every member with rank `root`'s, or raise CollectiveError.
+
+        Used by the live state transfer (`state_transfer.py`); like `allreduce`, a
+        receiver must pass a tensor nothing else reads until this returns, since an
+        abandoned broadcast may still write into it."""
+        try:
+            work = self.pg.broadcast(tensor, root)
+        except Exception as e:  # a backend error on issue
+            raise CollectiveError(self.generation, f"broadcast failed: {e}") from e
+        self._wait(work, "broadcast", timeout, should_abort)
+
     def _wait(self, work, what: str, timeout: float, should_abort: AbortCheck | None) -> None:
         deadline = time.monotonic() + timeout
         spin_until = time.monotonic() + 0.002  # most local collectives finish within a few ms

@@ -104,6 +104,18 @@ class TrainConfig:
     max_failed_generations: int = _f(
         10, "recover: stop the run (exit 1) after this many consecutive generations fail without a commit"
     )
+    replace_after: float = _f(
+        -1.0, "recover: seconds after a replica's process dies before the launcher starts a replacement in its "
+        "slot, which joins at the next commit with the live state (-1 = never)"
+    )
+    min_replicas: int = _f(
+        1, "recover: with fewer members at an iteration boundary, the next step waits (up to --startup-timeout) "
+        "for replacements or woken replicas to join (the step in flight is finished by the survivors)"
+    )
+    rejoin: bool = _f(
+        True, "recover: a replica declared dead that was only frozen or slow rejoins, with the live state, "
+        "at the next commit (--no-rejoin: it exits, code 3)"
+    )
     startup_timeout: float = _f(
         300.0, "seconds the coordinator waits for every replica's hello before generation 0 forms "
         "with those connected (the workers wait as long as it tells them)"
@@ -202,6 +214,12 @@ class TrainConfig:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
             raise ConfigError("--heartbeat-timeout", "must exceed twice --heartbeat-interval")
+        if not 1 <= self.min_replicas <= self.replicas:
+            raise ConfigError("--min-replicas", f"must be in [1, --replicas={self.replicas}], got {self.min_replicas}")
+        if self.replace_after < 0 and self.replace_after != -1.0:
+            raise ConfigError("--replace-after", f"must be >= 0 (or -1: never), got {self.replace_after}")
+        if self.replace_after >= 0 and self.system != "recover":
+            raise ConfigError("--replace-after", f"only the recover system admits replacements, not {self.system!r}")
         if self.data:
             if not Path(self.data).is_file():
                 raise ConfigError("--data", f"file not found: {self.data}")

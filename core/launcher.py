@@ -20,6 +20,13 @@ Contract:
   does not hold generation 0 until the start-up deadline.
 - Each run gets a fresh random join token (RECOVER_JOIN_TOKEN), set in the
   environment of the coordinator and of every worker, and of nothing else.
+- Replacements (`replace_after` seconds, None = never): a worker that exits
+  non-zero while the job runs gets a new process in its slot (same replica id)
+  that many seconds later, as a cluster scheduler replacing a failed node would;
+  it joins the running job through the coordinator's admission (core/replica.py).
+  Each worker is started with RECOVER_WORKER_STARTED (time.time() at its start),
+  pids.json is rewritten, and the hooks' `on_start` is called again with the new
+  PIDs (a fault injector then targets the replacement).
 - When the job is over, and its verdict, is the end policy's call
   (core/end_policy.py): by default the job ends when the coordinator exits and
   its code is the verdict; `FailFast` ends it as soon as a worker exits non-zero
@@ -118,6 +125,7 @@ class Launcher:
         end: EndPolicy | None = None,
         tick_seconds: float = 0.02,
         grace_seconds: float = 10.0,
+        replace_after: float | None = None,
         fork_workers: bool | None = None,
     ):
         self.out = Path(out_dir)
@@ -141,6 +149,9 @@ class Launcher:
         self._interrupted: str | None = None
         self._logs: list = []
         self._notices: ExitNotices | None = None
+        self.replace_after = replace_after
+        self._replace_at: dict[int, float] = {}  # replica -> monotonic time its replacement starts
+        self._worker_env: dict[str, str] = {}
 
     # ---- process start -------------------------------------------------------------
     def _start_coordinator(self, timeout: float = 60.0) -> dict:
@@ -191,7 +202,7 @@ class Launcher:
 
     def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
         argv = list(self.worker_argv(replica))
-        env = {**env, "RECOVER_REPLICA": str(replica)}
+        env = {**env, "RECOVER_REPLICA": str(replica), "RECOVER_WORKER_STARTED": repr(time.time())}
         log_path = self.out / "logs" / f"replica{replica}.log"
         if self.fork_workers and forkserver.forkable(argv):
             # Same process, group, output and parent-death contract as below, without
@@ -224,14 +235,10 @@ class Launcher:
                 "RECOVER_STORE_ADDR": f"{info['host']}:{info['store_port']}",
                 "RECOVER_CONTROL_ADDR": f"{info['host']}:{info.get('control_port', 0)}",
             }
+            self._worker_env = env
             for r in self.replica_ids:
                 self.workers[r] = self._start_worker(r, env)
-            pids = {r: [p.pid] for r, p in self.workers.items()}
-            (self.out / "pids.json").write_text(
-                json.dumps({"coordinator": self.coordinator.pid, "replicas": pids}, indent=1)
-            )
-            for h in self.hooks:
-                h.on_start(pids, t0)
+            self._announce_pids(t0)
             return self._watch(t0)
         finally:
             self._cleanup(t0)
@@ -241,6 +248,27 @@ class Launcher:
                 signal.signal(sig, h)
             for log in self._logs:
                 log.close()
+
+    def _announce_pids(self, t0: float) -> None:
+        """pids.json and the hooks' on_start: the current process of every replica."""
+        pids = {r: [p.pid] for r, p in self.workers.items()}
+        (self.out / "pids.json").write_text(
+            json.dumps({"coordinator": self.coordinator.pid, "replicas": pids}, indent=1)
+        )
+        for h in self.hooks:
+            h.on_start(pids, t0)
+
+    def _start_replacements(self, live: dict[int, subprocess.Popen], t0: float) -> None:
+        """Start the replacements that are due (see the module docstring)."""
+        now = time.monotonic()
+        due = sorted(r for r, at in self._replace_at.items() if at <= now)
+        for r in due:
+            del self._replace_at[r]
+            self.workers[r] = live[r] = self._start_worker(r, self._worker_env)
+            print(f"[launcher {now - t0:8.3f}s] replica {r}: replacement started (pid {self.workers[r].pid})",
+                  file=sys.stderr, flush=True)
+        if due:
+            self._announce_pids(t0)
 
     def _on_signal(self, signum, frame) -> None:
         self._interrupted = signal.Signals(signum).name
@@ -272,6 +300,8 @@ class Launcher:
                             h.on_tick(time.monotonic() - t0)
                         time.sleep(self.tick_seconds)
                 return LaunchResult(verdict.returncode, time.monotonic() - t0, self.exits, verdict.reason)
+            if self._replace_at:
+                self._start_replacements(live, t0)
             for h in self.hooks:
                 h.on_tick(time.monotonic() - t0)
             time.sleep(self.tick_seconds)
@@ -282,6 +312,8 @@ class Launcher:
             if p.poll() is not None:
                 del live[r]
                 self._record("worker", r, p, t0)
+                if self.replace_after is not None and p.returncode != 0:
+                    self._replace_at[r] = time.monotonic() + self.replace_after
         if self.coordinator.poll() is not None and not any(e.role == "coordinator" for e in self.exits):
             self._record("coordinator", -1, self.coordinator, t0)
 

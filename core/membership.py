@@ -12,8 +12,14 @@ Contract:
   wakes up to a closed socket and leaves (fencing).
 - It is the single writer of DIR/metrics.jsonl (one line per committed step) and
   DIR/events.jsonl (one line per recovery, and one {"kind": "fenced", "replica",
-  "reason", ...} per replica fenced for persistent faults or corrupt weights): no worker, replica 0 included, is
-  special, so any of them can die.
+  "reason", ...} per replica fenced for persistent faults or corrupt weights; per
+  admission one "admitted" line, and per newcomer one "join" line at its first
+  commit: bytes and seconds of its state transfer, seconds from its process start
+  to that commit, every member's weights digest at it): no worker, replica 0
+  included, is special, so any of them can die.
+- A dead replica's slot takes a new connection only from a newcomer (a hello
+  with `can_heal`): a replacement process, or the same replica woken from a
+  freeze. Its old connection stays closed, so nothing it sent there counts.
 - Times in the records are seconds since the run started (RECOVER_T0), on the
   same clock as the fault injector's DIR/faults.jsonl.
 - Each commit's metrics line carries the coordinator's own load, "coordinator":
@@ -97,7 +103,7 @@ class MembershipService:
         self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
                                 fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
                                 startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval,
-                                start_step=cfg.start_step)
+                                start_step=cfg.start_step, min_replicas=cfg.min_replicas)
         self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")
@@ -265,7 +271,9 @@ class MembershipService:
                                     close=True)
             r = msg["replica"]
             conn.replica = r
-            if 0 <= r < self.cfg.replicas and r not in self.by_replica and r not in self.proto.dead:
+            # a dead replica's slot takes a new connection only from a newcomer (protocol: admission)
+            if 0 <= r < self.cfg.replicas and r not in self.by_replica and (
+                    r not in self.proto.dead or msg.get("can_heal") is True):
                 self.by_replica[r] = conn
             self._apply(self.proto.on_hello(r, msg, now), conn)
             return
@@ -276,7 +284,8 @@ class MembershipService:
             return  # fenced: it was a member once, and is closed
         if kind == "vote":
             conn.voted = True
-        handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "fail": self.proto.on_fail}.get(kind)
+        handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "fail": self.proto.on_fail,
+                   "healed": self.proto.on_healed}.get(kind)
         if handler is not None:
             self._apply(handler(r, msg, now))
 

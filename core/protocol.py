@@ -10,10 +10,24 @@ Invariants it keeps:
   voted ok for (t, generation) and the members' ledgers are disjoint and their
   union is exactly `iteration_ids(t, M)`. So every committed gradient is the sum
   over exactly the M ids of iteration t, each once, whatever failed.
-- Every membership change (a death, a failed collective, a missed rejoin) bumps
-  the generation. Messages carrying another generation are ignored, and a
-  replica declared dead is closed and never readmitted: a frozen replica that
-  wakes up is fenced out of every later reduction and vote.
+- Every membership change (a death, a failed collective, a missed rejoin, an
+  admission) bumps the generation. Messages carrying another generation are
+  ignored, and a replica declared dead is closed: a frozen replica that wakes up
+  is fenced out of every later reduction and vote of the connection it had.
+- Admission (a replacement process, or a fenced replica that woke up and said
+  hello again on a new connection): a hello for a dead replica's slot that says
+  it can be healed (`can_heal`) makes it a newcomer. Newcomers are admitted only
+  at a commit, never inside an iteration: the commit of step t is followed by a
+  new generation of the members plus the newcomers for step t+1, whose gen
+  message names one donor (the fastest member) to send them its state
+  (core/state_transfer.py). Until a newcomer reports its state arrived ("healed",
+  or a vote, or a join saying so) it is unhealed: if the generation fails first,
+  its join says `healed: false` and it goes back to waiting for the next commit,
+  so a replica without the committed state never folds, votes or survives into
+  a generation. The first vote of every member in an admitting generation
+  carries a weights digest, so a newcomer off the members' digest is fenced
+  before its gradient counts. A process fenced on evidence (corrupt weights, a
+  persistent fault) is never readmitted; a new process in its slot is.
 - A step whose votes carry weights digests commits only if they all agree; the
   members off a strict majority are fenced (as dead) first, and with no strict
   majority the run stops: no gradient from corrupt weights is committed.
@@ -30,7 +44,10 @@ Invariants it keeps:
 
 Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
-  commit {gen, step, loss, quota}          step committed; `quota` is for step+1
+  commit {gen, step, loss, quota[, next]}  step committed; `quota` is for step+1, or with `next`:
+                                           step+1 is generation `next`'s (its gen message follows)
+  gen ... heal {donor, joining}            (an admitting generation) the donor sends its state to `joining`
+  pending {step}                           answer to a newcomer's hello: admitted at the next commit
   abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
   startup {wait, connected, of, heartbeat_interval}  answer to a hello: start-up ends within `wait`
                                            seconds (the worker waits that long for generation 0); beat
@@ -38,9 +55,12 @@ Messages, coordinator -> worker ("t" is the type):
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
 worker -> coordinator:
-  hello  {replica, pid, tokens_per_mb, weights_digest}   first message; also the join of generation 0
-                                           (generation 0 forms only if the digests agree)
-  join   {gen, step, ledger}               rejoin after an abort
+  hello  {replica, pid, tokens_per_mb, weights_digest[, can_heal, rejoin, started_at]}   first message;
+                                           also the join of generation 0 (it forms only if the digests
+                                           agree); after that, a newcomer's request for admission
+                                           (rejoin: a woken replica; started_at: its process start)
+  join   {gen, step, ledger[, healed]}     rejoin after an abort (healed false: a newcomer without the state)
+  healed {gen, step, donor, bytes, seconds, weights_digest}   a newcomer's state arrived
   vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr[, weights_digest]}   lr: the rate the step
                                            will use; weights_digest (every K steps): the weights'
                                            digest; a member off the majority is fenced
@@ -97,8 +117,12 @@ class Membership:
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
-                 heartbeat_interval: float | None = None, start_step: int = 0):
+                 heartbeat_interval: float | None = None, start_step: int = 0, min_replicas: int = 1):
         self.R, self.M, self.S = replicas, microbatches, steps
+        # Below this many members, the next step waits at the boundary for newcomers
+        # (up to the start-up timeout: a newcomer's start is a start-up).
+        self.min_replicas = min_replicas
+        self.startup_wait = max(join_timeout, 300.0) if startup_timeout is None else startup_timeout
         self.fence_after = fence_after  # consecutive failed generations implicating a member before it is fenced
         self.max_failed_generations = max_failed_generations  # consecutive failed generations before the run stops
         self.failed_since_commit = 0  # generations that failed since the last commit (or the start)
@@ -114,7 +138,7 @@ class Membership:
         self.member_set: set[int] = set()  # the same replicas: O(1) membership tests per message
         self.member_ranges: idranges.Ranges = []  # the same replicas as the gen message carries them
         self.step = start_step  # 0, or the step of the checkpoint the run resumes from
-        self.state = "forming"  # forming | running | finished
+        self.state = "forming"  # forming | running | waiting (at a boundary, for newcomers) | finished
         self.next_gen = 0
         self.expected: set[int] = set(range(replicas))  # forming: who must (re)join
         self.joins: dict[int, idranges.Ranges] = {}  # replica -> its ledger
@@ -130,12 +154,20 @@ class Membership:
         self.digests: dict[int, str] = {}  # replica -> digest of its initial weights (from its hello)
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
         self.gen_started = now
+        self.newcomers: dict[int, dict[str, Any]] = {}  # replica -> its join record: admitted at the next commit
+        self.unhealed: set[int] = set()  # members admitted into `gen` whose state has not arrived yet
+        self.joining: dict[int, dict[str, Any]] = {}  # admitted replica -> its join record, until its first commit
+        self.banned: dict[int, Any] = {}  # replica -> pid of its process fenced on evidence: never readmitted
+        self.pids: dict[int, Any] = {}  # replica -> the pid its (latest) hello gave
 
     # ---- inputs --------------------------------------------------------------------
     def on_hello(self, r: int, msg: dict, now: float) -> list[Out]:
+        if r in self.dead and msg.get("can_heal") and self.state != "finished":
+            return self._newcomer(r, msg, now)
         if r in self.dead or r in self.alive or not 0 <= r < self.R:
             return [Out("close", r, reason="unknown, duplicate or dead replica")]
         self.alive.add(r)
+        self.pids[r] = msg.get("pid")
         self.tokens_per_mb = int(msg.get("tokens_per_mb", self.tokens_per_mb))
         if msg.get("weights_digest"):
             self.digests[r] = str(msg["weights_digest"])
@@ -146,12 +178,61 @@ class Membership:
         self.dead.add(r)
         return [Out("close", r, reason="arrived after the run started")]
 
+    def _newcomer(self, r: int, msg: dict, now: float) -> list[Out]:
+        """A hello for a dead replica's slot, from a process that can receive the state."""
+        pid = msg.get("pid")
+        if pid is not None and self.banned.get(r) == pid:
+            return [Out("close", r, reason=f"replica {r} (pid {pid}) was fenced on evidence and is not readmitted")]
+        self.dead.discard(r)
+        self.alive.add(r)
+        self.pids[r] = pid
+        why = "woken" if msg.get("rejoin") else "replacement"
+        self.newcomers[r] = {"replica": r, "pid": pid, "why": why, "hello_at": now,
+                             "started_at": float(msg.get("started_at", now)), "attempts": 0}
+        out = [Out("send", r, {"t": "pending", "step": self.step},
+                   reason=f"replica {r} ({why}, pid {pid}) waits for admission at the next commit")]
+        if self.state == "waiting" and not self._short():
+            out += self._admit(now)
+        return out
+
+    def _short(self) -> bool:
+        """Fewer members and newcomers than `min_replicas`: the next step waits for more."""
+        return len(self.members) + len(self.newcomers) < self.min_replicas
+
+    def on_healed(self, r: int, msg: dict, now: float) -> list[Out]:
+        """A newcomer's state arrived from its donor: what moved goes into its join record."""
+        if msg.get("gen") != self.gen or r not in self.joining:
+            return []
+        self.unhealed.discard(r)
+        self.joining[r].update(healed_at=now, bytes=msg.get("bytes"), transfer_seconds=msg.get("seconds"),
+                               weights_digest=msg.get("weights_digest"))
+        return []
+
     def on_join(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "forming" or msg.get("gen") != self.next_gen or r not in self.expected:
             return []  # stale or fenced
+        if msg.get("healed") is False:
+            return self._unhealed_join(r, now)
+        self.unhealed.discard(r)
         if msg.get("step") != self.step:
             raise ProtocolError(f"replica {r} rejoined at step {msg.get('step')}, run is at {self.step}")
         return self._joined(r, _ledger(r, msg), now)
+
+    def _unhealed_join(self, r: int, now: float) -> list[Out]:
+        """A newcomer whose state transfer failed: it waits for the next commit again."""
+        if r not in self.unhealed:
+            raise ProtocolError(f"replica {r} rejoined without the state but was a healed member")
+        self.unhealed.discard(r)
+        self.expected.discard(r)
+        rec = self.joining.pop(r)
+        rec["attempts"] += 1
+        for key in ("generation", "donor", "admitted_at", "step"):
+            rec.pop(key, None)
+        self.newcomers[r] = rec
+        return [Out("send", r, {"t": "pending", "step": self.step}),
+                Out("event", msg={"kind": "join_failed", "replica": r, "generation": self.gen, "at": now},
+                    reason=f"replica {r}'s state transfer failed with generation {self.gen}: "
+                           "it waits for the next commit")] + self._maybe_publish(now)
 
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
@@ -163,6 +244,7 @@ class Membership:
             return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
         _ledger(r, msg)
         self.votes[r] = msg
+        self.unhealed.discard(r)  # it votes only with the state (core/replica.py)
         # votes holds members only (checked above), so a count says whether all have voted
         if len(self.votes) == len(self.members):
             if (fenced := self._fence_corrupt_weights(now)) is not None:
@@ -185,7 +267,17 @@ class Membership:
             return []
         self.alive.discard(r)
         self.dead.add(r)
+        self.newcomers.pop(r, None)
+        self.joining.pop(r, None)
+        self.unhealed.discard(r)
         out = [Out("close", r, reason=reason)]
+        if self.state == "waiting" and r in self.member_set:
+            # idle between steps: nothing of the next step is folded yet, so no recovery
+            self.members = [m for m in self.members if m != r]
+            self.member_set.discard(r)
+            if not self.members:
+                return out + self._finish(1, "no replica left: every replica of the run has failed", now)
+            return out
         if self.state == "running" and r in self.member_set:
             self.lost_in_failure = True
             out += self._fail(f"replica {r} lost: {reason}", now)
@@ -227,6 +319,8 @@ class Membership:
                    reason=f"replicas connected {connected}/{len(self.expected)}")
 
     def on_tick(self, now: float) -> list[Out]:
+        if self.state == "waiting" and now >= self.deadline:
+            return self._admit(now)  # waited long enough: go on with whoever is there
         if self.state != "forming" or now < self.deadline:
             return []
         out: list[Out] = []
@@ -385,6 +479,7 @@ class Membership:
         out: list[Out] = []
         for r in sorted(r for d, rs in groups.items() if d != ref for r in rs):
             why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
+            self._ban(r)
             out.append(self._fenced_record(r, f"replica {r} fenced: {why}", now, {
                 "weights_digest": self.votes[r]["weights_digest"], "majority_digest": ref}))
             out += self.on_lost(r, f"fenced: {why}", now)
@@ -441,6 +536,7 @@ class Membership:
             rec["committed_at"] = now
             rec["recovery_seconds"] = now - rec["detected_at"]
             records.append(Out("recovery", msg=rec))
+        records += self._first_commits(now)
         self.pending = []
         self.failed_since_commit = 0  # progress: the same failures later are a new story
         self.implicated_streak = {}
@@ -448,6 +544,19 @@ class Membership:
         self.step += 1
         self.votes = {}
         last = self.step >= self.S
+        if not last and (self.newcomers or self._short()):
+            # Step `committed` is the boundary: the members hear the commit with `next`,
+            # and generation gen+1 (with the newcomers) follows, now or once enough arrived.
+            sends = [Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": [],
+                                     "next": self.gen + 1}) for r in self.members]
+            if not self._short():
+                return sends + self._admit(now) + records
+            self.state, self.deadline = "waiting", now + self.startup_wait
+            return sends + [Out("send", r, {"t": "pending", "step": self.step}) for r in self.members] + [
+                Out("event", msg={"kind": "waiting", "step": self.step, "members": list(self.members),
+                                  "min_replicas": self.min_replicas, "at": now},
+                    reason=f"step {self.step} waits for newcomers: {len(self.members) + len(self.newcomers)} "
+                           f"of at least {self.min_replicas} replicas")] + records
         quotas = {r: [] for r in self.members} if last else assign_quota_ranges(
             [[self.step * self.M, (self.step + 1) * self.M]], self.members, self.balancing_speeds())
         # The commit messages go out before the records are written: the workers
@@ -459,6 +568,60 @@ class Membership:
         if last:
             return sends + records + self._finish(0, "all steps committed", now)
         return sends + records
+
+    def _first_commits(self, now: float) -> list[Out]:
+        """The join records of the newcomers that took part in the step just committed.
+
+        Written at a newcomer's first commit, with the evidence that it was healed:
+        every member's weights digest as their votes carried it (the first vote of an
+        admitting generation always does), which the commit just found equal."""
+        out = []
+        for r in [r for r in self.members if r in self.joining and "healed_at" in self.joining[r]]:
+            rec = self.joining.pop(r)
+            rec.update(first_commit_at=now, first_commit_step=self.step,
+                       start_to_first_commit_seconds=now - rec["started_at"],
+                       member_digests={str(m): self.votes[m].get("weights_digest") for m in self.members})
+            out.append(Out("event", msg={"kind": "join", **rec},
+                           reason=f"replica {r} ({rec['why']}) committed its first step {self.step}: "
+                                  f"{rec['bytes']} bytes in {rec['transfer_seconds']:.3f}s from replica "
+                                  f"{rec['donor']}, {rec['start_to_first_commit_seconds']:.1f}s after its start"))
+        return out
+
+    def _admit(self, now: float) -> list[Out]:
+        """At a boundary (the members heard a commit with `next`): generation gen+1 = the
+        members + the newcomers runs step `self.step`.
+
+        Its gen message goes to all of them; it names the donor, the fastest member
+        by the measured speeds (ties: the lowest id), which sends its state before
+        folding its own quota. This is the only place a replica enters a running
+        generation, so a newcomer never sees a half-done iteration."""
+        old, joining = list(self.members), sorted(self.newcomers)
+        donor = max(old, key=lambda r: (self.speeds.get(r, 0.0), -r))
+        self.state = "running"
+        self.gen += 1
+        self.next_gen = self.gen
+        self.members = sorted(old + joining)
+        self.member_set = set(self.members)
+        self.member_ranges = idranges.from_ids(self.members)
+        self.unhealed = set(joining)
+        self.gen_started = now
+        for r in joining:
+            rec = self.newcomers.pop(r)
+            rec.update(generation=self.gen, step=self.step, donor=donor, admitted_at=now)
+            self.joining[r] = rec
+        quotas = assign_quota_ranges([[self.step * self.M, (self.step + 1) * self.M]], self.members,
+                                     self.balancing_speeds())
+        heal = {"donor": donor, "joining": idranges.from_ids(joining)} if joining else None
+        out = [Out("event", msg={"kind": "admitted", "replicas": joining, "generation": self.gen,
+                                 "step": self.step, "donor": donor, "members": list(self.members), "at": now},
+                   reason=f"generation {self.gen} admits replica(s) {joining} at step {self.step} "
+                          f"(state from replica {donor})")] if joining else []
+        return out + [
+            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
+                            "quota": quotas[r], "microbatches": self.M, "steps": self.S,
+                            **({"heal": heal} if heal else {})})
+            for r in self.members
+        ]
 
     def _count_slow_streak(self, measured: dict[int, float]) -> None:
         """One committed step's speeds: extend the slowest member's streak if it was
@@ -515,12 +678,20 @@ class Membership:
 
     def _fence(self, r: int, reason: str, now: float, evidence: dict[str, Any]) -> list[Out]:
         """Take `r` out of the run like a lost replica (its ledger's ids are redone), with a record."""
+        self._ban(r)
         self.alive.discard(r)
         self.dead.add(r)
         self.expected.discard(r)
         self.joins.pop(r, None)
+        self.joining.pop(r, None)
+        self.unhealed.discard(r)
         self._record_failure(reason, now)
         return [self._fenced_record(r, reason, now, evidence), Out("close", r, reason=reason)]
+
+    def _ban(self, r: int) -> None:
+        """Fenced on evidence: this process of `r` never comes back (a new process in its slot may)."""
+        if self.pids.get(r) is not None:
+            self.banned[r] = self.pids[r]
 
     def _fenced_record(self, r: int, reason: str, now: float, evidence: dict[str, Any]) -> Out:
         """The events.jsonl line saying `r` was fenced, why, and on what evidence."""

@@ -44,6 +44,23 @@ Contract:
   the weights this step's gradient was computed with. The coordinator fences a
   replica whose digest is off the members' majority (silent data corruption) and
   redoes its share of the step, so a corrupt replica never commits a gradient.
+- Joining a running job (a replacement started in a dead replica's slot, as
+  `--replace-after` does): the constructor's hello says the process can be healed;
+  the coordinator answers "pending" and admits it at the next commit. The
+  admitting generation's gen message names a donor, which sends its weights,
+  optimizer and schedule state (core/state_transfer.py) before folding its own
+  quota; the newcomer checks the weights fingerprint against the donor's, reports
+  "healed", and only then gets its quota. If the transfer fails (the donor dies,
+  a deadline passes), the newcomer reports it in its join and waits for the next
+  commit again; it never folds or votes without the committed state.
+- Rejoin after a false death (`rejoin`, default on; RECOVER_REJOIN=0 turns it
+  off for `from_env`): a replica declared dead while it was only frozen or slow
+  wakes to a closed connection. With rejoin it drops what it folded, opens a new
+  connection and joins as a newcomer, through the same path; nothing it sent on
+  the old connection, and no collective of its old generation, reaches the
+  generations it is not in (every store key and message carries the generation).
+  `quota()` then ends early and `commit()` returns False, so the loop asks for the
+  new step's quota. Without rejoin it raises `RunEnded(fenced=True)`.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit).
@@ -65,7 +82,11 @@ from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
 from .recipe import CommittedStep, LRSchedule
-from .startup import JOIN_TOKEN_ENV, env_addr
+from .startup import JOIN_TOKEN_ENV, env_addr, run_start_time
+from .state_transfer import transfer_state
+
+REJOIN_ENV = "RECOVER_REJOIN"  # "0": a fenced replica exits instead of rejoining (from_env's default)
+STARTED_ENV = "RECOVER_WORKER_STARTED"  # time.time() when the launcher started this process
 
 
 # Past the coordinator's start-up deadline it forms generation 0 (or stops the run)
@@ -80,6 +101,10 @@ class RunEnded(RuntimeError):
         super().__init__(reason)
         self.reason = reason
         self.fenced = fenced
+
+
+class _Fenced(Exception):
+    """Internal: the coordinator closed this member's connection; unwound to quota()/commit(), which rejoin."""
 
 
 class GradientDetached(RuntimeError):
@@ -106,6 +131,7 @@ class Replica:
         hooks: WorkerHooks | None = None,
         join_token: str | None = None,
         digest_every: int = 1,
+        rejoin: bool | None = None,
     ):
         self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
         self.optimizer = optimizer
@@ -124,11 +150,14 @@ class Replica:
         # generation's communicator then opens its own (core/comm.py: a rendezvous
         # abandoned in a shared client would hold the next one up to its timeout).
         self._open_store()
+        self.rejoin = os.environ.get(REJOIN_ENV, "1") != "0" if rejoin is None else rejoin
+        self.control_addr = control_addr
+        self.heartbeat_interval = heartbeat_interval
+        self.tokens_per_microbatch = tokens_per_microbatch
+        # None: the launcher's, from the environment
+        self.join_token = os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token
         self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
-        self.control.send({"t": "hello", "replica": replica, "pid": os.getpid(),
-                           "tokens_per_mb": tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
-                           # None: the launcher's, from the environment
-                           "token": os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token})
+        self._hello(float(os.environ.get(STARTED_ENV, time.time())) - run_start_time(), rejoin=False)
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
         self.generation = -1
@@ -138,9 +167,16 @@ class Replica:
         self.steps = 0
         self._quota: list[int] = []
         self._abort: dict | None = None  # an abort seen between microbatches, not yet acted on
+        self._unhealed = False  # admitted as a newcomer and the state has not arrived: never fold or vote
+        self.healed = False  # this replica joined a running job and holds a donor's state (core/state_transfer.py)
+        self._digest_next_vote = False  # the first vote of an admitting generation carries the digest
+        self._rejoined = False  # quota() rejoined after a fence: the next commit() only returns False
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
-        self._wait_generation(0)
+        try:
+            self._wait_generation(0)
+        except _Fenced:  # admitted into a running job, then declared dead during the transfer
+            self._rejoin()
 
     @classmethod
     def from_env(cls, model_or_params, optimizer, **kw) -> "Replica":
@@ -173,7 +209,12 @@ class Replica:
         for i in self._quota:
             if i in self.acc.ledger:
                 continue
-            if not first and (self._abort is not None or self._poll_abort(gen)):
+            try:
+                if not first and (self._abort is not None or self._poll_abort(gen)):
+                    return
+            except _Fenced:
+                self._rejoin()
+                self._rejoined = True  # the commit() that follows returns False: the loop asks again
                 return
             first = False
             yield i
@@ -195,6 +236,16 @@ class Replica:
 
     def commit(self) -> bool:
         """Reduce, vote, and step the optimizer; False if recovery needs more work."""
+        if self._rejoined:
+            self._rejoined = False
+            return False
+        try:
+            return self._commit()
+        except _Fenced:
+            self._rejoin()
+            return False
+
+    def _commit(self) -> bool:
         if (msg := self._abort or self._pending_abort()) is not None:
             return self._recover(msg)  # what was folded so far is kept
         if missing := self._still_to_fold():
@@ -222,9 +273,11 @@ class Replica:
             "loss_sum": float(buf[-1]), "mb_seconds": self._work_seconds / n if n else 0.0,
             "lr": self.stepper.lr(step),
         }
-        if self.digest_every and step % self.digest_every == 0:
+        if (self.digest_every and step % self.digest_every == 0) or self._digest_next_vote:
             # the weights this step's gradient came from: a replica off the majority is corrupt
+            # (and after an admission: the newcomer's weights are the members')
             vote["weights_digest"] = self.acc.weights_fingerprint()
+            self._digest_next_vote = False
         self.control.send(vote)
         self.hooks.at(step, "commit")
         msg = self._wait_for({"commit", "abort"})
@@ -235,11 +288,20 @@ class Replica:
         self.stepper(step)
         self.acc.clear()
         self.step = step + 1
-        self._set_quota(msg["quota"])
+        if msg.get("next") is not None:  # step+1 belongs to an admitting generation
+            self._wait_generation(msg["next"])
+        else:
+            self._set_quota(msg["quota"])
         return True
 
     def close(self) -> None:
         self.control.close()
+
+    def _hello(self, started_at: float, rejoin: bool) -> None:
+        """Say who this replica is; `can_heal`: it can be admitted into a running job."""
+        self.control.send({"t": "hello", "replica": self.replica, "pid": os.getpid(),
+                           "tokens_per_mb": self.tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
+                           "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at})
 
     def _open_store(self) -> dist.Store:
         """A new client of the coordinator's store, for one generation's communicator."""
@@ -282,9 +344,71 @@ class Replica:
             raise RunEnded(f"protocol: the coordinator aborted step {abort['step']} "
                            f"while this replica is at step {self.step}")
         self.control.send({"t": "join", "gen": abort["next"], "step": self.step,
-                           "ledger": idranges.from_ids(self.acc.ledger)})
+                           "ledger": idranges.from_ids(self.acc.ledger), "healed": not self._unhealed})
         self._wait_generation(abort["next"])
         return False
+
+    def _rejoin(self) -> None:
+        """Declared dead while alive (a freeze, a long pause): join again as a newcomer.
+
+        What this replica folded belongs to a generation it is no longer in (its ids
+        were redone by the survivors), so it is dropped; so is the old connection and
+        communicator. The new hello goes on a new connection; the state comes from a
+        donor at admission, as for a replacement."""
+        self._log("fenced: the coordinator closed this replica's connection (declared dead, e.g. after a "
+                  "freeze); rejoining as a newcomer")
+        self._abandon_comm()
+        self.control.close()
+        self.acc.clear()
+        self._abort = None
+        self._quota = []
+        while True:
+            self.generation = -1  # a member of nothing: a close before admission is final (RunEnded)
+            self._unhealed = False
+            self.control = ControlClient(*self.control_addr, heartbeat_interval=self.heartbeat_interval)
+            self._hello(time.time() - run_start_time(), rejoin=True)
+            try:
+                self._wait_generation(0)
+                return
+            except _Fenced:  # admitted, then declared dead again during the transfer: once more
+                self._abandon_comm()
+                self.control.close()
+
+    def _heal(self, heal: dict) -> None:
+        """An admitting generation: the donor sends its state to the newcomers, who check it."""
+        joining = idranges.to_ids(heal["joining"])
+        donor = int(heal["donor"])
+        self._digest_next_vote = True
+        if self.replica != donor and self.replica not in joining:
+            return  # the other members fold at once
+        group = [donor, *joining]
+        g = self.generation
+        should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
+        self._unhealed = self.replica in joining
+        try:
+            # A group of the donor and the newcomers only, under the generation's prefix:
+            # the other members go on folding while the bytes move.
+            comm = Communicator.build(self._open_store, g, group.index(self.replica), len(group), self.backend,
+                                      self.timeout, should_abort, namespace="heal/")
+            try:
+                stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort)
+            finally:
+                self.graveyard.bury(comm)
+        except CollectiveError as e:
+            self._log(f"step {self.step}: state transfer {'from' if self._unhealed else 'to'} generation {g}: {e}")
+            if self.control.abort_reason(g) is None:
+                self.control.send({"t": "fail", "gen": g, "step": self.step, "reason": f"state transfer: {e.reason}"})
+            self._recover(self._wait_for({"abort"}))
+            return
+        if self._unhealed:
+            self._unhealed = False
+            self.healed = True
+            self._log(f"healed from replica {donor}: {stats.bytes} bytes in {stats.seconds:.3f}s, "
+                      f"weights fingerprint {stats.fingerprint[:12]}")
+            self.control.send({"t": "healed", "gen": g, "step": self.step, "donor": donor, "bytes": stats.bytes,
+                               "seconds": stats.seconds, "weights_digest": stats.fingerprint})
+        self._work_started = time.perf_counter()  # the transfer is not microbatch time
+
 
     def _abandon_comm(self) -> None:
         self.graveyard.bury(self.comm)
@@ -298,6 +422,8 @@ class Replica:
         self.microbatches = msg["microbatches"]
         self.steps = msg["steps"]
         self._set_quota(msg["quota"])
+        if msg.get("heal"):
+            self._heal(msg["heal"])
 
     def _set_quota(self, quota: list[list[int]]) -> None:
         self._quota = idranges.to_ids(quota)  # on the wire as id ranges
@@ -328,6 +454,8 @@ class Replica:
         if kind == "stop":
             raise RunEnded(f"run stopped by the coordinator: {msg['reason']}")
         if kind == "closed":
+            if self.rejoin and self.generation >= 0:
+                raise _Fenced()
             raise RunEnded("fenced: the coordinator closed this replica's connection "
                            "(declared dead, e.g. after a freeze)", fenced=True)
         return False
@@ -337,10 +465,17 @@ class Replica:
         # deadline even in the worst case; past that it is gone.
         deadline = time.monotonic() + 3 * self.timeout + 60
         while True:
-            msg = self.control.recv(max(0.0, deadline - time.monotonic()))
+            msg = self.control.recv(None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
             if msg is None:
                 raise RunEnded("no word from the coordinator")
             if self._terminal(msg):
+                continue
+            if msg["t"] == "pending":
+                # Admission comes at the next commit, however long the iteration in
+                # flight takes (this process cannot know); a coordinator that dies
+                # closes the connection, which ends the wait.
+                deadline = float("inf")
+                self._log(f"waiting at step {msg['step']} for admission at an iteration boundary")
                 continue
             if msg["t"] == "startup":
                 # The coordinator's start-up deadline is the one source: it says how long

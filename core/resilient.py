@@ -4,7 +4,8 @@ Contract: the same workload, data and optimizer as the plain trainer, driven
 through the public `Replica` API, so every iteration folds exactly the M ids of
 the failure-free run and commits the same gradient up to summation order,
 whatever replicas die. Exit codes: 0 when the run completes, 1 when it is stopped
-(no replica left, coordinator gone), 3 when this replica was fenced out.
+(no replica left, coordinator gone), 3 when this replica was fenced out (with
+--no-rejoin, or fenced on evidence; by default a fenced replica rejoins).
 
 Checkpoints (`--checkpoint-every K`): after the commit of every step s-1 with s a
 multiple of K (and s < --steps), the lowest-numbered member of the generation that
@@ -91,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip,
         lr_schedule=work.schedule,
         tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
+        rejoin=cfg.rejoin,
     )
-    replica.stepper.load_state_dict(work.stepper.state_dict())  # the committed count the checkpoint holds
+    if not replica.healed:  # a newcomer already holds its donor's committed count, newer than any checkpoint
+        replica.stepper.load_state_dict(work.stepper.state_dict())  # the committed count the checkpoint holds
     saver = _Checkpointer(cfg, TrainingState.of(work, replica.stepper), hooks, args.replica) if cfg.checkpoint_every else None
     try:
         while not replica.done:

@@ -33,12 +33,16 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "join": {"gen": _INT, "step": _INT, "ledger": _IDS},
     "vote": {"gen": _INT, "step": _INT, "ok": _BOOL, "ledger": _IDS},
     "fail": {"gen": _INT, "step": _INT},
+    "healed": {"gen": _INT, "step": _INT},
     # from the launcher (core/exit_notices.py), not from a worker
     "launcher": {"token": _STR},
     "exited": {"replica": _INT, "how": _STR},
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
-    "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR},
+    "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR, "can_heal": _BOOL, "rejoin": _BOOL,
+              "started_at": _NUM},
+    "join": {"healed": _BOOL},
+    "healed": {"donor": _INT, "bytes": _INT, "seconds": _NUM, "weights_digest": _STR},
     "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR},
     "fail": {"reason": _STR},
 }

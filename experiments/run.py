@@ -129,6 +129,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         env={"RECOVER_T0": repr(t0)},
         hooks=[progress, *extra_hooks],
         end=FailFast() if system.fail_fast else CoordinatorEnds(),
+        replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
     )
     supervise = system.load_supervisor()
     if supervise is not None:  # a restarting baseline runs its own sequence of launches

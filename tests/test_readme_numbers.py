@@ -109,6 +109,14 @@ def test_digest_cost_matches_its_benchmark():
     same(small_sha, 100 * rows["small"]["sha256_over_iteration"])
 
 
+def test_state_transfer_ratios_match_the_committed_benchmark():
+    rows = {r["model"]: r for r in json.loads((ROOT / "results" / "bench" / "state_transfer.json").read_text())["rows"]}
+    tiny, small = found(r"throughput ([\d.]+) of a plain gloo broadcast of the same bytes on\s+`tiny` "
+                        r"\(1\.4 MB\) and ([\d.]+) on `small`")
+    same(tiny, rows["tiny"]["throughput_ratio"])
+    same(small, rows["small"]["throughput_ratio"])
+
+
 def test_coordinator_numbers_match_the_service_bench():
     """The coordinator paragraph: the fit to results/bench/coordinator_service.json, the 100k
     scenario's share and the largest R below 1%, and the N = 4,096 table rows."""

@@ -74,13 +74,14 @@ def first_step_without(metrics: list[dict], replica: int) -> int:
 
 def test_crash_in_forward_crash_in_allreduce_and_a_fenced_hang(tmp_path, reference):
     """Replica 0 (nothing special) dies in forward, 1 during the all-reduce; 2 freezes
-    past the heartbeat deadline and wakes up later: it is fenced, never votes again."""
+    past the heartbeat deadline and wakes up later: it is fenced and, with --no-rejoin, never votes again."""
     faults = [
         {"kind": "crash", "replica": 0, "step": 3, "phase": "forward", "microbatch": 1},
         {"kind": "crash", "replica": 1, "step": 8, "phase": "allreduce"},
         {"kind": "hang", "replica": 2, "step": 13, "phase": "backward", "seconds": 4},
     ]
-    metrics, summary, events, fired = run_with_faults(tmp_path, faults)
+    # --no-rejoin: the woken replica leaves instead of rejoining (tests/test_rejoin.py has the default)
+    metrics, summary, events, fired = run_with_faults(tmp_path, faults, COMMON + ["--no-rejoin"])
     assert_same_trajectory(metrics, reference)
     assert [(f["replica"], f["step"], f["phase"]) for f in fired] == [(0, 3, "forward"), (1, 8, "allreduce"),
                                                                        (2, 13, "backward")]

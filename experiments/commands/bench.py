@@ -5,7 +5,8 @@
 `recover bench digest`: the votes' weights digest against an iteration (experiments/bench_digest.py);
 `recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py);
 with `--service`, the real membership service against N simulated replicas over loopback
-(experiments/bench_coordinator_service.py).
+(experiments/bench_coordinator_service.py);
+`recover bench transfer`: live state transfer against a plain broadcast (experiments/bench_transfer.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
@@ -77,6 +78,14 @@ def add_parser(sub) -> None:
                    microbatches_help="microbatches per iteration, M/R of a run (the tests' 8 over 4 replicas)",
                    iters=5, repeats=3)
     w.set_defaults(func=cmd_bench_digest)
+    t = bsub.add_parser("transfer", help="live state transfer (a newcomer healed by a donor) against a plain "
+                        "broadcast of the same bytes, per model", description="Two processes, one gloo group: "
+                        "core.state_transfer against a bare broadcast, interleaved; writes state_transfer.json.")
+    t.add_argument("--models", nargs="+", default=["tiny", "small"], help="models (default: tiny small)")
+    t.add_argument("--repeats", type=int, default=5, help="timed rounds per model (default: 5)")
+    t.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
+    t.add_argument("--out", default="results/bench", help="where to write state_transfer.json (default: results/bench)")
+    t.set_defaults(func=cmd_bench_transfer)
     k = bsub.add_parser("coordinator", help="the coordinator's cost per commit and per recovery, against R "
                         "(--service: the real service over loopback)",
                         description="Drive core.protocol.Membership in process with R replicas; write NAME.json. "
@@ -231,3 +240,15 @@ def cmd_bench_coordinator(args: argparse.Namespace) -> int:
     from ..bench_coordinator import bench_coordinator
 
     return bench_coordinator(args)
+
+
+def cmd_bench_transfer(args: argparse.Namespace) -> int:
+    for m in args.models:
+        if m not in MODEL_CONFIGS:
+            return fail(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_CONFIGS)}")
+    for name in ("repeats", "threads"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name}: must be >= 1")
+    from ..bench_transfer import bench_transfer
+
+    return bench_transfer(args)

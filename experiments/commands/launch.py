@@ -3,7 +3,8 @@
 Contract: starts the coordinator (store + membership) and one process per replica
 running the given command, each with RECOVER_REPLICA, RECOVER_STORE_ADDR and
 RECOVER_CONTROL_ADDR set so that `recover.core.Replica.from_env(...)` joins the
-job. The results contract (config.json, metrics.jsonl, events.jsonl,
+job. With --replace-after S, a replica whose process dies gets a new one in its
+slot S seconds later, which joins at the next commit with the live state. The results contract (config.json, metrics.jsonl, events.jsonl,
 summary.json, logs/) is written to --out exactly as for `recover train`.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ from . import fail
 
 
 LAUNCH_FIELDS = ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
-                 "fence_after", "max_failed_generations", "startup_timeout")  # the TrainConfig fields a user's job is run with
+                 "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas",
+                 "rejoin")  # the TrainConfig fields a user's job is run with
 
 
 def add_parser(sub) -> None:
@@ -31,6 +33,10 @@ def add_parser(sub) -> None:
     )
     for name in LAUNCH_FIELDS:
         f = TrainConfig.__dataclass_fields__[name]
+        if isinstance(f.default, bool):
+            p.add_argument("--" + name.replace("_", "-"), dest=name, action=argparse.BooleanOptionalAction,
+                           default=f.default, help=f"{f.metadata['help']} (default: {f.default})")
+            continue
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=type(f.default), default=f.default,
                        help=f"{f.metadata['help']} (default: {f.default})")
     p.add_argument("--out", default="runs/launch", help="output directory (default: runs/launch)")
@@ -56,7 +62,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     t0 = time.time()
     launcher = Launcher(
         out, python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", "recover"),
-        lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0)},
+        # RECOVER_REJOIN: Replica.from_env's default for rejoining after a false death
+        lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0), "RECOVER_REJOIN": "1" if cfg.rejoin else "0"},
+        replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
     )
     result = launcher.run()
     ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]

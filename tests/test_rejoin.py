@@ -1,0 +1,148 @@
+"""Back to full strength: a replacement joins a running job, and a falsely-dead replica rejoins.
+
+Real processes, gloo, the tiny model, 2 replicas. A replica is SIGKILLed (the
+launcher starts a replacement in its slot, `--replace-after`) or SIGSTOPped past
+the heartbeat deadline and SIGCONTed (it wakes to a closed connection and
+rejoins). `--min-replicas 2` makes the next step wait at the boundary for the
+newcomer, so the test does not depend on how fast this loaded machine starts a
+process. Checked from what the workers reported: every step's ledgers are its M
+ids, the loss equals the failure-free run's, the newcomer's weights digest at
+its first vote equals the donor's, the join record says what moved, and both
+replicas finish with the same weights.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_every_planned_fault_fired, load_run, run_recover
+
+from recover.core.data import iteration_ids
+from recover.core.results import read_jsonl, reported_ids
+
+pytestmark = pytest.mark.procs
+
+R, M, STEPS, SEED = 2, 4, 8, 5
+LOSS_RTOL = 1e-5  # as tests/test_resilient.py: summation order only; one id lost or doubled moves it >1e-3
+COMMON = ["--replicas", str(R), "--microbatches", str(M), "--steps", str(STEPS), "--seed", str(SEED),
+          "--heartbeat-timeout", "1.5", "--collective-timeout", "20", "--no-progress", "--min-replicas", "2"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[float]:
+    """Failure-free losses (one replica: only the summation order differs)."""
+    out = tmp_path_factory.mktemp("ref") / "plain"
+    run_recover("train", "--system", "plain", *COMMON, "--replicas", "1", "--min-replicas", "1", "--out", str(out),
+                check=True, timeout=120)
+    return [m["loss"] for m in load_run(out)[1]]
+
+
+def _run(tmp_path: Path, faults: list[dict], *extra: str) -> tuple[Path, list[dict], dict, list[dict]]:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": faults}))
+    out = tmp_path / "run"
+    proc = run_recover("train", "--system", "recover", *COMMON, *extra, "--faults", str(plan), "--out", str(out),
+                       timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
+    _, metrics, summary = load_run(out)
+    return out, metrics, summary, read_jsonl(out / "events.jsonl")
+
+
+def _assert_trajectory(metrics: list[dict], reference: list[float]) -> None:
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, reference):
+        assert reported_ids(m) == iteration_ids(m["step"], M)  # what the members' votes said they folded
+        assert sorted(map(int, m["ledgers"])) == m["members"]
+        assert abs(m["loss"] - ref) <= LOSS_RTOL * abs(ref), (m["step"], m["loss"], ref)
+
+
+def _assert_joined(events: list[dict], metrics: list[dict], summary: dict, why: str) -> dict:
+    """One join of replica 1, healed from replica 0, digests equal; full strength to the end."""
+    joins = [e for e in events if e["kind"] == "join"]
+    assert len(joins) == 1, events
+    j = joins[0]
+    assert (j["replica"], j["why"], j["donor"]) == (1, why, 0)
+    assert j["bytes"] > 4 * 100_000 and j["transfer_seconds"] > 0  # weights + AdamW moments: 3x the weights
+    assert j["start_to_first_commit_seconds"] > 0
+    # the newcomer's digest after the transfer is what every member's first vote reported
+    assert set(j["member_digests"]) == {"0", "1"}
+    assert set(j["member_digests"].values()) == {j["weights_digest"]}
+    admitted = j["first_commit_step"]
+    assert 0 < admitted < STEPS
+    step_of = {m["step"]: m for m in metrics}
+    assert 1 not in step_of[admitted - 1]["members"]  # it was out before the boundary ...
+    assert all(step_of[s]["members"] == [0, 1] for s in range(admitted, STEPS))  # ... and in from it to the end
+    assert step_of[admitted]["generation"] > step_of[admitted - 1]["generation"]
+    finals = summary["final_checksums"]
+    assert sorted(finals) == ["0", "1"] and len(set(finals.values())) == 1, finals
+    return j
+
+
+def test_a_killed_replica_is_replaced_and_the_run_ends_at_full_strength(tmp_path, reference):
+    out, metrics, summary, events = _run(
+        tmp_path, [{"kind": "crash", "replica": 1, "step": 2, "phase": "forward", "microbatch": 0}],
+        "--replace-after", "0.2")
+    fired = assert_every_planned_fault_fired(out)
+    _assert_trajectory(metrics, reference)
+    j = _assert_joined(events, metrics, summary, "replacement")
+    assert j["first_commit_step"] >= 3  # never inside step 2, where it died
+    ones = [p for p in summary["processes"] if p["role"] == "worker" and p["replica"] == 1]
+    assert [p["how"] for p in ones] == ["killed by SIGKILL", "exited 0"], ones
+    assert ones[0]["pid"] == fired[0]["pid"] and j["pid"] == ones[1]["pid"]  # a new process in the slot
+
+
+def test_a_frozen_replica_declared_dead_rejoins_when_it_wakes(tmp_path, reference):
+    out, metrics, summary, events = _run(
+        tmp_path, [{"kind": "hang", "replica": 1, "step": 2, "phase": "backward", "microbatch": 0, "seconds": 3}])
+    fired = assert_every_planned_fault_fired(out)
+    _assert_trajectory(metrics, reference)
+    recoveries = [e for e in events if e["kind"] == "recovery"]
+    assert recoveries[0]["step"] == 2 and "no heartbeat" in recoveries[0]["fault"], recoveries
+    j = _assert_joined(events, metrics, summary, "woken")
+    # the same process came back (no replacement was asked for), and finished
+    ones = [p for p in summary["processes"] if p["role"] == "worker" and p["replica"] == 1]
+    assert [(p["pid"], p["how"]) for p in ones] == [(fired[0]["pid"], "exited 0")]
+    assert j["pid"] == fired[0]["pid"]
+    assert "rejoining as a newcomer" in (out / "logs" / "replica1.log").read_text()
+
+
+def test_recover_launch_replaces_a_killed_replica_of_a_users_loop(tmp_path):
+    """`recover launch --replace-after`: the example loop's LambdaLR position moves with the state
+    (a newcomer whose scheduler were at step 0 would report another rate, or be refused)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
+    out, steps = tmp_path / "launch", 40
+    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", "launch", "--replicas", "2",
+                             "--microbatches", "4", "--steps", str(steps), "--heartbeat-timeout", "2",
+                             "--replace-after", "0.2", "--min-replicas", "2", "--out", str(out), "--",
+                             sys.executable, example], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(read_jsonl(out / "metrics.jsonl")) < 3:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        victim = json.loads((out / "pids.json").read_text())["replicas"]["1"][0]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout + stderr
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert all(reported_ids(m) == iteration_ids(m["step"], 4) for m in metrics)
+    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(steps)])
+    (join,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "join"]
+    assert join["replica"] == 1 and join["pid"] != victim and join["bytes"] > 0
+    assert set(join["member_digests"].values()) == {join["weights_digest"]}
+    assert metrics[-1]["members"] == [0, 1] and any(m["members"] == [0] for m in metrics)
+    ones = [p for p in json.loads((out / "summary.json").read_text())["processes"] if p["replica"] == 1]
+    assert [(p["pid"] == victim, p["how"]) for p in ones] == [(True, "killed by SIGKILL"), (False, "exited 0")]
