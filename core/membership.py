@@ -40,7 +40,6 @@ Contract:
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import selectors
 import socket
@@ -54,7 +53,7 @@ from .heartbeat import heartbeat_plan
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
-from .wire import MAX_LINE_BYTES, MAX_REFUSALS, parse_line
+from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, parse_line
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
 MAX_REFUSAL_RECORDS = 1000  # events.jsonl lines for refused messages; past it they are only counted
@@ -305,6 +304,9 @@ class MembershipService:
         # batch: applied at once, they would overtake the rest of a broadcast, and
         # the other replicas would read [abort, commit] or [abort(g), gen(g)].
         lost: list[tuple[int, str]] = []
+        # A broadcast (abort, done, stop) is one message object sent to many: encode it once.
+        last_msg: dict | None = None
+        line = b""
         for a in actions:
             if a.kind == "send":
                 conn = self.by_replica.get(a.replica)
@@ -312,8 +314,10 @@ class MembershipService:
                     continue
                 if a.reason:
                     self.log(a.reason)
+                if a.msg is not last_msg:
+                    last_msg, line = a.msg, dumps(a.msg) + b"\n"
                 try:
-                    conn.sock.sendall((json.dumps(a.msg) + "\n").encode())
+                    conn.sock.sendall(line)
                 except OSError as e:
                     self._drop(conn)
                     lost.append((a.replica, f"send failed: {e}"))

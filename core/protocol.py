@@ -285,10 +285,8 @@ class Membership:
         # A survivor answers an abort at its next microbatch boundary (Replica.quota
         # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
         self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
-        out = [
-            Out("send", r, {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason})
-            for r in sorted(self.expected)
-        ]
+        abort = {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason}
+        out = [Out("send", r, abort) for r in sorted(self.expected)]  # one message for all: encoded once
         return out + self._maybe_publish(now)
 
     def _joined(self, r: int, ledger: idranges.Ranges, now: float) -> list[Out]:
