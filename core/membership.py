@@ -53,6 +53,7 @@ from .heartbeat import heartbeat_plan
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
+from .gc_pacing import settle
 from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, parse_line
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
@@ -331,6 +332,7 @@ class MembershipService:
                     self._drop(conn)
             elif a.kind == "commit":
                 # The commit messages went out before this action (the protocol orders them so).
+                settle()  # the run's state survived a step: later collections need not rescan it
                 done = self.now()
                 self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
                     "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),

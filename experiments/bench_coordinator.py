@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from recover.core.data import iteration_ids
+from recover.core.gc_pacing import settle
 from recover.core.protocol import Membership, Out
 from recover.core.wire import dumps, loads
 
@@ -175,10 +176,15 @@ def bench_coordinator(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         run = _Run(R, M, rng)
         commits, recoveries = [], []
+        settle()
         for _ in range(args.repeats):
+            # settle() after each round, untimed, as the service does after each commit it applies
             commits.append(run.commit())
+            settle()
             recoveries.append(run.recovery())
+            settle()
             run.commit()  # the redo's commit: the run goes on (not timed as a plain commit)
+            settle()
         row = {
             "replicas": R, "microbatches": M, "formation_s": run.formation_s,
             "commit_s": _median(commits, "s"), "commit_parse_s": _median(commits, "parse_s"),
