@@ -46,7 +46,6 @@ Contract:
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import selectors
 import socket
@@ -60,7 +59,8 @@ from .heartbeat import heartbeat_plan
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
-from .wire import MAX_LINE_BYTES, MAX_REFUSALS, parse_line
+from .gc_pacing import settle
+from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, parse_line
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
 MAX_REFUSAL_RECORDS = 1000  # events.jsonl lines for refused messages; past it they are only counted
@@ -314,6 +314,9 @@ class MembershipService:
         # batch: applied at once, they would overtake the rest of a broadcast, and
         # the other replicas would read [abort, commit] or [abort(g), gen(g)].
         lost: list[tuple[int, str]] = []
+        # A broadcast (abort, done, stop) is one message object sent to many: encode it once.
+        last_msg: dict | None = None
+        line = b""
         for a in actions:
             if a.kind == "send":
                 conn = self.by_replica.get(a.replica)
@@ -321,8 +324,10 @@ class MembershipService:
                     continue
                 if a.reason:
                     self.log(a.reason)
+                if a.msg is not last_msg:
+                    last_msg, line = a.msg, dumps(a.msg) + b"\n"
                 try:
-                    conn.sock.sendall((json.dumps(a.msg) + "\n").encode())
+                    conn.sock.sendall(line)
                 except OSError as e:
                     self._drop(conn)
                     lost.append((a.replica, f"send failed: {e}"))
@@ -336,6 +341,7 @@ class MembershipService:
                     self._drop(conn)
             elif a.kind == "commit":
                 # The commit messages went out before this action (the protocol orders them so).
+                settle()  # the run's state survived a step: later collections need not rescan it
                 done = self.now()
                 self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
                     "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),

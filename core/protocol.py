@@ -379,10 +379,8 @@ class Membership:
         # A survivor answers an abort at its next microbatch boundary (Replica.quota
         # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
         self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
-        out = [
-            Out("send", r, {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason})
-            for r in sorted(self.expected)
-        ]
+        abort = {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason}
+        out = [Out("send", r, abort) for r in sorted(self.expected)]  # one message for all: encoded once
         return out + self._maybe_publish(now)
 
     def _joined(self, r: int, ledger: idranges.Ranges, now: float) -> list[Out]:
@@ -502,17 +500,24 @@ class Membership:
         lrs = set()
         timed = self.step > 0  # step 0 pays one-time costs (first calls, allocations): not a speed
         slowest = 0.0  # the slowest microbatch a member reported this step (seconds)
+        votes, speeds, count = self.votes, self.speeds, idranges.count  # locals: this loop runs R times a step
         for r in self.members:
-            vote = self.votes[r]
-            folded[str(r)] = idranges.count(vote["ledger"])
-            ledgers[str(r)] = vote["ledger"]
+            vote = votes[r]
+            ledger = vote["ledger"]
+            key = str(r)
+            # one range (the common case) counted inline; the checked ledger's pairs are [start, stop)
+            folded[key] = ledger[0][1] - ledger[0][0] if len(ledger) == 1 else count(ledger)
+            ledgers[key] = ledger
             lrs.add(vote.get("lr"))
             s = vote.get("mb_seconds")
-            slowest = max(slowest, float(s or 0.0))
-            if timed and s and s > 0:
-                measured[r] = 1.0 / s
-                # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
-                self.speeds[r] = (1 - SPEED_SMOOTHING) * self.speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
+            if s:
+                s = float(s)
+                if s > slowest:
+                    slowest = s
+                if timed and s > 0:
+                    measured[r] = 1.0 / s
+                    # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
+                    speeds[r] = (1 - SPEED_SMOOTHING) * speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
         self._count_slow_streak(measured)
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
         if len(lrs) > 1:

@@ -13,16 +13,40 @@ Contract:
 - The shapes here are the worker -> coordinator messages of `protocol.py`; what
   a well-formed message means (its generation, its step) is the protocol's
   business, not this module's.
+- `loads(bytes)` / `dumps(obj) -> bytes` are the control port's JSON codec: orjson
+  when it is installed (a project dependency; ~5x faster than the standard library,
+  which at R = 16,384 votes per step is most of a commit's cost), else `json`. Both
+  refuse what parse_line must refuse (non-UTF-8, not JSON, nesting past the recursion
+  limit); orjson is stricter still (no NaN/Infinity, integers within 64 bits).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
+try:  # the fast codec; the standard library's is the fallback (same messages, slower)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised where orjson is not installed
+    _orjson = None
+
 from . import idranges
 
 MAX_LINE_BYTES = 4 << 20  # 4 MiB: even a ledger of 100k scattered ids (as ranges) fits
 MAX_REFUSALS = 8  # refused messages one connection may send before it is closed
+
+if _orjson is not None:
+    loads = _orjson.loads  # JSONDecodeError is a ValueError, as json's is
+
+    def dumps(obj: Any) -> bytes:
+        """One message as its line's bytes (no newline)."""
+        return _orjson.dumps(obj)
+else:
+    loads = json.loads
+
+    def dumps(obj: Any) -> bytes:
+        """One message as its line's bytes (no newline)."""
+        return json.dumps(obj, separators=(",", ":")).encode()
+
 
 _INT, _BOOL, _STR, _NUM, _IDS = "int", "bool", "str", "number", "list of [start, stop] id ranges"
 
@@ -69,7 +93,7 @@ def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
     if len(line) > MAX_LINE_BYTES:
         return None, f"oversized line ({len(line)} bytes > {MAX_LINE_BYTES})"
     try:
-        msg = json.loads(line)
+        msg = loads(line)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None, f"malformed line ({type(e).__name__}: {str(e)[:80]})"
     if not isinstance(msg, dict):

@@ -6,18 +6,18 @@ Contract:
   for each R of `--replicas`. No sockets, no workers: what it measures is the
   coordinator's own work per step, which every replica of a run waits on.
 - Every inbound message is made the way a worker makes it and parsed the way the
-  membership service parses it (one JSON line, `json.loads`); the vote's ledger is
+  membership service parses it (one JSON line, `core.wire.loads`); the vote's ledger is
   the quota the replica was handed, as the worker reports it after folding all of it.
   Votes and rejoins arrive in a seeded random order.
 - Per R it measures, `--repeats` times each (the figure is the median):
   * `commit_s`: one step's R votes, parse + `on_vote`, up to and including the
     commit (the last vote's call returns the commit and the next quotas); also
-    split into `commit_parse_s` (json.loads of the R lines) and `commit_machine_s`;
+    split into `commit_parse_s` (core.wire.loads of the R lines) and `commit_machine_s`;
   * `recovery_s`: one crash mid-step (`on_lost`: the abort), then the R-1
     survivors' rejoins, parse + `on_join`, up to and including the new generation
     and its quotas; split the same way (`recovery_parse_s`, `recovery_machine_s`);
   * `*_encode_s` and `*_bytes_out`: encoding what those calls answered, every
-    message to a worker and every record, as the service does (`json.dumps`);
+    message to a worker and every record, as the service does (`core.wire.dumps`, a broadcast once);
   * `vote_bytes` / `join_bytes`: the size of one inbound message, on the wire.
   * `machine_over_parse`: commit_machine_s / commit_parse_s, a ratio taken in the
     same run (these machines are noisy and shared: absolute times move with the
@@ -45,23 +45,28 @@ import time
 from pathlib import Path
 
 from recover.core.data import iteration_ids
+from recover.core.gc_pacing import settle
 from recover.core.protocol import Membership, Out
+from recover.core.wire import dumps, loads
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _wire(msg: dict) -> bytes:
-    """One message as it travels: a JSON line (core.control / core.membership)."""
-    return (json.dumps(msg) + "\n").encode()
+    """One message as it travels: a JSON line (core.wire's codec, as core.membership sends it)."""
+    return dumps(msg) + b"\n"
 
 
 def _encode(outs: list[Out]) -> tuple[float, int]:
     """Seconds and bytes to encode what the state machine answered, as the service would."""
     start = time.perf_counter()
     n = 0
+    last, size = None, 0
     for a in outs:
-        if a.kind == "send":
-            n += len(_wire(a.msg))
+        if a.kind == "send":  # a broadcast (one message object) is encoded once, as the service does
+            if a.msg is not last:
+                last, size = a.msg, len(_wire(a.msg))
+            n += size
         elif a.kind in ("commit", "recovery"):
             n += len(_wire(a.msg))  # the metrics / events line
     return time.perf_counter() - start, n
@@ -71,7 +76,7 @@ def _parse_and_feed(lines: list[tuple[int, bytes]], handler, now: float) -> tupl
     """Parse each replica's line as the service would, then hand it to the state machine:
     (what it answered, seconds parsing, seconds in the state machine), timed apart."""
     start = time.perf_counter()
-    msgs = [(r, json.loads(line)) for r, line in lines]
+    msgs = [(r, loads(line)) for r, line in lines]
     parse_s = time.perf_counter() - start
     outs: list[Out] = []
     start = time.perf_counter()
@@ -94,7 +99,7 @@ class _Run:
         start = time.perf_counter()
         outs: list[Out] = []
         for r in range(R):
-            msg = json.loads(_wire({"t": "hello", "replica": r, "pid": 1000 + r, "tokens_per_mb": 1024}))
+            msg = loads(_wire({"t": "hello", "replica": r, "pid": 1000 + r, "tokens_per_mb": 1024}))
             outs += self.proto.on_hello(r, msg, self.now)
         self.formation_s = time.perf_counter() - start
         self.quota = _quotas(outs, "gen")
@@ -171,10 +176,15 @@ def bench_coordinator(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         run = _Run(R, M, rng)
         commits, recoveries = [], []
+        settle()
         for _ in range(args.repeats):
+            # settle() after each round, untimed, as the service does after each commit it applies
             commits.append(run.commit())
+            settle()
             recoveries.append(run.recovery())
+            settle()
             run.commit()  # the redo's commit: the run goes on (not timed as a plain commit)
+            settle()
         row = {
             "replicas": R, "microbatches": M, "formation_s": run.formation_s,
             "commit_s": _median(commits, "s"), "commit_parse_s": _median(commits, "parse_s"),
@@ -195,7 +205,7 @@ def bench_coordinator(args: argparse.Namespace) -> int:
     result = {
         "what": "coordinator state machine (core.protocol.Membership) in process: one commit = R votes parsed "
                 "from JSON + on_vote; one recovery round = on_lost + R-1 rejoins parsed + on_join; medians of "
-                "`repeats`; *_encode_s: json.dumps of what those calls answered",
+                "`repeats`; parse: core.wire.loads (orjson when installed); *_encode_s: core.wire.dumps of what those calls answered",
         "gc": not args.no_gc, "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
         "command": " ".join(["recover", "bench", "coordinator", *sys.argv[3:]]) if len(sys.argv) > 2 else "",
