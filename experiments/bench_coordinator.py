@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,8 +46,7 @@ from recover.core.data import iteration_ids
 from recover.core.gc_pacing import settle
 from recover.core.protocol import Membership, Out
 from recover.core.wire import dumps, loads
-
-REPO = Path(__file__).resolve().parents[1]
+from recover.experiments.coordinator_results import write_results
 
 
 def _wire(msg: dict) -> bytes:
@@ -212,16 +209,6 @@ def bench_coordinator(args: argparse.Namespace) -> int:
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.name}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
     gc.enable()
-    if not args.no_figure:
-        figs = REPO / "paper_figs"
-        # results/bench's figure belongs to paper_figs/; any other results folder gets its own
-        dest = figs if out.resolve() == (REPO / "results" / "bench").resolve() else out
-        subprocess.run([sys.executable, str(figs / "coordinator_scale.py"), "--results", str(out), "--out", str(dest)],
-                       check=True)
+    write_results(result, Path(args.out), args.name, figure=not args.no_figure)
     return 0

@@ -60,6 +60,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from recover.core.config import TrainConfig
+from recover.experiments.coordinator_results import write_results
 from recover.core.heartbeat import heartbeat_plan
 from recover.core.results import read_jsonl
 
@@ -225,16 +226,7 @@ def bench_coordinator_service(args: argparse.Namespace) -> int:
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.name}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
-    if not args.no_figure:
-        figs = REPO / "paper_figs"
-        dest = figs if out.resolve() == (REPO / "results" / "bench").resolve() else out
-        subprocess.run([sys.executable, str(figs / "coordinator_scale.py"), "--results", str(out), "--out", str(dest)],
-                       check=True)
+    write_results(result, Path(args.out), args.name, figure=not args.no_figure)
     return 0
 
 
