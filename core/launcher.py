@@ -307,13 +307,19 @@ class Launcher:
             time.sleep(self.tick_seconds)
 
     def _reap(self, live: dict[int, subprocess.Popen], t0: float) -> None:
-        """Record every worker that exited since the last look, and the coordinator once."""
-        for r, p in list(live.items()):
-            if p.poll() is not None:
-                del live[r]
-                self._record("worker", r, p, t0)
-                if self.replace_after is not None and p.returncode != 0:
-                    self._replace_at[r] = time.monotonic() + self.replace_after
+        """Record every worker that exited since the last look, and the coordinator once.
+
+        Exits seen in one look are recorded deaths by signal first: when a SIGKILLed
+        worker and a peer whose collective then failed (exit 1) are both gone by the
+        same tick, the kill is the cause and the other its consequence, so the first
+        failure recorded (what FailFast and the baselines report) is the kill, not
+        whichever replica id comes first."""
+        exited = [(r, p) for r, p in list(live.items()) if p.poll() is not None]
+        for r, p in sorted(exited, key=lambda rp: rp[1].returncode >= 0):  # stable: else by replica
+            del live[r]
+            self._record("worker", r, p, t0)
+            if self.replace_after is not None and p.returncode != 0:
+                self._replace_at[r] = time.monotonic() + self.replace_after
         if self.coordinator.poll() is not None and not any(e.role == "coordinator" for e in self.exits):
             self._record("coordinator", -1, self.coordinator, t0)
 

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ R, M, S, PAUSE_AT = 2, 4, 6, 2
 WORKER = f'''
 import os, sys, time
 from pathlib import Path
+import pytest
 import torch
 
 
@@ -147,6 +149,7 @@ def test_wire_parse_line_never_raises():
     assert parse_line(b'{"t": "hb"}') == ({"t": "hb"}, "")
 
 
+@pytest.mark.procs
 def test_garbage_and_wrong_messages_at_a_live_coordinator_are_refused_and_the_run_is_unharmed(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

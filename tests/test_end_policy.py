@@ -7,6 +7,7 @@ policy's verdict, the grace period, and that every process it started is gone.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -83,6 +84,7 @@ def _all_gone(procs: list[subprocess.Popen]) -> bool:
     return all(p.poll() is not None for p in procs)
 
 
+@pytest.mark.procs
 def test_the_default_job_ends_with_its_coordinator_after_the_workers_grace(tmp_path):
     # Replica 0 exits 0 before the coordinator, replica 1 within the grace period after it.
     result, procs = _launch(tmp_path, (1.0, 0), {0: (0.2, 0), 1: (1.5, 0)})
@@ -92,6 +94,7 @@ def test_the_default_job_ends_with_its_coordinator_after_the_workers_grace(tmp_p
     assert _all_gone(procs)
 
 
+@pytest.mark.procs
 def test_fail_fast_stops_the_job_at_the_first_failure_and_kills_the_rest(tmp_path):
     result, procs = _launch(tmp_path, (60.0, 0), {0: (0.3, 7), 1: (60.0, 0)}, end=FailFast())
     assert result.returncode == 1 and result.reason.startswith("replica 0 ") and "code 7" in result.reason
@@ -100,9 +103,30 @@ def test_fail_fast_stops_the_job_at_the_first_failure_and_kills_the_rest(tmp_pat
     assert {e.replica for e in result.exits if e.returncode not in (0, 7)} == {-1, 1}
 
 
+@pytest.mark.procs
 def test_until_workers_exit_outlives_a_dead_coordinator(tmp_path):
     result, procs = _launch(tmp_path, (0.1, 1), {0: (0.3, 1), 1: (1.0, 0)}, end=UntilWorkersExit())
     assert result.returncode == 0, result
     roles = [(e.role, e.replica) for e in result.exits]
     assert roles.index(("coordinator", -1)) < roles.index(("worker", 1))
     assert _all_gone(procs)
+
+
+class _Gone:
+    """A process already reaped: its pid and how it ended (pure: no process behind it)."""
+
+    def __init__(self, pid: int, returncode: int | None):
+        self.pid, self.returncode = pid, returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def test_a_kill_and_the_failure_it_caused_seen_in_one_look_record_the_kill_first(tmp_path):
+    # replica 1 SIGKILLed; replica 0's collective failed on it (exit 1); both gone by one tick
+    launcher = Launcher(tmp_path, ["coordinator"], lambda r: ["worker", str(r)], 3)
+    launcher.coordinator = _Gone(100, None)
+    live = {0: _Gone(10, 1), 1: _Gone(11, -signal.SIGKILL), 2: _Gone(12, None)}
+    launcher._reap(live, 0.0)
+    assert [(e.replica, e.how) for e in launcher.exits] == [(1, "killed by SIGKILL"), (0, "exited with code 1")]
+    assert list(live) == [2]

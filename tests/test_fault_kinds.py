@@ -52,6 +52,7 @@ def test_a_wall_clock_fault_of_a_kind_with_a_launcher_action_is_fired_by_the_lau
     assert not FaultPlan.from_dict({"faults": [_fault_of(KINDS[name])]}).faults[0].fired_by_launcher
 
 
+@pytest.mark.procs
 def test_an_unknown_kind_is_refused_in_one_line_naming_the_field_and_listing_the_table(tmp_path):
     with pytest.raises(PlanError) as e:
         FaultPlan.from_dict({"faults": [{"kind": "melt", "replica": 0, "step": 1, "phase": "forward"}]})

@@ -171,6 +171,7 @@ while not replica.done:
 '''
 
 
+@pytest.mark.procs
 def test_a_run_whose_replicas_start_from_different_weights_stops_naming_the_replica(tmp_path):
     script = tmp_path / "seeded_by_replica.py"
     script.write_text(SEEDED_BY_REPLICA)
