@@ -6,17 +6,12 @@ the middle of the run and the survivors finish with the failure-free losses.
 """
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import pid_alive, run_recover
+from conftest import pid_alive, run_recover, run_recover_killing
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, reported_ids
@@ -34,21 +29,9 @@ def test_user_loop_survives_a_killed_replica(tmp_path):
     ref_loss = [m["loss"] for m in read_jsonl(ref / "metrics.jsonl")]
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", "launch", *ARGS, "--out", str(out),
-                             "--", sys.executable, EXAMPLE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(read_jsonl(out / "metrics.jsonl")) < 5:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
-        victim = json.loads((out / "pids.json").read_text())["replicas"]["2"][0]
-        os.kill(victim, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stdout + stderr
+    proc, victim = run_recover_killing(["launch", *ARGS, "--out", str(out), "--", sys.executable, EXAMPLE],
+                                       out, replica=2, after_commits=5)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not pid_alive(victim)
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(STEPS))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_every_planned_fault_fired, load_run, run_recover
+from conftest import assert_every_planned_fault_fired, load_run, run_recover, run_recover_killing
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, reported_ids
@@ -111,31 +111,15 @@ def test_a_frozen_replica_declared_dead_rejoins_when_it_wakes(tmp_path, referenc
 def test_recover_launch_replaces_a_killed_replica_of_a_users_loop(tmp_path):
     """`recover launch --replace-after`: the example loop's LambdaLR position moves with the state
     (a newcomer whose scheduler were at step 0 would report another rate, or be refused)."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
 
     example = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
     out, steps = tmp_path / "launch", 40
-    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", "launch", "--replicas", "2",
-                             "--microbatches", "4", "--steps", str(steps), "--heartbeat-timeout", "2",
-                             "--replace-after", "0.2", "--min-replicas", "2", "--out", str(out), "--",
-                             sys.executable, example], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(read_jsonl(out / "metrics.jsonl")) < 3:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.02)
-        victim = json.loads((out / "pids.json").read_text())["replicas"]["1"][0]
-        os.kill(victim, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stdout + stderr
+    proc, victim = run_recover_killing(
+        ["launch", "--replicas", "2", "--microbatches", "4", "--steps", str(steps), "--heartbeat-timeout", "2",
+         "--replace-after", "0.2", "--min-replicas", "2", "--out", str(out), "--", sys.executable, example],
+        out, replica=1, after_commits=3, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(steps))
     assert all(reported_ids(m) == iteration_ids(m["step"], 4) for m in metrics)
