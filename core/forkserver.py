@@ -52,8 +52,11 @@ from typing import Sequence
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
-#: Modules the server imports before it forks anything: the expensive ones.
-PRELOAD = ("torch", "torch.distributed", "numpy")
+#: Modules the server imports before it forks anything: the expensive ones. A worker
+#: imports torch.distributed.checkpoint (core/checkpoint.py) and, on building AdamW,
+#: torch._dynamo: sampled with py-spy, those two were most of a forked worker's CPU
+#: before its first step. Neither starts a thread at import, so forking after is safe.
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "numpy")
 
 START_ENV = "RECOVER_WORKER_START"
 
