@@ -19,8 +19,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m recover.experiments.demo
 
+# Two pytest workers (pytest-xdist): a serial run kept one of the two cores idle
+# about half the time (tests wait on heartbeats, deadlines and process starts), so
+# two share the machine without starving each other. Each test file stays on one
+# worker (--dist loadfile): module-scoped reference runs are made once, not per worker.
+# TEST_WORKERS=0 runs serially, in one process (for a debugger, or -x bisection).
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The inner loop: pure and property tests only, no process started (RECOVER_FAST=1
 # makes any unmarked test that starts one fail; see tests/conftest.py).
