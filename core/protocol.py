@@ -150,6 +150,7 @@ class Membership:
         self.speeds: dict[int, float] = {}
         self.slowest_microbatch = 0.0  # seconds, the longest any member reported (rejoin waits one out)
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
+        self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
         self.tokens_per_mb = 0
         self.digests: dict[int, str] = {}  # replica -> digest of its initial weights (from its hello)
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
@@ -342,14 +343,31 @@ class Membership:
         replicas on a loaded machine); an uneven split only pays off when a replica
         is really slower, so speeds within SPEED_TOLERANCE of each other count as equal,
         and so do any speeds until one member has been the slowest beyond that tolerance
-        in SPEED_WINDOW consecutive steps (a sustained difference, not noise).
+        in SPEED_WINDOW consecutive steps (a sustained difference, not noise). Once
+        started, balancing goes on until the smoothed speeds are within the tolerance
+        again (`_update_balancing`): one noisy step does not undo it.
         """
         known = [self.speeds[r] for r in self.members if r in self.speeds]
         if len(known) < len(self.members) or max(known) <= (1 + SPEED_TOLERANCE) * min(known):
             return None
-        if max((self.slow_streak.get(r, 0) for r in self.members), default=0) < SPEED_WINDOW:
+        if not self.balancing:
             return None
         return {r: self.speeds[r] for r in self.members}
+
+    def _update_balancing(self) -> None:
+        """After a commit: start balancing on a sustained difference, stop when the
+        smoothed speeds come back within the tolerance.
+
+        The window is needed to start, not to keep going: beside `stress-ng` one noisy
+        step in which a fast replica read slowest ended a 4x straggler's streak, and its
+        quota went back to equal for the next several steps (seen: steps 6-9 balanced,
+        10-16 equal again). Hysteresis keeps the decision until the speeds themselves,
+        smoothed, say the straggler caught up."""
+        known = [self.speeds[r] for r in self.members if r in self.speeds]
+        if len(known) < len(self.members) or not known or max(known) <= (1 + SPEED_TOLERANCE) * min(known):
+            self.balancing = False
+        elif max((self.slow_streak.get(r, 0) for r in self.members), default=0) >= SPEED_WINDOW:
+            self.balancing = True
 
     # ---- transitions ---------------------------------------------------------------------
     def _record_failure(self, reason: str, now: float) -> None:
@@ -519,6 +537,7 @@ class Membership:
                     # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
                     speeds[r] = (1 - SPEED_SMOOTHING) * speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
         self._count_slow_streak(measured)
+        self._update_balancing()
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
         if len(lrs) > 1:
             # The schedule is a function of the committed step: replicas that disagree would diverge.
