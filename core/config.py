@@ -116,6 +116,17 @@ class TrainConfig:
         True, "recover: a replica declared dead that was only frozen or slow rejoins, with the live state, "
         "at the next commit (--no-rejoin: it exits, code 3)"
     )
+    coordinator_timeout: float = _f(
+        10.0, "recover: seconds of silence from the coordinator (it beats at least every second) after which the "
+        "workers reconnect and the launcher kills and restarts it (a frozen coordinator)"
+    )
+    reconnect_timeout: float = _f(
+        60.0, "recover: seconds a worker keeps trying to reach a restarted coordinator before it exits (code 1)"
+    )
+    coordinator_restarts: int = _f(
+        3, "recover: times the launcher restarts a coordinator killed by a signal or frozen; the new one rebuilds "
+        "membership, step and generation from the workers' reports (0 = never)"
+    )
     startup_timeout: float = _f(
         300.0, "seconds the coordinator waits for every replica's hello before generation 0 forms "
         "with those connected (the workers wait as long as it tells them)"
@@ -130,6 +141,8 @@ class TrainConfig:
     faults: str = _f("", "fault plan JSON file to inject (see README); '' = none")
     progress: bool = _f(True, "show a progress bar on the terminal")
     hooks: str = _f("", "module:function building worker hooks (set by the CLI; advanced)", cli=False)
+    coordinator_hooks: str = _f("", "module:function building the coordinator's hooks (set by the CLI; advanced)",
+                                cli=False)
 
     # ---- derived -------------------------------------------------------------
     def gpt_config(self) -> GPTConfig:
@@ -209,11 +222,13 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"unknown device {self.device!r}; choose from auto, cpu, cuda")
         for name in ["collective_timeout", "heartbeat_interval", "heartbeat_timeout", "heartbeat_budget",
-                     "startup_timeout"]:
+                     "startup_timeout", "coordinator_timeout", "reconnect_timeout"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
             raise ConfigError("--heartbeat-timeout", "must exceed twice --heartbeat-interval")
+        if self.coordinator_restarts < 0:
+            raise ConfigError("--coordinator-restarts", f"must be >= 0 (0: never), got {self.coordinator_restarts}")
         if not 1 <= self.min_replicas <= self.replicas:
             raise ConfigError("--min-replicas", f"must be in [1, --replicas={self.replicas}], got {self.min_replicas}")
         if self.replace_after < 0 and self.replace_after != -1.0:

@@ -12,6 +12,12 @@ Contract:
 - `--mode recover`: also the membership service of `membership.py` (heartbeats,
   generations, the commit vote, metrics.jsonl); it exits 0 when the run's last
   iteration is committed and non-zero when it cannot go on (no replica left).
+- `--rebuild` (with `--mode recover`): a restart of a coordinator that died while
+  the workers run, on the same `--store-port` and `--control-port`. The store
+  starts empty (every communicator the workers build from now on rendezvous
+  under a new generation's prefix), and the service rebuilds membership, step and
+  generation from the workers' reports; `--expect` names the replicas whose
+  processes are running (the launcher knows), so it need not wait for the others.
 - Once `main` returns (every record written and flushed), the process leaves by
   `os._exit` unless a non-daemon thread is still running: the interpreter's own
   teardown with torch loaded costs ~0.6 s of CPU, and every job end waits for it.
@@ -43,7 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     ap.add_argument("--store-port", type=int, default=0)
     ap.add_argument("--control-port", type=int, default=0)
+    ap.add_argument("--rebuild", action="store_true",
+                    help="a restarted coordinator: rebuild the running job from its workers' reports")
+    ap.add_argument("--expect", default=None, metavar="R,R,...",
+                    help="with --rebuild: the replicas whose processes are running (default: all)")
     args = ap.parse_args(argv)
+    if args.rebuild and args.mode != "recover":
+        ap.error("--rebuild needs --mode recover")
+    expect = None
+    if args.expect is not None:
+        try:
+            expect = {int(r) for r in args.expect.split(",") if r.strip()}
+        except ValueError:
+            ap.error(f"--expect: not a comma-separated list of replica ids: {args.expect!r}")
 
     store = host_store(args.host, args.store_port)
     stop = threading.Event()
@@ -65,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from .startup import JOIN_TOKEN_ENV
 
     cfg = TrainConfig.load(args.config)
-    service = MembershipService(cfg, host=args.host, port=args.control_port, stop=stop)
+    service = MembershipService(cfg, host=args.host, port=args.control_port, stop=stop, rebuild=args.rebuild,
+                                expect=expect)
     # accepts_exits: the launcher may tell it of worker exits (core/exit_notices.py)
     info = {"host": args.host, "store_port": store.port, "control_port": service.port, "accepts_exits": True}
     if not os.environ.get(JOIN_TOKEN_ENV):

@@ -36,6 +36,7 @@ class ExitRecord(Protocol):
     pid: int
     returncode: int | None
     how: str  # e.g. "killed by SIGKILL"
+    restarted: bool  # a coordinator the launcher restarted: not the job's verdict
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class JobView:
         return [e for e in self.exits if e.role == "worker"]
 
     def coordinator_exit(self) -> ExitRecord | None:
-        return next((e for e in self.exits if e.role == "coordinator"), None)
+        """The exit of the job's coordinator (one the launcher restarted does not count)."""
+        return next((e for e in self.exits if e.role == "coordinator" and not getattr(e, "restarted", False)), None)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,16 @@ Contract:
   only at its start-up deadline (minutes) while the others wait for generation 0.
 - Best effort and never in the way: a coordinator that cannot be reached, or a
   send that fails, only turns the notices off; the start-up deadline still holds.
+- The coordinator beats on this connection too; `silent_for()` says how long it
+  has been silent (0 until its first beat), which is how the launcher tells a
+  frozen coordinator (alive to the kernel, so no exit to reap) from a busy one.
 """
 from __future__ import annotations
 
 import json
+import select
 import socket
+import time
 
 
 class ExitNotices:
@@ -22,6 +27,8 @@ class ExitNotices:
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 5.0):
         self.sock: socket.socket | None = None
+        self._beating = False  # a beat arrived: silence from now on means something
+        self._last_heard = time.monotonic()
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -32,6 +39,21 @@ class ExitNotices:
 
     def exited(self, replica: int, how: str) -> None:
         self._send({"t": "exited", "replica": replica, "how": how})
+
+    def silent_for(self) -> float:
+        """Seconds since the coordinator last sent anything here (0 before its first beat, or once closed)."""
+        if self.sock is None:
+            return 0.0
+        try:
+            while select.select([self.sock], [], [], 0)[0]:
+                if not self.sock.recv(65536):
+                    self.close()  # it exited: the launcher's reaper sees that
+                    return 0.0
+                self._beating, self._last_heard = True, time.monotonic()
+        except OSError:
+            self.close()
+            return 0.0
+        return time.monotonic() - self._last_heard if self._beating else 0.0
 
     def close(self) -> None:
         if self.sock is not None:

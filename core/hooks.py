@@ -10,6 +10,10 @@ Contract:
 - A trainer that owns weights hands them over once with `attach_weights(weights)`
   (something with `flip_bit(bit) -> str`, e.g. core.accumulator.GradAccumulator),
   so that a hook can corrupt them as silent data corruption would.
+- The coordinator has one hook point of its own (`COORDINATOR_PHASES`):
+  `CoordinatorHooks.after_send(msg, replica)` after each protocol message it sent,
+  so a fault can kill it between two commit messages of one step (mid-commit).
+  It is called only when a run has coordinator hooks (`TrainConfig.coordinator_hooks`).
 - core/ never imports the implementations (fault_injection/ does): they are named
   by a "module:function" string in the config and loaded here by importlib, so the
   import direction stays fault_injection -> core.
@@ -30,6 +34,10 @@ PHASES = (
     "commit",  # after this replica's vote, before the commit is known
     "optimizer_step",  # after the commit, before the optimizer step
     "checkpoint_save",  # while a checkpoint is being written (checkpointing systems)
+)
+
+COORDINATOR_PHASES = (
+    "commit_sent",  # the coordinator sent the step's commit to the named replica (and the members before it) only
 )
 
 
@@ -61,3 +69,18 @@ def load_hooks(spec: str, cfg: "TrainConfig", replica: int, rank: int = 0) -> Wo
     module, _, func = spec.partition(":")
     factory = getattr(importlib.import_module(module), func)
     return factory(cfg, replica, rank)
+
+
+class CoordinatorHooks:
+    """No-op coordinator hooks; subclass and override what you need."""
+
+    def after_send(self, msg: dict, replica: int) -> None:
+        """Called after protocol message `msg` went to `replica` (only when hooks are set)."""
+
+
+def load_coordinator_hooks(spec: str, cfg: "TrainConfig") -> CoordinatorHooks | None:
+    """Build the coordinator's hooks from "module:function" (called as function(cfg)); '' = none."""
+    if not spec:
+        return None
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(module), func)(cfg)

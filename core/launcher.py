@@ -27,6 +27,14 @@ Contract:
   Each worker is started with RECOVER_WORKER_STARTED (time.time() at its start),
   pids.json is rewritten, and the hooks' `on_start` is called again with the new
   PIDs (a fault injector then targets the replacement).
+- A coordinator that dies by a signal while workers run (SIGKILL, a crash) is
+  restarted, up to `coordinator_restarts` times, on the same host and ports with
+  `--rebuild --expect <running replicas>`: the workers reconnect and it rebuilds
+  the run from their reports (core/membership.py). One that stops beating on the
+  exit-notice connection for `coordinator_timeout` seconds (frozen) is SIGKILLed
+  by its PID first. pids.json and the hooks' `on_start` then name the new one.
+  A restarted coordinator's exit is recorded with `restarted` set: it is not the
+  job's verdict.
 - When the job is over, and its verdict, is the end policy's call
   (core/end_policy.py): by default the job ends when the coordinator exits and
   its code is the verdict; `FailFast` ends it as soon as a worker exits non-zero
@@ -86,6 +94,7 @@ class ProcessExit:
     returncode: int | None
     at: float  # seconds since launch
     how: str
+    restarted: bool = False  # a coordinator that the launcher restarted (so not the job's verdict)
 
 
 class LauncherHooks(Protocol):
@@ -127,6 +136,8 @@ class Launcher:
         grace_seconds: float = 10.0,
         replace_after: float | None = None,
         fork_workers: bool | None = None,
+        coordinator_restarts: int = 0,
+        coordinator_timeout: float | None = None,
     ):
         self.out = Path(out_dir)
         self.coordinator_argv = list(coordinator_argv)
@@ -152,26 +163,30 @@ class Launcher:
         self.replace_after = replace_after
         self._replace_at: dict[int, float] = {}  # replica -> monotonic time its replacement starts
         self._worker_env: dict[str, str] = {}
+        self.coordinator_restarts = coordinator_restarts  # restarts left (see the contract)
+        self.coordinator_timeout = coordinator_timeout  # None: a silent coordinator is never killed
+        self._coordinator_info: dict = {}
 
     # ---- process start -------------------------------------------------------------
-    def _start_coordinator(self, timeout: float = 60.0) -> dict:
+    def _start_coordinator(self, timeout: float = 60.0, argv: Sequence[str] | None = None) -> dict:
+        argv = list(self.coordinator_argv if argv is None else argv)
         log_path = self.out / "logs" / "coordinator.log"
         log = open(log_path, "ab")
         self._logs.append(log)
-        if self.fork_workers and forkserver.forkable(self.coordinator_argv):
+        if self.fork_workers and forkserver.forkable(argv):
             # Its stdout reaches us through a FIFO, as a pipe would (core/forkserver.py).
             fifo = self.out / "logs" / ".coordinator.stdout"
             fifo.unlink(missing_ok=True)
             os.mkfifo(fifo)
             reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # does not wait for the writer
             self.coordinator = forkserver.ForkServer.shared().start(
-                self.coordinator_argv, self.env, str(log_path), stdout_path=str(fifo), new_session=True)
+                argv, self.env, str(log_path), stdout_path=str(fifo), new_session=True)
             os.set_blocking(reader, True)
             self.coordinator.stdout = os.fdopen(reader, "rb")
             fifo.unlink()
         else:
             self.coordinator = subprocess.Popen(
-                self.coordinator_argv, stdout=subprocess.PIPE, stderr=log, env=self.env,
+                argv, stdout=subprocess.PIPE, stderr=log, env=self.env,
                 preexec_fn=_die_with_parent, start_new_session=True,
             )
         # The coordinator's first stdout line announces its ports.
@@ -227,7 +242,7 @@ class Launcher:
         # hello, so only the workers started here (their environment) can join.
         self.env[JOIN_TOKEN_ENV] = new_join_token()
         try:
-            info = self._start_coordinator()
+            info = self._coordinator_info = self._start_coordinator()
             if info.get("accepts_exits"):
                 self._notices = ExitNotices(info["host"], info["control_port"], self.env[JOIN_TOKEN_ENV])
             env = {
@@ -273,8 +288,10 @@ class Launcher:
     def _on_signal(self, signum, frame) -> None:
         self._interrupted = signal.Signals(signum).name
 
-    def _record(self, role: str, replica: int, proc: subprocess.Popen, t0: float) -> ProcessExit:
-        e = ProcessExit(role, replica, proc.pid, proc.returncode, time.monotonic() - t0, describe_exit(proc.returncode))
+    def _record(self, role: str, replica: int, proc: subprocess.Popen, t0: float,
+                restarted: bool = False) -> ProcessExit:
+        e = ProcessExit(role, replica, proc.pid, proc.returncode, time.monotonic() - t0, describe_exit(proc.returncode),
+                        restarted)
         self.exits.append(e)
         if role == "worker" and self._notices is not None:
             self._notices.exited(replica, e.how)
@@ -302,6 +319,7 @@ class Launcher:
                 return LaunchResult(verdict.returncode, time.monotonic() - t0, self.exits, verdict.reason)
             if self._replace_at:
                 self._start_replacements(live, t0)
+            self._kill_frozen_coordinator(t0)
             for h in self.hooks:
                 h.on_tick(time.monotonic() - t0)
             time.sleep(self.tick_seconds)
@@ -320,8 +338,50 @@ class Launcher:
             self._record("worker", r, p, t0)
             if self.replace_after is not None and p.returncode != 0:
                 self._replace_at[r] = time.monotonic() + self.replace_after
-        if self.coordinator.poll() is not None and not any(e.role == "coordinator" for e in self.exits):
-            self._record("coordinator", -1, self.coordinator, t0)
+        if self.coordinator.poll() is not None and not any(e.pid == self.coordinator.pid for e in self.exits):
+            restart = (self.coordinator_restarts > 0 and self.coordinator.returncode < 0
+                       and bool(live or self._replace_at) and not self._interrupted)
+            self._record("coordinator", -1, self.coordinator, t0, restarted=restart)
+            if restart:
+                self._restart_coordinator(live, t0)
+
+    def _kill_frozen_coordinator(self, t0: float) -> None:
+        """SIGKILL, by its PID, a coordinator silent past `coordinator_timeout` (then `_reap` restarts it)."""
+        if self.coordinator_timeout is None or self._notices is None or self.coordinator.poll() is not None:
+            return
+        silent = self._notices.silent_for()
+        if silent > self.coordinator_timeout:
+            print(f"[launcher {time.monotonic() - t0:8.3f}s] coordinator (pid {self.coordinator.pid}) silent for "
+                  f"{silent:.1f}s: frozen; killing it to restart it", file=sys.stderr, flush=True)
+            self._notices.close()
+            self._notices = None
+            try:
+                os.kill(self.coordinator.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _restart_coordinator(self, live: dict, t0: float) -> None:
+        """Start a coordinator on the dead one's host and ports that rebuilds the run (see the contract)."""
+        self.coordinator_restarts -= 1
+        info = self._coordinator_info
+        dead = self.coordinator
+        argv = [*self.coordinator_argv, "--rebuild", "--host", str(info["host"]), "--store-port",
+                str(info["store_port"]), "--control-port", str(info["control_port"]),
+                "--expect", ",".join(str(r) for r in sorted(live))]
+        print(f"[launcher {time.monotonic() - t0:8.3f}s] coordinator (pid {dead.pid}) "
+              f"{describe_exit(dead.returncode)}: restarting it on port {info['control_port']} to rebuild the run "
+              f"from replicas {sorted(live)}", file=sys.stderr, flush=True)
+        if self._notices is not None:
+            self._notices.close()
+            self._notices = None
+        try:
+            new = self._start_coordinator(argv=argv)
+        except RuntimeError as e:  # its exit is reaped (and judged) on the next look
+            print(f"[launcher] the restarted coordinator did not start: {e}", file=sys.stderr, flush=True)
+            return
+        if new.get("accepts_exits"):
+            self._notices = ExitNotices(new["host"], new["control_port"], self.env[JOIN_TOKEN_ENV])
+        self._announce_pids(t0)
 
     def _cleanup(self, t0: float) -> None:
         """Kill, by PID, every child still running: SIGCONT+SIGTERM, then SIGKILL."""

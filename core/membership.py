@@ -8,8 +8,10 @@ Contract:
   interval and timeout stretch with R so the heartbeat load stays within
   `heartbeat_budget` per second (core/heartbeat.py: the strategy), and the interval
   is named to each worker in the answer to its hello. Any line is a sign of life.
-  The protocol then aborts the generation and re-forms it with the survivors. A dead replica's connection is closed: if it was only frozen, it
-  wakes up to a closed socket and leaves (fencing).
+  The protocol then aborts the generation and re-forms it with the survivors. A dead replica's connection is
+  closed after a last line saying so ({"t": "fenced", "reason"}; a refused hello gets {"t": "refused", "reason"}):
+  if it was only frozen, it wakes up to that line and rejoins or leaves (fencing). A close with no such line
+  means the coordinator died; the worker then reconnects (core/replica.py).
 - It is the single writer of DIR/metrics.jsonl (one line per committed step) and
   DIR/events.jsonl (one line per recovery, and one {"kind": "fenced", "replica",
   "reason", ...} per replica fenced for persistent faults or corrupt weights; per
@@ -39,6 +41,17 @@ Contract:
   a replica whose process exited before its hello (the launcher says so at once, on
   a connection of its own that shows the join token) and the forming of generation
   0 are logged and recorded in events.jsonl as {"kind": "startup", ...}.
+- It beats every connection (workers and the launcher's) it has sent nothing to
+  for `beat_interval` seconds, so a frozen coordinator is noticed (control.py).
+- Restarted (`rebuild=True`, on the same ports, by the launcher after the old one
+  died): it first collects one hello per worker, each with a report of where that
+  worker stands, answers each with {"t": "rebuilt"}, and once every expected
+  replica reported (or its exit was told by the launcher, or the collective timeout
+  passed) hands them to `Membership.rebuild`, which forms the next generation
+  from them. Nothing else a worker sends before that counts (it belonged to the
+  dead coordinator's generation). metrics.jsonl and events.jsonl are continued:
+  a commit already recorded is not recorded twice, and one the old coordinator
+  sent but did not record is recorded from the workers' votes.
 - `serve()` returns 0 when the last step is committed, 1 when no replica is left
   (everything committed so far is already on disk), 130 when stopped by a signal;
   its verdict and reason are the last line of events.jsonl ("kind": "run_end").
@@ -56,14 +69,16 @@ from pathlib import Path
 
 from .config import TrainConfig
 from .heartbeat import heartbeat_plan
+from .hooks import load_coordinator_hooks
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
 from .gc_pacing import settle
-from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, parse_line
+from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
 MAX_REFUSAL_RECORDS = 1000  # events.jsonl lines for refused messages; past it they are only counted
+_HEARTBEAT = b'{"t":"hb"}\n'
 
 
 class _Conn:
@@ -76,12 +91,14 @@ class _Conn:
         self.refusals = 0
         self.skipping = False  # inside an oversized line: drop bytes up to its newline
         self.voted = False  # has voted once: past its first step's one-time costs
+        self.last_sent = now  # when a line last went to it (a heartbeat is due a beat after)
 
 
 class MembershipService:
     """Serves the control connections of one run until it ends."""
 
-    def __init__(self, cfg: TrainConfig, host: str, port: int, stop: threading.Event, join_token: str = ""):
+    def __init__(self, cfg: TrainConfig, host: str, port: int, stop: threading.Event, join_token: str = "",
+                 rebuild: bool = False, expect: set[int] | None = None):
         self.cfg = cfg
         self.stop = stop
         # Without it a connection cannot become a replica; a job script that did not
@@ -115,9 +132,41 @@ class MembershipService:
         self.heartbeats = 0  # heartbeat lines handled (the coordinator's load, in each commit record)
         self.messages = 0  # well-formed lines handled, heartbeats included
         self.read_at = 0.0  # when the lines being handled were read (a commit's latency starts there)
+        # The coordinator's own heartbeat to each connection (a frozen coordinator is seen by its silence).
+        self.beat_interval = min(1.0, cfg.coordinator_timeout / 5)
+        self.next_beat = 0.0
+        self.recorded_step = self._last_recorded_step(out / "metrics.jsonl") if rebuild else -1
+        self.hooks = load_coordinator_hooks(cfg.coordinator_hooks, cfg)  # None: no hook calls at all
+        # A restarted coordinator: the hellos it collects, the replicas it waits for, those known gone.
+        self.rebuilding = rebuild
+        self.rebuild_hellos: dict[int, dict] = {}
+        self.rebuild_expect = set(range(cfg.replicas)) if expect is None else set(expect)
+        self.rebuild_exited: set[int] = set()
+        self.rebuild_deadline = self.now() + cfg.collective_timeout
+        if rebuild:
+            self.log(f"restarted: rebuilding the run from the reports of replicas {sorted(self.rebuild_expect)} "
+                     f"(last step recorded: {self.recorded_step})")
 
     def now(self) -> float:
         return time.time() - self.t0
+
+    @staticmethod
+    def _last_recorded_step(path: Path) -> int:
+        """The last step metrics.jsonl holds (-1: none); a torn last line (the old coordinator
+        was killed mid-write) is ended so that the next record starts a line of its own."""
+        if not path.exists():
+            return -1
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(path, "ab") as f:
+                f.write(b"\n")
+        last = -1
+        for line in data.splitlines():
+            try:
+                last = max(last, int(loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):  # a torn line: not a record
+                continue
+        return last
 
     def log(self, text: str) -> None:
         print(f"[coordinator {self.now():8.3f}s] {text}", file=sys.stderr, flush=True)
@@ -142,6 +191,11 @@ class MembershipService:
                     if self.result is not None:
                         break
                 now = self.now()
+                if now >= self.next_beat:
+                    self._beat(now)
+                if self.rebuilding:
+                    self._maybe_rebuild(now)
+                    continue
                 # The silence scan is O(R): once per tick, not once per batch of messages
                 # (under load the selector returns after every few messages).
                 if now >= next_scan:
@@ -167,6 +221,65 @@ class MembershipService:
         self.log(f"finished: {reason}")
         return code
 
+    def _beat(self, now: float) -> None:
+        """A heartbeat to every connection that heard nothing for a beat (O(R) once a beat)."""
+        self.next_beat = now + self.beat_interval
+        conns = list(self.by_replica.values()) + ([self.launcher] if self.launcher is not None else [])
+        for conn in conns:
+            if now - conn.last_sent >= self.beat_interval:
+                conn.last_sent = now
+                try:
+                    conn.sock.sendall(_HEARTBEAT)
+                except OSError:  # its closing is seen by the reading side
+                    pass
+
+    def _maybe_rebuild(self, now: float) -> None:
+        """Rebuild once every expected replica reported or is known gone, or at the deadline."""
+        heard = set(self.rebuild_hellos) | self.rebuild_exited
+        if not (self.rebuild_expect <= heard or now >= self.rebuild_deadline):
+            return
+        self.rebuilding = False
+        missing = sorted(self.rebuild_expect - heard)
+        self.log(f"rebuilding from {len(self.rebuild_hellos)} report(s)"
+                 + (f"; no report from replicas {missing} within {self.cfg.collective_timeout:g}s" if missing else ""))
+        reports = [h.get("report") or {} for h in self.rebuild_hellos.values()]
+        # (a hello without a report is a worker's first: it never reached the old coordinator)
+        if reports and self.recorded_step < self.proto.step and all(
+                not rep.get("member") and rep.get("gen", -1) == -1 and rep.get("step", self.proto.step) == self.proto.step
+                for rep in reports):
+            # It died during start-up (nothing formed, nothing committed): start-up goes on here,
+            # with the hellos it has (they answer the workers' wait for generation 0).
+            self.events.write({"kind": "rebuilt", "startup": True, "reports": len(reports), "at": now})
+            self.log("the old coordinator died during start-up: start-up goes on")
+            for r, hello in sorted(self.rebuild_hellos.items()):
+                self._apply(self.proto.on_hello(r, hello, now), self.by_replica.get(r))
+        else:
+            self._apply(self.proto.rebuild(self.rebuild_hellos, now, self.recorded_step))
+        for r in sorted(self.rebuild_exited):
+            self._apply(self.proto.on_exit(r, "exited", now))
+
+    def _rebuild_hello(self, conn: _Conn, msg: dict, now: float) -> None:
+        """A worker's hello to a restarted coordinator: its report is kept for the rebuild."""
+        r = msg["replica"]
+        if not 0 <= r < self.cfg.replicas or r in self.by_replica:
+            return self._refuse(conn, f"hello as replica {r} while rebuilding: unknown or already reported", now,
+                                close=True)
+        conn.replica = r
+        self.by_replica[r] = conn
+        self.rebuild_hellos[r] = msg
+        self.proto.pids[r] = msg.get("pid")
+        rep = msg.get("report") or {}
+        self.log(f"replica {r} reported step {rep.get('step')} generation {rep.get('gen')} "
+                 f"(wait {rep.get('wait') or '-'}; {len(self.rebuild_hellos)}/{len(self.rebuild_expect)})")
+        self._send(conn, {"t": "rebuilt", "heartbeat_interval": self.heartbeat_interval})
+
+    def _send(self, conn: _Conn, msg: dict) -> None:
+        try:
+            conn.sock.sendall(dumps(msg) + b"\n")
+            conn.last_sent = self.now()
+        except OSError:
+            pass  # its closing is seen by the reading side
+
     def _accept(self) -> None:
         try:
             sock, addr = self.listener.accept()
@@ -175,7 +288,11 @@ class MembershipService:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(SEND_TIMEOUT)
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        self.sel.register(sock, selectors.EVENT_READ, _Conn(sock, self.now(), peer))
+        conn = _Conn(sock, self.now(), peer)
+        self.sel.register(sock, selectors.EVENT_READ, conn)
+        # A first beat at once: the peer then knows this coordinator beats, and judges its
+        # silence from the start (one that froze before its first beat would never be judged).
+        self._send(conn, {"t": "hb"})
 
     def _drop(self, conn: _Conn) -> None:
         try:
@@ -210,8 +327,12 @@ class MembershipService:
             chunk = b""
         now = self.read_at = self.now()
         if not chunk:
+            reporter = conn.replica is not None and self.by_replica.get(conn.replica) is conn
             self._drop(conn)
-            if conn.replica is not None:
+            if self.rebuilding:  # gone before the rebuild: it is not a member of it
+                if reporter:
+                    self.rebuild_hellos.pop(conn.replica, None)
+            elif conn.replica is not None:
                 self._apply(self.proto.on_lost(conn.replica, "control connection closed (process gone)", now))
             return
         if conn.replica is not None:
@@ -251,6 +372,7 @@ class MembershipService:
         self.log(f"closed the connection of {conn.peer}: {what}")
         member = conn.replica is not None and self.by_replica.get(conn.replica) is conn
         conn.refusals = -1  # closed: read nothing more from it
+        self._send(conn, {"t": "refused", "reason": what})  # so it does not take the close for a crash
         self._drop(conn)
         if member:
             self._apply(self.proto.on_lost(conn.replica, f"its connection was closed: {what}", now))
@@ -269,6 +391,17 @@ class MembershipService:
             if not self._token_ok(msg):
                 return self._refuse(conn, f"hello as replica {msg.get('replica')} with a wrong join token", now,
                                     close=True)
+            old = self.by_replica.get(msg["replica"])
+            if old is not None and msg.get("report") is not None and msg.get("pid") is not None \
+                    and msg.get("pid") == self.proto.pids.get(msg["replica"]):
+                # The same process reconnecting: its old connection's close has not been read yet.
+                self._drop(old)
+                if self.rebuilding:
+                    self.rebuild_hellos.pop(msg["replica"], None)
+                else:
+                    self._apply(self.proto.on_lost(msg["replica"], "it reconnected: its old connection is gone", now))
+            if self.rebuilding:
+                return self._rebuild_hello(conn, msg, now)
             r = msg["replica"]
             conn.replica = r
             # a dead replica's slot takes a new connection only from a newcomer (protocol: admission)
@@ -282,6 +415,8 @@ class MembershipService:
             return self._refuse(conn, f"{kind} before a hello", now)
         if self.by_replica.get(r) is not conn:
             return  # fenced: it was a member once, and is closed
+        if self.rebuilding:
+            return  # of the dead coordinator's generation: the rebuild decides what happens to it
         if kind == "vote":
             conn.voted = True
         handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "fail": self.proto.on_fail,
@@ -305,6 +440,10 @@ class MembershipService:
             return
         if conn is not self.launcher:
             return self._refuse(conn, "exited from a connection that is not the launcher's", now)
+        if self.rebuilding:
+            self.rebuild_exited.add(msg["replica"])
+            self.rebuild_hellos.pop(msg["replica"], None)
+            return
         self._apply(self.proto.on_exit(msg["replica"], msg["how"], now))
 
     # ---- actions ------------------------------------------------------------------------
@@ -317,11 +456,13 @@ class MembershipService:
         # A broadcast (abort, done, stop) is one message object sent to many: encode it once.
         last_msg: dict | None = None
         line = b""
+        sent_at = self.now()
         for a in actions:
             if a.kind == "send":
                 conn = self.by_replica.get(a.replica)
                 if conn is None:
                     continue
+                conn.last_sent = sent_at
                 if a.reason:
                     self.log(a.reason)
                 if a.msg is not last_msg:
@@ -331,6 +472,9 @@ class MembershipService:
                 except OSError as e:
                     self._drop(conn)
                     lost.append((a.replica, f"send failed: {e}"))
+                    continue
+                if self.hooks is not None:
+                    self.hooks.after_send(a.msg, a.replica)
             elif a.kind == "close":
                 # A refused hello closes the connection it came on, not the member's.
                 conn = origin if origin is not None and origin.replica == a.replica else self.by_replica.get(a.replica)
@@ -338,11 +482,17 @@ class MembershipService:
                     self._refuse(conn, f"hello as replica {a.replica} refused: {a.reason}", self.now(), close=True)
                 elif conn is not None:
                     self.log(f"replica {a.replica} removed: {a.reason}")
+                    # Said before the close, so a worker that wakes up reads why (fenced: it may
+                    # rejoin; refused: never) instead of a bare close, which means a dead coordinator.
+                    self._send(conn, {"t": "fenced", **a.msg, "reason": a.reason})
                     self._drop(conn)
             elif a.kind == "commit":
                 # The commit messages went out before this action (the protocol orders them so).
                 settle()  # the run's state survived a step: later collections need not rescan it
                 done = self.now()
+                if a.msg["step"] <= self.recorded_step:
+                    continue  # recorded by the coordinator before a restart: one line per step
+                self.recorded_step = a.msg["step"]
                 self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
                     "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),
                     "heartbeats": self.heartbeats, "messages": self.messages}})

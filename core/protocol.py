@@ -41,9 +41,20 @@ Invariants it keeps:
   record naming the generations; a commit clears every count. After
   `max_failed_generations` consecutive failed generations without a commit the
   run stops (exit 1) with a reason saying so, whatever the attribution.
+- A restarted coordinator (`rebuild`) takes the workers as the truth. Each one's
+  hello reports its step, generation, ledger, what it waits for and its last vote.
+  Members at the highest step T form the next generation with their ledgers kept;
+  members still waiting at T-1 after a vote (the old coordinator died between
+  commit messages) hear that commit now, since every vote of T-1 was in (commits
+  go out only then) and the others already stepped with the same reduced
+  gradient. Anyone else (behind, unhealed, a newcomer) is closed and comes back
+  as a newcomer, healed from a live member: never a stale replica in a
+  generation. The rebuilt generation's first votes carry weights digests, so a
+  member off the majority is fenced before its gradient counts.
 
 Messages, coordinator -> worker ("t" is the type):
-  gen    {gen, step, members, quota, microbatches, steps}  a generation starts; fold `quota`
+  gen    {gen, step, members, quota, microbatches, steps[, digest]}  a generation starts; fold `quota`
+                                           (digest: the first vote carries the weights digest)
   commit {gen, step, loss, quota[, next]}  step committed; `quota` is for step+1, or with `next`:
                                            step+1 is generation `next`'s (its gen message follows)
   gen ... heal {donor, joining}            (an admitting generation) the donor sends its state to `joining`
@@ -54,11 +65,15 @@ Messages, coordinator -> worker ("t" is the type):
                                            every `heartbeat_interval` seconds (core/heartbeat.py)
   done   {}                                the last step is committed; exit 0
   stop   {reason}                          the run cannot go on; exit non-zero
+  fenced {reason}                          (the service, before closing) declared dead: rejoin or exit
+  refused {reason}                         (the service, before closing) this hello is refused: exit
+  rebuilt {heartbeat_interval}             (a restarted service) answer to a hello: the report is taken
 worker -> coordinator:
-  hello  {replica, pid, tokens_per_mb, weights_digest[, can_heal, rejoin, started_at]}   first message;
+  hello  {replica, pid, tokens_per_mb, weights_digest[, can_heal, rejoin, started_at, report]}   first message;
                                            also the join of generation 0 (it forms only if the digests
                                            agree); after that, a newcomer's request for admission
-                                           (rejoin: a woken replica; started_at: its process start)
+                                           (rejoin: a woken replica; started_at: its process start;
+                                           report: where it stands, for a restarted coordinator's `rebuild`)
   join   {gen, step, ledger[, healed]}     rejoin after an abort (healed false: a newcomer without the state)
   healed {gen, step, donor, bytes, seconds, weights_digest}   a newcomer's state arrived
   vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr[, weights_digest]}   lr: the rate the step
@@ -160,6 +175,7 @@ class Membership:
         self.joining: dict[int, dict[str, Any]] = {}  # admitted replica -> its join record, until its first commit
         self.banned: dict[int, Any] = {}  # replica -> pid of its process fenced on evidence: never readmitted
         self.pids: dict[int, Any] = {}  # replica -> the pid its (latest) hello gave
+        self.digest_next_gen = False  # the next gen message asks for digested first votes (after a rebuild)
 
     # ---- inputs --------------------------------------------------------------------
     def on_hello(self, r: int, msg: dict, now: float) -> list[Out]:
@@ -177,13 +193,14 @@ class Membership:
         # A late start-up hello after generation 0 formed: it was dropped from the run.
         self.alive.discard(r)
         self.dead.add(r)
-        return [Out("close", r, reason="arrived after the run started")]
+        return [Out("close", r, {"t": "refused"}, reason="arrived after the run started")]
 
     def _newcomer(self, r: int, msg: dict, now: float) -> list[Out]:
         """A hello for a dead replica's slot, from a process that can receive the state."""
         pid = msg.get("pid")
         if pid is not None and self.banned.get(r) == pid:
-            return [Out("close", r, reason=f"replica {r} (pid {pid}) was fenced on evidence and is not readmitted")]
+            return [Out("close", r, {"t": "refused"},
+                        reason=f"replica {r} (pid {pid}) was fenced on evidence and is not readmitted")]
         self.dead.discard(r)
         self.alive.add(r)
         self.pids[r] = pid
@@ -444,9 +461,11 @@ class Membership:
                                          "missing": missing, "at": now},
                            reason=f"generation 0 formed with {len(self.members)}/{self.R} replicas"
                                   + (f" (missing: {missing})" if missing else "")))
+        digest = {"digest": True} if self.digest_next_gen else {}
+        self.digest_next_gen = False
         return out + [
             Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
-                            "quota": quotas[r], "microbatches": self.M, "steps": self.S})
+                            "quota": quotas[r], "microbatches": self.M, "steps": self.S, **digest})
             for r in self.members
         ]
 
@@ -661,6 +680,108 @@ class Membership:
                 slowest = r
         if measured:  # a step without measurements (step 0) neither extends nor ends a streak
             self.slow_streak = {slowest: self.slow_streak.get(slowest, 0) + 1} if slowest is not None else {}
+
+    # ---- a restarted coordinator ---------------------------------------------------------------
+    def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int = -1) -> list[Out]:
+        """Membership, step and generation of a run whose coordinator restarted, from its workers.
+
+        `hellos`: replica -> the hello it sent the new coordinator; its "report" says
+        (core/replica.py `_report`): member (in a generation, holding the committed
+        state), step (its committed count), gen, ledger (ids of `step` it folded),
+        wait ("commit": it voted and holds the reduced gradient; "gen": it waits for
+        generation `awaiting`; "": anything else) and vote (its last vote: gen, step,
+        ledger, loss_sum, lr). `recorded_step`: the last step metrics.jsonl holds; a
+        commit the old coordinator sent but did not record is recorded here, from the
+        votes the workers report, marked "rebuilt".
+
+        Why this is safe: a commit goes out only after every member's vote, so if any
+        member reached step T, every member still at T-1 that voted holds the same
+        reduced gradient and only missed the message. Nothing at T was committed (no
+        member is past T), so T restarts as a recovery does: ledgers kept, the rest
+        redone by the next generation. The workers' weights are checked by the digests
+        of that generation's first votes (`_fence_corrupt_weights`)."""
+        reports = {r: h.get("report") or {} for r, h in hellos.items() if 0 <= r < self.R}
+        for r, h in hellos.items():
+            self.pids[r] = h.get("pid")
+            self.tokens_per_mb = int(h.get("tokens_per_mb", self.tokens_per_mb))
+        members = {r: rep for r, rep in reports.items() if rep.get("member") and isinstance(rep.get("step"), int)}
+        self.alive, self.dead = set(reports), set(range(self.R)) - set(reports)
+        if not members:
+            return self._finish(1, f"cannot rebuild the run after a coordinator restart: no member of it reported "
+                                   f"({len(reports)} newcomer(s) did)", now)
+        top = max(rep["step"] for rep in members.values())
+        ahead = {r: rep for r, rep in members.items() if rep["step"] == top}
+        # the generation that committed top-1, as the members past it voted in it
+        committed_in = {rep["vote"]["gen"] for rep in ahead.values()
+                        if isinstance(rep.get("vote"), dict) and rep["vote"].get("step") == top - 1}
+
+        def missed_commit(rep: dict) -> bool:
+            vote = rep.get("vote") or {}
+            return (rep["step"] == top - 1 and rep.get("wait") == "commit" and vote.get("step") == top - 1
+                    and (not committed_in or vote.get("gen") in committed_in))
+
+        # (with nobody past a step, nobody is "behind" at it: top is the highest step reported)
+        behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
+        stale = sorted(set(reports) - set(ahead) - set(behind))
+        self.step = top
+        self.gen = max(max(int(rep.get("gen", -1)), int(rep.get("awaiting", -1) if rep.get("awaiting") is not None
+                                                       else -1)) for rep in members.values())
+        self.next_gen = self.gen + 1
+        self.state = "forming"
+        self.expected = set(ahead) | set(behind)
+        self.members = sorted(self.expected)
+        self.member_set = set(self.members)
+        self.joins, self.votes, self.reporters, self.lost_in_failure = {}, {}, [], False
+        self.newcomers, self.joining, self.unhealed = {}, {}, set()
+        self.deadline = now + self.join_timeout
+        self.digest_next_gen = True
+        reason = (f"coordinator restarted: rebuilt step {top} from {len(members)} member report(s)"
+                  + (f"; {len(behind)} member(s) still waiting for the commit of step {top - 1}" if behind else ""))
+        self._record_failure(reason, now)
+        out: list[Out] = [Out("event", msg={
+            "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
+            "missed_commit": sorted(behind), "closed": stale, "reports": len(reports), "at": now}, reason=reason)]
+        if behind and recorded_step < top - 1:
+            out.append(self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now))
+        loss = None
+        for r, rep in sorted(behind.items()):
+            loss = rep["vote"]["loss_sum"] / self.M
+            # It steps with the gradient it holds and waits for generation next_gen, ledger empty.
+            out.append(Out("send", r, {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1, "loss": loss,
+                                       "quota": [], "next": self.next_gen}))
+            self.joins[r] = []
+        for r, rep in sorted(ahead.items()):
+            if rep.get("wait") == "gen" and rep.get("awaiting") is not None and rep["awaiting"] <= self.next_gen:
+                self.joins[r] = _ledger(r, rep)  # it joined already: generation next_gen's gen message answers it
+            else:
+                out.append(Out("send", r, {"t": "abort", "gen": int(rep.get("gen", -1)), "step": top,
+                                           "next": self.next_gen, "reason": reason}))
+        for r in stale:
+            # behind, unhealed or a newcomer: it comes back through admission, healed from a member
+            self.alive.discard(r)
+            self.dead.add(r)
+            out.append(Out("close", r, reason=f"replica {r} does not hold step {top}'s state after the coordinator "
+                                               f"restart: it rejoins as a newcomer"))
+        return out + self._maybe_publish(now)
+
+    def _rebuilt_commit_record(self, step: int, reports: dict[int, dict], now: float) -> Out:
+        """The metrics line of a commit the old coordinator sent but never wrote, from the votes reported."""
+        votes = {r: rep["vote"] for r, rep in reports.items()
+                 if isinstance(rep.get("vote"), dict) and rep["vote"].get("step") == step}
+        ledgers = {str(r): v.get("ledger", []) for r, v in sorted(votes.items())}
+        try:
+            got = idranges.union_disjoint(idranges.check(v) for v in ledgers.values())
+        except ValueError as e:
+            raise ProtocolError(f"step {step}: the reported votes' ledgers overlap: {e}") from None
+        first = votes[min(votes)]
+        lo, hi = step * self.M, (step + 1) * self.M
+        return Out("commit", msg={
+            "step": step, "loss": first["loss_sum"] / self.M, "tokens": self.M * self.tokens_per_mb,
+            "microbatch_ids": idranges.to_ids(got), "ledgers": ledgers, "generation": first.get("gen"),
+            "members": sorted(votes), "recoveries": 0, **({"lr": first["lr"]} if first.get("lr") is not None else {}),
+            "folded": {k: idranges.count(v) for k, v in ledgers.items()},
+            # the members that voted and did not report (dead since) leave their ids out
+            "rebuilt": True, "complete": idranges.is_exactly(got, lo, hi)})
 
     # ---- attribution and fencing (persistent faults) ---------------------------------------
     def _implicated(self) -> int | None:

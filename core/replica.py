@@ -55,12 +55,21 @@ Contract:
   commit again; it never folds or votes without the committed state.
 - Rejoin after a false death (`rejoin`, default on; RECOVER_REJOIN=0 turns it
   off for `from_env`): a replica declared dead while it was only frozen or slow
-  wakes to a closed connection. With rejoin it drops what it folded, opens a new
+  wakes to the coordinator's last line, "fenced", and a closed connection. With
+  rejoin it drops what it folded, opens a new
   connection and joins as a newcomer, through the same path; nothing it sent on
   the old connection, and no collective of its old generation, reaches the
   generations it is not in (every store key and message carries the generation).
   `quota()` then ends early and `commit()` returns False, so the loop asks for the
   new step's quota. Without rejoin it raises `RunEnded(fenced=True)`.
+- The coordinator can die and come back. A closed connection is not taken as a
+  verdict: the replica reconnects (for up to `reconnect_timeout` seconds) and
+  says hello with a report of where it stands (`_report`: step, generation,
+  ledger, what it waits for, its last vote), keeping its weights, optimizer state
+  and what it folded. A restarted coordinator answers "rebuilt" and the wait goes
+  on where it was (the commit it missed, an abort, the next generation); a live
+  one that had declared it dead answers "pending", and it rejoins as above. A
+  coordinator silent for `coordinator_timeout` seconds (frozen) counts as closed.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit).
@@ -87,11 +96,16 @@ from .state_transfer import transfer_state
 
 REJOIN_ENV = "RECOVER_REJOIN"  # "0": a fenced replica exits instead of rejoining (from_env's default)
 STARTED_ENV = "RECOVER_WORKER_STARTED"  # time.time() when the launcher started this process
+COORDINATOR_TIMEOUT_ENV = "RECOVER_COORDINATOR_TIMEOUT"  # seconds of coordinator silence = gone (from_env's)
+RECONNECT_TIMEOUT_ENV = "RECOVER_RECONNECT_TIMEOUT"  # seconds to keep reaching a restarted one (from_env's)
 
 
 # Past the coordinator's start-up deadline it forms generation 0 (or stops the run)
 # within one tick and sends that at once: this is room for a loaded machine.
 STARTUP_ANSWER_SECONDS = 30.0
+# A coordinator answers a hello at once; one that accepted the connection and says
+# nothing for this long is frozen (its kernel still accepts), so the next try goes on.
+RECONNECT_ANSWER_SECONDS = 10.0
 
 
 class RunEnded(RuntimeError):
@@ -132,6 +146,8 @@ class Replica:
         join_token: str | None = None,
         digest_every: int = 1,
         rejoin: bool | None = None,
+        coordinator_timeout: float | None = None,
+        reconnect_timeout: float | None = None,
     ):
         self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
         self.optimizer = optimizer
@@ -153,10 +169,18 @@ class Replica:
         self.rejoin = os.environ.get(REJOIN_ENV, "1") != "0" if rejoin is None else rejoin
         self.control_addr = control_addr
         self.heartbeat_interval = heartbeat_interval
+        # None: the launcher's, from the environment (`recover launch` sets them)
+        self.coordinator_timeout = float(os.environ.get(COORDINATOR_TIMEOUT_ENV, 10.0)) \
+            if coordinator_timeout is None else coordinator_timeout
+        self.reconnect_timeout = float(os.environ.get(RECONNECT_TIMEOUT_ENV, 60.0)) \
+            if reconnect_timeout is None else reconnect_timeout
+        self._waiting: tuple[frozenset, int] | None = None  # what `_wait_for` waits for (a report says it)
+        self._last_vote: dict | None = None  # the last vote sent (a report carries it)
+        self._readmission_pending = False  # a reconnect's hello was answered "pending": no second hello
         self.tokens_per_microbatch = tokens_per_microbatch
         # None: the launcher's, from the environment
         self.join_token = os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token
-        self.control = ControlClient(*control_addr, heartbeat_interval=heartbeat_interval)
+        self.control = self._connect_at_start()
         self._hello(float(os.environ.get(STARTED_ENV, time.time())) - run_start_time(), rejoin=False)
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
@@ -278,6 +302,8 @@ class Replica:
             # (and after an admission: the newcomer's weights are the members')
             vote["weights_digest"] = self.acc.weights_fingerprint()
             self._digest_next_vote = False
+        self._last_vote = {"gen": g, "step": step, "ledger": vote["ledger"], "loss_sum": vote["loss_sum"],
+                           "lr": vote["lr"]}
         self.control.send(vote)
         self.hooks.at(step, "commit")
         msg = self._wait_for({"commit", "abort"})
@@ -297,11 +323,69 @@ class Replica:
     def close(self) -> None:
         self.control.close()
 
-    def _hello(self, started_at: float, rejoin: bool) -> None:
+    def _hello(self, started_at: float, rejoin: bool, report: dict | None = None) -> None:
         """Say who this replica is; `can_heal`: it can be admitted into a running job."""
         self.control.send({"t": "hello", "replica": self.replica, "pid": os.getpid(),
                            "tokens_per_mb": self.tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
-                           "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at})
+                           "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at,
+                           **({"report": report} if report is not None else {})})
+
+    def _connect(self, connect_timeout: float = 60.0) -> ControlClient:
+        return ControlClient(*self.control_addr, heartbeat_interval=self.heartbeat_interval,
+                             connect_timeout=connect_timeout, silence_limit=self.coordinator_timeout)
+
+    def _connect_at_start(self) -> ControlClient:
+        """The first connection; a coordinator being restarted refuses it for a moment, so retry."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        while True:
+            try:
+                return self._connect(connect_timeout=max(0.1, min(60.0, deadline - time.monotonic())))
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _report(self) -> dict:
+        """Where this replica stands, for a restarted coordinator (protocol `Membership.rebuild`)."""
+        kinds, awaiting = self._waiting or (frozenset(), -1)
+        vote = self._last_vote
+        wait = ""
+        if kinds == {"gen"}:
+            wait = "gen"
+        elif "commit" in kinds and vote is not None and vote["step"] == self.step and vote["gen"] == self.generation:
+            wait = "commit"  # voted: it holds the reduced gradient of this step
+        return {"member": self.generation >= 0 and not self._unhealed, "step": self.step, "gen": self.generation,
+                "ledger": idranges.from_ids(self.acc.ledger), "wait": wait,
+                "awaiting": awaiting if wait == "gen" else None, "vote": vote}
+
+    def _reconnect(self) -> dict | None:
+        """The connection closed: reach the coordinator again, with a report; its first answer.
+
+        None when no coordinator answered within `reconnect_timeout`. The answer is
+        "rebuilt" (a restarted coordinator: go on where this replica was), "pending"
+        (a live one that declared it dead: rejoin), "refused", or done/stop. A connection
+        closed without an answer is a coordinator dying again: the next try goes on."""
+        self.control.close()
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.05
+        self._log(f"step {self.step}: the connection to the coordinator closed; reconnecting (for up to "
+                  f"{self.reconnect_timeout:g}s) with a report of where this replica stands")
+        while True:
+            try:
+                client = self._connect(connect_timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            except OSError:
+                client = None
+            if client is not None:
+                self.control = client
+                self._hello(time.time() - run_start_time(), rejoin=True, report=self._report())
+                answer = client.recv(RECONNECT_ANSWER_SECONDS)
+                if answer is not None and answer["t"] != "closed":
+                    return answer
+                client.close()
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
     def _open_store(self) -> dist.Store:
         """A new client of the coordinator's store, for one generation's communicator."""
@@ -358,21 +442,24 @@ class Replica:
         self._log("fenced: the coordinator closed this replica's connection (declared dead, e.g. after a "
                   "freeze); rejoining as a newcomer")
         self._abandon_comm()
-        self.control.close()
         self.acc.clear()
         self._abort = None
         self._quota = []
         while True:
-            self.generation = -1  # a member of nothing: a close before admission is final (RunEnded)
+            self.generation = -1  # a member of nothing (its report says so)
             self._unhealed = False
-            self.control = ControlClient(*self.control_addr, heartbeat_interval=self.heartbeat_interval)
-            self._hello(time.time() - run_start_time(), rejoin=True)
+            if self._readmission_pending:  # the reconnect's hello was answered "pending" already
+                self._readmission_pending = False
+                self.control._pending.appendleft({"t": "pending", "step": self.step})
+            else:
+                self.control.close()
+                self.control = self._connect()
+                self._hello(time.time() - run_start_time(), rejoin=True)
             try:
                 self._wait_generation(0)
                 return
             except _Fenced:  # admitted, then declared dead again during the transfer: once more
                 self._abandon_comm()
-                self.control.close()
 
     def _heal(self, heal: dict) -> None:
         """An admitting generation: the donor sends its state to the newcomers, who check it."""
@@ -422,6 +509,8 @@ class Replica:
         self.microbatches = msg["microbatches"]
         self.steps = msg["steps"]
         self._set_quota(msg["quota"])
+        if msg.get("digest"):  # a rebuilt generation: its first votes show the weights
+            self._digest_next_vote = True
         if msg.get("heal"):
             self._heal(msg["heal"])
 
@@ -453,14 +542,39 @@ class Replica:
             raise RunEnded("run complete")
         if kind == "stop":
             raise RunEnded(f"run stopped by the coordinator: {msg['reason']}")
-        if kind == "closed":
+        if kind == "fenced":  # declared dead (a freeze, a long pause): the coordinator said so, then closed
             if self.rejoin and self.generation >= 0:
                 raise _Fenced()
-            raise RunEnded("fenced: the coordinator closed this replica's connection "
-                           "(declared dead, e.g. after a freeze)", fenced=True)
+            raise RunEnded(f"fenced: {msg.get('reason', 'the coordinator declared this replica dead')}", fenced=True)
+        if kind == "refused":
+            raise RunEnded(f"refused by the coordinator: {msg.get('reason', '')}", fenced=True)
+        if kind == "closed":  # closed without a word: the coordinator died (or froze); reach its restart
+            answer = self._reconnect()
+            if answer is None:
+                raise RunEnded(f"the coordinator is gone: no answer within {self.reconnect_timeout:g}s of reconnecting")
+            if answer["t"] == "rebuilt":
+                if answer.get("heartbeat_interval"):
+                    self.control.heartbeat_interval = float(answer["heartbeat_interval"])
+                self._log(f"step {self.step}: a restarted coordinator took this replica's report")
+                return True  # the wait goes on, on the new connection
+            if answer["t"] == "pending" and (self.rejoin or self.generation < 0):
+                self._readmission_pending = True
+                raise _Fenced()
+            if answer["t"] in ("done", "stop", "refused"):
+                return self._terminal(answer)
+            raise RunEnded(f"fenced: the coordinator answered the reconnect with {answer['t']!r}", fenced=True)
+        if kind == "rebuilt":
+            return True  # (answered to a reconnect's hello; nothing more to it here)
         return False
 
     def _wait_for(self, kinds: set[str], min_gen: int = -1) -> dict:
+        self._waiting = (frozenset(kinds), min_gen)
+        try:
+            return self._wait_for_inner(kinds, min_gen)
+        finally:
+            self._waiting = None
+
+    def _wait_for_inner(self, kinds: set[str], min_gen: int) -> dict:
         # The coordinator answers within a collective deadline plus a rejoin
         # deadline even in the worst case; past that it is gone.
         deadline = time.monotonic() + 3 * self.timeout + 60

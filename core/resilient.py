@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip,
         lr_schedule=work.schedule,
         tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
-        rejoin=cfg.rejoin,
+        rejoin=cfg.rejoin, coordinator_timeout=cfg.coordinator_timeout, reconnect_timeout=cfg.reconnect_timeout,
     )
     if not replica.healed:  # a newcomer already holds its donor's committed count, newer than any checkpoint
         replica.stepper.load_state_dict(work.stepper.state_dict())  # the committed count the checkpoint holds

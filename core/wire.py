@@ -49,6 +49,13 @@ else:
 
 
 _INT, _BOOL, _STR, _NUM, _IDS = "int", "bool", "str", "number", "list of [start, stop] id ranges"
+_REPORT_KIND = "report object (see wire._REPORT)"
+
+# A hello's report (core/replica.py `_report`): where the worker stands, for `Membership.rebuild`.
+# Every field is required; `awaiting` and `vote` may be null.
+_REPORT: dict[str, str] = {"member": _BOOL, "step": _INT, "gen": _INT, "ledger": _IDS, "wait": _STR}
+_REPORT_NULLABLE: dict[str, str] = {"awaiting": _INT}
+_REPORT_VOTE: dict[str, str] = {"gen": _INT, "step": _INT, "ledger": _IDS, "loss_sum": _NUM}
 
 # type -> required fields and their kinds; optional fields are checked when present
 _REQUIRED: dict[str, dict[str, str]] = {
@@ -64,7 +71,7 @@ _REQUIRED: dict[str, dict[str, str]] = {
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
     "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR, "can_heal": _BOOL, "rejoin": _BOOL,
-              "started_at": _NUM},
+              "started_at": _NUM, "report": _REPORT_KIND},
     "join": {"healed": _BOOL},
     "healed": {"donor": _INT, "bytes": _INT, "seconds": _NUM, "weights_digest": _STR},
     "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR},
@@ -72,7 +79,24 @@ _OPTIONAL: dict[str, dict[str, str]] = {
 }
 
 
+def _fields_ok(obj: Any, required: dict[str, str], nullable: dict[str, str] | None = None) -> bool:
+    if not isinstance(obj, dict):
+        return False
+    if not all(name in obj and _is(want, obj[name]) for name, want in required.items()):
+        return False
+    return all(obj.get(name) is None or _is(want, obj[name]) for name, want in (nullable or {}).items())
+
+
+def _report_ok(v: Any) -> bool:
+    if not _fields_ok(v, _REPORT, _REPORT_NULLABLE):
+        return False
+    vote = v.get("vote")
+    return vote is None or (_fields_ok(vote, _REPORT_VOTE) and (vote.get("lr") is None or _is(_NUM, vote["lr"])))
+
+
 def _is(kind: str, v: Any) -> bool:
+    if kind == _REPORT_KIND:
+        return _report_ok(v)
     if kind == _INT:
         return isinstance(v, int) and not isinstance(v, bool)
     if kind == _BOOL:

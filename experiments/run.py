@@ -130,6 +130,9 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         hooks=[progress, *extra_hooks],
         end=FailFast() if system.fail_fast else CoordinatorEnds(),
         replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
+        # the recover system's coordinator can be restarted: it rebuilds the run from the workers
+        coordinator_restarts=cfg.coordinator_restarts if system.coordinator_mode == "recover" else 0,
+        coordinator_timeout=cfg.coordinator_timeout if system.coordinator_mode == "recover" else None,
     )
     supervise = system.load_supervisor()
     if supervise is not None:  # a restarting baseline runs its own sequence of launches

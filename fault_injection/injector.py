@@ -29,7 +29,10 @@ Contract:
                      too, for `seconds` after it fired (absent: for good); it
                      is recorded once, when it first fires;
     replica_loss     SIGKILL of the replica's whole process group at once (the
-                     launcher starts every replica in a group of its own).
+                     launcher starts every replica in a group of its own);
+    coordinator_crash / coordinator_hang
+                     SIGKILL / SIGSTOP of the coordinator process (its PID from
+                     DIR/pids.json), pulled by this worker at its step and phase.
   A restarted worker re-applies the kind's `on_restart` for faults that already
   fired (a straggler stays slow). The injector assumes nothing about the trainer beyond the hook calls, so the
   plain trainer, the resilient one (which repeats a step's points on recovery)
@@ -40,6 +43,10 @@ Contract:
   (a kind that `freezes`: hang) - whoever froze it - by SIGCONT once `seconds`
   have passed since its record, and only once the process is really stopped (a SIGCONT that
   overtook the SIGSTOP would leave it frozen for good).
+- `CoordinatorInjector` (the coordinator's hooks, `coordinator_hooks(cfg)` by the
+  name COORDINATOR_HOOKS) fires the faults planned at a coordinator phase inside
+  the coordinator: "commit_sent", right after the step's commit went to the
+  named replica, so the others never hear it from this process (mid-commit).
 - Nothing here imports torch: the injector lives in every worker and in the
   launcher, and costs them nothing when no plan is given.
 """
@@ -52,18 +59,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recover.core.hooks import WorkerHooks
+from recover.core.hooks import COORDINATOR_PHASES, CoordinatorHooks, WorkerHooks
 from recover.core.launcher import ProcessExit
 from recover.core.startup import run_start_time
 
-from .kinds import KINDS, InjectedLinkError, kill_own_replica, link_still_broken
+from .kinds import KINDS, InjectedLinkError, coordinator_pid, kill_own_replica, link_still_broken
 from .plan import MICROBATCH_PHASES, Fault, FaultPlan, load_plan, validate_plan
 from .record import PLAN_FILE, FAULTS_FILE, append_record, fault_record, fired_indices
 
-__all__ = ["WORKER_HOOKS", "InjectedLinkError", "kill_own_replica", "process_state", "FaultInjector",
+__all__ = ["WORKER_HOOKS", "COORDINATOR_HOOKS", "CoordinatorInjector", "coordinator_hooks", "InjectedLinkError", "kill_own_replica", "process_state", "FaultInjector",
            "FaultLauncherHooks", "plan_of_run", "worker_hooks", "attach_plan", "launcher_hooks"]
 
 WORKER_HOOKS = "recover.fault_injection.injector:worker_hooks"
+COORDINATOR_HOOKS = "recover.fault_injection.injector:coordinator_hooks"
 
 
 def process_state(pid: int) -> str | None:
@@ -88,6 +96,7 @@ class FaultInjector(WorkerHooks):
         mine = [
             (i, f) for i, f in enumerate(plan.faults)
             if f.replica == replica and f.rank == rank and not f.fired_by_launcher
+            and f.phase not in COORDINATOR_PHASES  # the coordinator fires those itself (CoordinatorInjector)
         ]
         self.pending: list[tuple[int, Fault]] = [(i, f) for i, f in mine if i not in fired]
         self.slow_factor = 1.0
@@ -132,7 +141,7 @@ class FaultInjector(WorkerHooks):
             time.sleep(extra)
 
     def _fire(self, index: int, f: Fault, step: int, phase: str, microbatch: int | None) -> None:
-        pid = os.getpid()
+        pid = coordinator_pid(self.out) if f.spec.targets_coordinator else os.getpid()
         append_record(self.out, fault_record(index, f, pid, self.t0, step, phase, microbatch))
         f.spec.worker(self, index, f, step)
 
@@ -153,6 +162,37 @@ def worker_hooks(cfg: Any, replica: int, rank: int = 0) -> WorkerHooks:
     if plan is None:
         return WorkerHooks()
     return FaultInjector(plan, replica, rank, cfg.out)
+
+
+# ---- inside the coordinator ---------------------------------------------------------------------
+class CoordinatorInjector(CoordinatorHooks):
+    """Fires the faults planned at a coordinator phase ("commit_sent"), in the coordinator itself."""
+
+    def __init__(self, plan: FaultPlan, out_dir: str | os.PathLike, t0: float | None = None):
+        self.out = Path(out_dir)
+        self.t0 = run_start_time() if t0 is None else t0
+        fired = fired_indices(self.out)  # a restarted coordinator does not fire one twice
+        self.pending = [(i, f) for i, f in enumerate(plan.faults)
+                        if f.phase in COORDINATOR_PHASES and i not in fired]
+
+    def after_send(self, msg: dict, replica: int) -> None:
+        if not self.pending or msg.get("t") != "commit":
+            return
+        for entry in list(self.pending):
+            i, f = entry
+            if f.phase == "commit_sent" and msg.get("step") == f.step and replica == f.replica:
+                self.pending.remove(entry)
+                append_record(self.out, fault_record(i, f, os.getpid(), self.t0, f.step, f.phase,
+                                                     fired_by="coordinator"))
+                os.kill(os.getpid(), signal.SIGKILL if f.kind == "coordinator_crash" else signal.SIGSTOP)
+
+
+def coordinator_hooks(cfg: Any) -> CoordinatorHooks | None:
+    """The "module:function" factory named by COORDINATOR_HOOKS (cfg needs only .out and .faults)."""
+    plan = plan_of_run(cfg)
+    if plan is None or not any(f.phase in COORDINATOR_PHASES for f in plan.faults):
+        return None
+    return CoordinatorInjector(plan, cfg.out)
 
 
 # ---- in the launcher --------------------------------------------------------------------------
@@ -252,6 +292,7 @@ def attach_plan(cfg: Any) -> FaultPlan | None:
     plan = load_plan(cfg.faults)
     validate_plan(plan, cfg.replicas, cfg.steps, cfg.microbatches)
     cfg.hooks = WORKER_HOOKS
+    cfg.coordinator_hooks = COORDINATOR_HOOKS
     return plan
 
 

@@ -20,6 +20,10 @@ Contract:
   worker it targets, after its record is written (it may not return: SIGKILL,
   SIGSTOP, a raise). `on_restart(state, fault)`, when set, re-applies a fired
   fault's lasting effect in a worker that restarted (a straggler stays slow).
+- `targets_coordinator`: the worker the plan names only pulls the trigger, at its
+  step and phase; the target is the coordinator process (its PID from
+  DIR/pids.json, which the launcher rewrites when it restarts one), and the
+  record names that PID.
 - Launcher side: `launcher(pid, replica_pids)`, when set, fires a wall-clock
   fault of this kind from outside, by PID; kinds without one are armed in the
   worker whatever their trigger. `freezes`: the worker is stopped, not gone; the
@@ -37,11 +41,13 @@ Contract:
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 SIM_EFFECTS = ("crash", "hang", "none")
@@ -59,6 +65,7 @@ class InjectorState(Protocol):
     pace_seconds: float  # every later microbatch lasts at least this long (0.0: no floor)
     weights: Any  # the worker's weights as its trainer attached them (core.hooks.Weights), or None
     link_broken_until: float  # until this time.time(), every all-reduce of this worker fails (0.0: link works)
+    out: Path  # the run's directory (DIR/pids.json names the coordinator's PID)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ class FaultKind:
     sim_effect: str = "none"  # one of SIM_EFFECTS
     sim_why: str = ""  # why the simulator models it so (shown when it is skipped)
     loses_replica: bool = False  # aggregate.py: the replica is out of the job from the moment it fired
+    targets_coordinator: bool = False  # fired by the named worker, at the coordinator process (see the contract)
 
     def __post_init__(self) -> None:
         # A table entry that cannot work fails at import, not when a plan first uses it.
@@ -175,6 +183,21 @@ def _kill_own_replica(state: InjectorState, index: int, fault: Any, step: int) -
     kill_own_replica()
 
 
+def coordinator_pid(out: Path) -> int:
+    """The PID of the run's current coordinator, as the launcher last wrote it in DIR/pids.json."""
+    return int(json.loads((Path(out) / "pids.json").read_text())["coordinator"])
+
+
+def _kill_coordinator(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    os.kill(coordinator_pid(state.out), signal.SIGKILL)
+
+
+def _stop_coordinator(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # For good: the launcher sees it stop beating and kills it (core/launcher.py), and the
+    # workers see its silence; no SIGCONT from the injector (that is what `freezes` does).
+    os.kill(coordinator_pid(state.out), signal.SIGSTOP)
+
+
 # ---- launcher-side actions (by PID, from outside) -----------------------------------------------
 def _kill_pid(pid: int, pids: list[int]) -> None:
     os.kill(pid, signal.SIGKILL)
@@ -244,6 +267,18 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "replica_loss", "SIGKILL of the target replica's whole process group at once", _kill_own_replica,
         launcher=_kill_replica, sample=lambda **_: {}, sim_effect="crash", sim_why="the replica is gone",
         loses_replica=True,
+    ),
+    FaultKind(
+        "coordinator_crash", "SIGKILL of the coordinator process, pulled by the named worker at its step and phase "
+        "(recover restarts the coordinator and rebuilds the run from its workers)", _kill_coordinator,
+        targets_coordinator=True,
+        sim_effect="none", sim_why="no replica is lost; the restart costs seconds, not modelled",
+    ),
+    FaultKind(
+        "coordinator_hang", "SIGSTOP of the coordinator process for good, pulled by the named worker at its step "
+        "and phase (recover's launcher kills it once it stops beating, and restarts it)", _stop_coordinator,
+        targets_coordinator=True,
+        sim_effect="none", sim_why="no replica is lost; the restart costs seconds, not modelled",
     ),
 )}
 

@@ -10,7 +10,9 @@ Contract:
   is written back exactly as it was read.
 - Each fault has a kind (a name in fault_injection.kinds.KINDS), a target (`replica`, and `rank` within the
   replica, 0 by default), and one trigger: a point, `step` + `phase` (one of
-  core.hooks.PHASES) and optionally `microbatch` k, or a wall-clock time,
+  core.hooks.PHASES, or for a kind aimed at the coordinator also one of
+  core.hooks.COORDINATOR_PHASES: "commit_sent", where the coordinator itself
+  fires it right after sending the step's commit to `replica`) and optionally `microbatch` k, or a wall-clock time,
   `at_seconds` since the run started. Steps count from 0, as metrics.jsonl does;
   k counts this replica's microbatches within the step from 0, in the order it
   folds them (`between_microbatches` k is the gap before microbatch k, so k >= 1).
@@ -43,7 +45,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from recover.core.hooks import PHASES
+from recover.core.hooks import COORDINATOR_PHASES, PHASES
 
 from .kinds import KIND_NAMES as KINDS, KINDS as KIND_TABLE, PARAMS, FaultKind
 
@@ -122,8 +124,8 @@ class Fault:
         at_seconds = _number(d, "at_seconds", index, minimum=0.0, strict=False)
         params = {p.name: _number(d, p.name, index, p.minimum, p.strict) for p in PARAMS.values()}
         phase = d.get("phase")
-        if phase is not None and phase not in PHASES:
-            raise PlanError(index, "phase", f"unknown phase {_show(phase)}; one of {', '.join(PHASES)}")
+        if phase is not None and phase not in PHASES + COORDINATOR_PHASES:
+            raise PlanError(index, "phase", f"unknown phase {_show(phase)}; one of {', '.join(PHASES + COORDINATOR_PHASES)}")
 
         # Exactly one trigger.
         point = ints["step"] is not None or phase is not None or ints["microbatch"] is not None
@@ -150,6 +152,9 @@ class Fault:
                 names = [n for n, k in kinds.items() if p.name in k.accepts]
                 owners = " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
                 raise PlanError(index, p.name, f"{p.only.format(owners=owners)}, not a {kind}")
+        if phase in COORDINATOR_PHASES and not spec.targets_coordinator:
+            raise PlanError(index, "phase", f"{phase!r} is the coordinator's point; a {kind} fault strikes a worker "
+                                            f"(one of {', '.join(PHASES)})")
         if spec.at_phase is not None and point and phase != spec.at_phase:
             raise PlanError(
                 index, "phase", f"a {kind} {spec.at_phase_why}: use \"{spec.at_phase}\", not {phase!r}"

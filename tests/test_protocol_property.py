@@ -174,6 +174,8 @@ class World:
         w = self.workers[r]
         msg = w.inbox.pop(0)
         t = msg["t"]
+        if t in ("hb", "fenced", "refused"):
+            return  # a sign of life; the service's last word before a close (the close follows)
         if t in ("done", "stop", "closed"):
             w.fenced = t == "closed"
             w.state = "finished"

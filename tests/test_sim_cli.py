@@ -166,6 +166,7 @@ def _script(name: str):
     return mod
 
 
+@pytest.mark.procs  # matplotlib's font manager runs `fc-list` when it builds its cache (a fresh venv)
 def test_sim_figure_scripts_write_png_and_pdf(tmp_path):
     res = tmp_path / "sim"
     write_result(run_scenario(SCENARIOS["paper-512"]()), res / "paper-512")

@@ -21,9 +21,10 @@ from recover.core.results import read_jsonl, write_summary
 from . import fail
 
 
+# the TrainConfig fields a user's job is run with
 LAUNCH_FIELDS = ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
                  "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas",
-                 "rejoin")  # the TrainConfig fields a user's job is run with
+                 "rejoin", "coordinator_timeout", "reconnect_timeout", "coordinator_restarts")
 
 
 def add_parser(sub) -> None:
@@ -63,8 +64,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     launcher = Launcher(
         out, python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", "recover"),
         # RECOVER_REJOIN: Replica.from_env's default for rejoining after a false death
-        lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0), "RECOVER_REJOIN": "1" if cfg.rejoin else "0"},
+        lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0), "RECOVER_REJOIN": "1" if cfg.rejoin else "0",
+                                         "RECOVER_COORDINATOR_TIMEOUT": repr(cfg.coordinator_timeout),
+                                         "RECOVER_RECONNECT_TIMEOUT": repr(cfg.reconnect_timeout)},
         replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
+        coordinator_restarts=cfg.coordinator_restarts, coordinator_timeout=cfg.coordinator_timeout,
     )
     result = launcher.run()
     ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]

@@ -1,0 +1,151 @@
+"""The coordinator can die (issue 13 items 4-5): real SIGKILL and SIGSTOP of the coordinator process.
+
+Real processes, gloo, the tiny model, 3 replicas. The coordinator is killed by its
+PID in the middle of an iteration (a worker pulls a `coordinator_crash` trigger
+at its step and phase, or the test kills it from outside after some commits),
+in the middle of a commit (the coordinator kills itself right after sending the
+step's commit to replica 0 only: `commit_sent`), or frozen for good
+(`coordinator_hang`: the launcher sees it stop beating and kills it). Each time
+the launcher restarts it on the same ports, the workers reconnect with their
+state, and the new coordinator rebuilds the run from their reports.
+
+Checked from what the workers reported: every step is committed exactly once
+(metrics.jsonl), its ledgers are exactly its M ids, its loss equals the
+failure-free run's to 1e-5, every replica finishes with the same weights, the
+coordinator's exit is recorded as killed and restarted, and events.jsonl says
+what the rebuild did (for mid-commit: the members that missed the commit heard
+it from the new coordinator, and the line the old one never wrote was written
+from the reported votes). Without restarts, the run fails saying why.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_every_planned_fault_fired, load_run, run_recover, run_recover_killing
+
+from recover.core.data import iteration_ids
+from recover.core.results import read_jsonl, reported_ids
+
+pytestmark = pytest.mark.procs
+
+R, M, STEPS, SEED = 3, 6, 8, 3
+LOSS_RTOL = 1e-5  # summation order only; one id lost or doubled moves the loss by > 1e-3
+COMMON = ["--replicas", str(R), "--microbatches", str(M), "--steps", str(STEPS), "--seed", str(SEED),
+          "--collective-timeout", "20", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[list[float], float]:
+    """Failure-free losses and final weights checksum."""
+    out = tmp_path_factory.mktemp("ref") / "plain"
+    run_recover("train", "--system", "plain", *COMMON, "--out", str(out), check=True, timeout=120)
+    _, metrics, summary = load_run(out)
+    return [m["loss"] for m in metrics], summary["weights_checksum"]
+
+
+def _run(tmp_path: Path, faults: list[dict], *extra: str, ok: bool = True):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": faults}))
+    out = tmp_path / "run"
+    proc = run_recover("train", "--system", "recover", *COMMON, *extra, "--faults", str(plan), "--out", str(out),
+                       timeout=180)
+    if ok:
+        assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
+    return out, proc
+
+
+def _assert_same_run(out: Path, reference: tuple[list[float], float]) -> tuple[list[dict], dict]:
+    losses, checksum = reference
+    _, metrics, summary = load_run(out)
+    assert [m["step"] for m in metrics] == list(range(STEPS))  # each step once, none lost
+    for m, ref in zip(metrics, losses):
+        assert reported_ids(m) == iteration_ids(m["step"], M)  # what the members' votes said they folded
+        assert abs(m["loss"] - ref) <= LOSS_RTOL * abs(ref), (m["step"], m["loss"], ref)
+    sums = summary["final_checksums"]
+    assert sorted(sums) == [str(r) for r in range(R)] and len(set(sums.values())) == 1, sums
+    assert abs(summary["weights_checksum"] - checksum) <= 1e-6 * abs(checksum)
+    return metrics, summary
+
+
+def _coordinator_exits(summary: dict) -> list[dict]:
+    return [p for p in summary["processes"] if p["role"] == "coordinator"]
+
+
+def _seconds_to_next_commit(out: Path, metrics: list[dict], fired_at: float) -> float:
+    return min(m["wall_time"] for m in metrics if m["wall_time"] > fired_at) - fired_at
+
+
+def test_a_coordinator_killed_mid_iteration_is_restarted_and_the_run_is_unchanged(tmp_path, reference):
+    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": 1, "step": 3, "phase": "backward"}])
+    (fired,) = assert_every_planned_fault_fired(out)
+    metrics, summary = _assert_same_run(out, reference)
+    first, last = _coordinator_exits(summary)
+    assert first["pid"] == fired["pid"] and first["how"] == "killed by SIGKILL" and first["restarted"]
+    assert last["returncode"] == 0 and not last["restarted"]
+    (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
+    assert rebuilt["step"] == 3 and rebuilt["members"] == [0, 1, 2] and rebuilt["missed_commit"] == []
+    assert metrics[3]["generation"] == rebuilt["generation"]
+    # the workers kept their state: nobody was closed or healed from a donor
+    assert rebuilt["closed"] == [] and not [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "join"]
+    print(f"coordinator kill -> next commit: {_seconds_to_next_commit(out, metrics, fired['wall_time']):.2f}s")
+
+
+def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_path, reference):
+    # The old coordinator sent step 4's commit to replica 0 only, then died (SIGKILL of itself).
+    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": 0, "step": 4, "phase": "commit_sent"}])
+    (fired,) = assert_every_planned_fault_fired(out)
+    assert fired["fired_by"] == "coordinator"
+    metrics, summary = _assert_same_run(out, reference)
+    (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
+    assert rebuilt["step"] == 5 and rebuilt["missed_commit"] == [1, 2] and rebuilt["members"] == [0, 1, 2]
+    # the old coordinator sends before it records: step 4's line came from the workers' votes
+    assert metrics[4].get("rebuilt") is True and metrics[4]["complete"] is True
+    assert sorted(map(int, metrics[4]["ledgers"])) == [0, 1, 2]
+    assert [p["how"] for p in _coordinator_exits(summary)] == ["killed by SIGKILL", "exited 0"]
+
+
+def test_a_frozen_coordinator_is_killed_and_restarted(tmp_path, reference):
+    out, _ = _run(tmp_path, [{"kind": "coordinator_hang", "replica": 2, "step": 2, "phase": "forward"}],
+                  "--coordinator-timeout", "2")
+    (fired,) = assert_every_planned_fault_fired(out)
+    metrics, summary = _assert_same_run(out, reference)
+    first, last = _coordinator_exits(summary)
+    assert first["pid"] == fired["pid"] and first["how"] == "killed by SIGKILL" and first["restarted"]
+    assert last["returncode"] == 0
+    # noticed within a bounded time (the 2 s of silence, the restart), not after 3 x timeout + 60 s
+    assert _seconds_to_next_commit(out, metrics, fired["wall_time"]) < 3 * 20 + 60
+
+
+def test_a_coordinator_killed_from_outside_after_some_commits(tmp_path, reference):
+    out = tmp_path / "run"
+    proc, victim = run_recover_killing(["train", "--system", "recover", *COMMON, "--out", str(out)], out,
+                                       replica=-1, after_commits=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, summary = _assert_same_run(out, reference)
+    first, _ = _coordinator_exits(summary)
+    assert first["pid"] == victim and first["how"] == "killed by SIGKILL" and first["restarted"]
+
+
+def test_a_coordinator_killed_during_start_up_is_restarted_and_start_up_goes_on(tmp_path, reference):
+    # Killed as soon as the launcher names its PID: before generation 0 (the workers are still
+    # importing, or saying hello). Whichever it was, the run must go on unchanged.
+    out = tmp_path / "run"
+    proc, victim = run_recover_killing(["train", "--system", "recover", *COMMON, "--out", str(out)], out,
+                                       replica=-1, after_commits=0)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
+    _, summary = _assert_same_run(out, reference)
+    first, _ = _coordinator_exits(summary)
+    assert first["pid"] == victim and first["restarted"]
+
+
+def test_without_restarts_a_killed_coordinator_ends_the_run_saying_so(tmp_path):
+    out, proc = _run(tmp_path, [{"kind": "coordinator_crash", "replica": 0, "step": 2, "phase": "forward"}],
+                     "--coordinator-restarts", "0", ok=False)
+    assert proc.returncode == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "coordinator killed by SIGKILL" in summary["reason"], summary
+    assert [p["restarted"] for p in _coordinator_exits(summary)] == [False]
+    assert all(p["returncode"] is not None for p in summary["processes"])  # nothing left running

@@ -1,0 +1,171 @@
+"""A restarted coordinator rebuilds the run from its workers' reports (issue 13 item 4), no processes.
+
+A fresh `core.protocol.Membership` (what a coordinator started with `--rebuild`
+holds) is handed the hellos the workers send it, each with the report
+`core.replica.Replica._report` builds, and is then driven to a commit. Checked:
+- members at the same step hear an abort of their own generation and rejoin the
+  next one with their ledgers; the redo quota is exactly the ids no one holds;
+- members that voted and were waiting for a commit the old coordinator died in
+  the middle of sending hear that commit (with `next`), and their join is
+  implied; the commit's metrics line is written from the votes the workers
+  report only when metrics.jsonl lacks it;
+- a member behind, an unhealed one or a newcomer is closed (it comes back as a
+  newcomer, healed from a member); with no member at all the run stops;
+- the rebuilt generation's gen message asks for digested first votes, so a
+  member off the majority is fenced before its gradient counts;
+- the wire refuses a hello whose report is malformed.
+"""
+from __future__ import annotations
+
+from recover.core import idranges
+from recover.core.data import iteration_ids
+from recover.core.protocol import Membership, Out
+from recover.core.wire import parse_line, dumps
+
+R, M, S = 3, 6, 10
+
+
+def sends(outs: list[Out], t: str) -> dict[int, dict]:
+    return {a.replica: a.msg for a in outs if a.kind == "send" and a.msg["t"] == t}
+
+
+def hello(report: dict, pid: int = 100) -> dict:
+    return {"t": "hello", "replica": 0, "token": "x", "pid": pid, "tokens_per_mb": 2, "report": report}
+
+
+def report(step: int, gen: int, ledger: list[int] = (), wait: str = "", awaiting: int | None = None,
+           vote: dict | None = None, member: bool = True) -> dict:
+    return {"member": member, "step": step, "gen": gen, "ledger": idranges.from_ids(list(ledger)), "wait": wait,
+            "awaiting": awaiting, "vote": vote}
+
+
+def vote_of(step: int, gen: int, ledger: list[int], loss_sum: float = 12.0) -> dict:
+    return {"gen": gen, "step": step, "ledger": idranges.from_ids(ledger), "loss_sum": loss_sum, "lr": 0.1}
+
+
+def fresh() -> Membership:
+    return Membership(R, M, S, join_timeout=1e9, now=0.0)
+
+
+def vote_all(proto: Membership, ledgers: dict[int, list], now: float,
+             digests: dict[int, str] | None = None) -> list[Out]:
+    """Every member votes the ledger given for it."""
+    out: list[Out] = []
+    for r in list(proto.members):
+        msg = {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledgers[r], "loss_sum": 6.0,
+               "mb_seconds": 0.01, "lr": 0.1}
+        if digests is not None:
+            msg["weights_digest"] = digests[r]
+        out += proto.on_vote(r, msg, now)
+    return out
+
+
+
+def test_members_at_one_step_are_aborted_into_a_new_generation_with_their_ledgers_kept():
+    ids = iteration_ids(4, M)  # 24..29
+    hellos = {
+        0: hello(report(4, 2, ids[0:2])),  # folding step 4 of generation 2
+        1: hello(report(4, 2, ids[2:3], wait="commit", vote=vote_of(4, 2, ids[2:3]))),  # voted at 4, nothing came
+        2: hello(report(4, 2, ids[3:4], wait="gen", awaiting=3)),  # already joined generation 3 after an abort
+    }
+    proto = fresh()
+    out = proto.rebuild(hellos, 5.0, recorded_step=3)
+    aborts = sends(out, "abort")
+    assert set(aborts) == {0, 1} and all(a["gen"] == 2 and a["step"] == 4 and a["next"] == 4 for a in aborts.values())
+    assert not sends(out, "commit") and not [a for a in out if a.kind == "commit"]
+    assert proto.state == "forming" and proto.step == 4 and proto.joins == {2: [[27, 28]]}
+    out = proto.on_join(0, {"gen": 4, "step": 4, "ledger": idranges.from_ids(ids[0:2])}, 5.1)
+    out += proto.on_join(1, {"gen": 4, "step": 4, "ledger": idranges.from_ids(ids[2:3])}, 5.1)
+    gens = sends(out, "gen")
+    assert set(gens) == {0, 1, 2} and all(g["gen"] == 4 and g["digest"] is True for g in gens.values())
+    handed = sorted(i for g in gens.values() for i in idranges.to_ids(g["quota"]))
+    assert handed == ids[4:]  # exactly the ids no member holds
+    # the commit that follows is an ordinary one, and its recovery record names the restart
+    # each member votes what it kept plus the redo quota it was handed
+    ledgers = {r: idranges.from_ids(sorted(set(idranges.to_ids(gens[r]["quota"]))
+                                           | set(idranges.to_ids(hellos[r]["report"]["ledger"]))))
+               for r in range(R)}
+    out = vote_all(proto, ledgers, 6.0)
+    (rec,) = [a.msg for a in out if a.kind == "recovery"]
+    assert rec["fault"].startswith("coordinator restarted") and rec["generation"] == 4 and rec["step"] == 4
+    (commit,) = [a.msg for a in out if a.kind == "commit"]
+    assert commit["step"] == 4 and commit["microbatch_ids"] == ids
+
+
+def test_members_that_missed_a_commit_hear_it_and_its_line_is_written_from_the_reported_votes():
+    prev, ids = iteration_ids(6, M), iteration_ids(7, M)
+    split = {0: prev[0:2], 1: prev[2:4], 2: prev[4:6]}
+    hellos = {  # the old coordinator sent step 6's commit to replica 0 only, then died
+        0: hello(report(7, 5, ids[0:1], vote=vote_of(6, 5, split[0]))),
+        1: hello(report(6, 5, [], wait="commit", vote=vote_of(6, 5, split[1]))),
+        2: hello(report(6, 5, [], wait="commit", vote=vote_of(6, 5, split[2]))),
+    }
+    proto = fresh()
+    out = proto.rebuild(hellos, 9.0, recorded_step=5)
+    commits = sends(out, "commit")
+    assert set(commits) == {1, 2}
+    assert all(c == {"t": "commit", "gen": 5, "step": 6, "loss": 2.0, "quota": [], "next": 6} for c in commits.values())
+    assert set(sends(out, "abort")) == {0}
+    (line,) = [a.msg for a in out if a.kind == "commit"]
+    assert line["step"] == 6 and line["microbatch_ids"] == prev and line["rebuilt"] and line["complete"]
+    assert line["loss"] == 2.0 and line["generation"] == 5 and line["tokens"] == M * 2
+    # recorded already: no second line for step 6
+    again = fresh().rebuild(hellos, 9.0, recorded_step=6)
+    assert not [a for a in again if a.kind == "commit"]
+    # 1 and 2 joined by hearing the commit; replica 0's join forms generation 6 at step 7
+    out = proto.on_join(0, {"gen": 6, "step": 7, "ledger": idranges.from_ids(ids[0:1])}, 9.1)
+    gens = sends(out, "gen")
+    assert set(gens) == {0, 1, 2} and proto.step == 7
+    assert sorted(i for g in gens.values() for i in idranges.to_ids(g["quota"])) == ids[1:]
+
+
+def test_a_member_behind_an_unhealed_one_and_a_newcomer_are_closed_and_come_back_as_newcomers():
+    ids = iteration_ids(5, M)
+    hellos = {
+        0: hello(report(5, 4, ids[0:2])),
+        1: hello(report(3, 2, [])),  # behind by two steps: it cannot hold step 5's state
+        2: hello(report(5, 4, [], member=False)),  # admitted, state not arrived
+    }
+    proto = fresh()
+    out = proto.rebuild(hellos, 2.0)
+    closed = sorted(a.replica for a in out if a.kind == "close")
+    assert closed == [1, 2] and proto.dead == {1, 2} and proto.expected == {0}
+    # the one left rejoins alone and gets everything it lacks
+    out = proto.on_join(0, {"gen": 5, "step": 5, "ledger": idranges.from_ids(ids[0:2])}, 2.1)
+    assert idranges.to_ids(sends(out, "gen")[0]["quota"]) == ids[2:]
+    # replica 1 says hello again (its reconnect after the close): admitted at the next commit
+    out = proto.on_hello(1, {"pid": 101, "can_heal": True, "rejoin": True}, 2.2)
+    assert sends(out, "pending") == {1: {"t": "pending", "step": 5}}
+
+
+def test_no_member_reporting_stops_the_run_saying_why():
+    out = fresh().rebuild({2: hello(report(0, -1, [], member=False))}, 1.0)
+    (fin,) = [a for a in out if a.kind == "finish"]
+    assert fin.code == 1 and "cannot rebuild" in fin.reason and "no member" in fin.reason
+
+
+def test_the_rebuilt_generation_fences_a_member_whose_weights_are_off_the_majority():
+    ids = iteration_ids(2, M)
+    hellos = {r: hello(report(2, 1, [])) for r in range(R)}
+    proto = fresh()
+    proto.rebuild(hellos, 1.0)
+    out = []
+    for r in range(R):
+        out += proto.on_join(r, {"gen": 2, "step": 2, "ledger": []}, 1.1)
+    gens = sends(out, "gen")
+    assert all(g["digest"] for g in gens.values())
+    out = vote_all(proto, {r: gens[r]["quota"] for r in range(R)}, 1.5, digests={0: "a", 1: "a", 2: "b"})
+    fenced = [a.msg for a in out if a.kind == "event" and a.msg.get("kind") == "fenced"]
+    assert [f["replica"] for f in fenced] == [2] and not [a for a in out if a.kind == "commit"]
+    # the step is redone by the two whose weights agree: replica 2's ids go back to them
+    assert proto.state == "forming" and proto.expected == {0, 1} and 2 in proto.dead
+    assert sorted(i for g in gens.values() for i in idranges.to_ids(g["quota"])) == ids
+
+
+def test_the_wire_checks_a_hellos_report():
+    good = hello(report(3, 1, [18, 19], wait="commit", vote=vote_of(3, 1, [18, 19])))
+    assert parse_line(dumps(good))[0] is not None
+    for broken in ({"member": True}, {**good["report"], "step": "3"}, {**good["report"], "ledger": [[5, 2]]},
+                   {**good["report"], "vote": {"gen": 1}}, {**good["report"], "awaiting": 1.5}, []):
+        msg, why = parse_line(dumps({**good, "report": broken}))
+        assert msg is None and "report" in why
