@@ -4,7 +4,7 @@ Real processes, gloo, the tiny model, 3 replicas. The coordinator is killed by i
 PID in the middle of an iteration (a worker pulls a `coordinator_crash` trigger
 at its step and phase, or the test kills it from outside after some commits),
 in the middle of a commit (the coordinator kills itself right after sending the
-step's commit to replica 0 only: `commit_sent`), or frozen for good
+step's commit to replica 0 only: `commit_sent`), during start-up, or frozen for good
 (`coordinator_hang`: the launcher sees it stop beating and kills it). Each time
 the launcher restarts it on the same ports, the workers reconnect with their
 state, and the new coordinator rebuilds the run from their reports.
@@ -74,8 +74,10 @@ def _coordinator_exits(summary: dict) -> list[dict]:
     return [p for p in summary["processes"] if p["role"] == "coordinator"]
 
 
-def _seconds_to_next_commit(out: Path, metrics: list[dict], fired_at: float) -> float:
-    return min(m["wall_time"] for m in metrics if m["wall_time"] > fired_at) - fired_at
+def _seconds_to_next_commit(metrics: list[dict], fired: dict) -> float:
+    """From a fault's record to the commit of the step it struck (the previous step's line can be
+    written after a fault early in the next step: the coordinator sends commits before it records)."""
+    return min(m["wall_time"] for m in metrics if m["step"] >= fired["step"]) - fired["wall_time"]
 
 
 def test_a_coordinator_killed_mid_iteration_is_restarted_and_the_run_is_unchanged(tmp_path, reference):
@@ -90,7 +92,7 @@ def test_a_coordinator_killed_mid_iteration_is_restarted_and_the_run_is_unchange
     assert metrics[3]["generation"] == rebuilt["generation"]
     # the workers kept their state: nobody was closed or healed from a donor
     assert rebuilt["closed"] == [] and not [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "join"]
-    print(f"coordinator kill -> next commit: {_seconds_to_next_commit(out, metrics, fired['wall_time']):.2f}s")
+    print(f"coordinator kill -> next commit: {_seconds_to_next_commit(metrics, fired):.2f}s")
 
 
 def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_path, reference):
@@ -108,15 +110,16 @@ def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_pa
 
 
 def test_a_frozen_coordinator_is_killed_and_restarted(tmp_path, reference):
-    out, _ = _run(tmp_path, [{"kind": "coordinator_hang", "replica": 2, "step": 2, "phase": "forward"}],
-                  "--coordinator-timeout", "2")
+    out, proc = _run(tmp_path, [{"kind": "coordinator_hang", "replica": 2, "step": 2, "phase": "forward"}],
+                     "--coordinator-timeout", "2")
     (fired,) = assert_every_planned_fault_fired(out)
     metrics, summary = _assert_same_run(out, reference)
     first, last = _coordinator_exits(summary)
     assert first["pid"] == fired["pid"] and first["how"] == "killed by SIGKILL" and first["restarted"]
     assert last["returncode"] == 0
-    # noticed within a bounded time (the 2 s of silence, the restart), not after 3 x timeout + 60 s
-    assert _seconds_to_next_commit(out, metrics, fired["wall_time"]) < 3 * 20 + 60
+    # found by its silence (a frozen process never exits: nothing else would have told the launcher)
+    assert f"coordinator (pid {fired['pid']}) silent for" in proc.stderr and "frozen" in proc.stderr
+    print(f"coordinator freeze -> next commit: {_seconds_to_next_commit(metrics, fired):.2f}s")
 
 
 def test_a_coordinator_killed_from_outside_after_some_commits(tmp_path, reference):

@@ -155,3 +155,13 @@ def test_checkpoint_stall_matches_results():
     tiny, small = found(r"runs takes ([\d.]+)x \(tiny\) and ([\d.]+)x \(small\) one without")
     same(tiny, bench["tiny"]["iteration_with_save_ratio"])
     same(small, bench["small"]["iteration_with_save_ratio"])
+
+
+def test_coordinator_restart_numbers_match_the_committed_bench():
+    bench = json.loads((ROOT / "results" / "bench" / "coordinator_restart.json").read_text())["median_seconds"]
+    replica, crash, commit, hang = found(
+        r"a replica crash ([\d.]+) s, a coordinator crash ([\d.]+) s\nmid-iteration and ([\d.]+) s mid-commit, "
+        r"a frozen coordinator ([\d.]+) s")
+    for printed, name in ((replica, "replica_crash"), (crash, "coordinator_crash"), (commit, "mid_commit"),
+                          (hang, "coordinator_hang")):
+        same(printed, bench[name])

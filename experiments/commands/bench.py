@@ -6,7 +6,9 @@
 `recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py);
 with `--service`, the real membership service against N simulated replicas over loopback
 (experiments/bench_coordinator_service.py);
-`recover bench transfer`: live state transfer against a plain broadcast (experiments/bench_transfer.py).
+`recover bench transfer`: live state transfer against a plain broadcast (experiments/bench_transfer.py);
+`recover bench coordinator-restart`: seconds from a coordinator kill to the next commit
+(experiments/bench_coordinator_restart.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R) before any run starts; the measurement
@@ -86,6 +88,20 @@ def add_parser(sub) -> None:
     t.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
     t.add_argument("--out", default="results/bench", help="where to write state_transfer.json (default: results/bench)")
     t.set_defaults(func=cmd_bench_transfer)
+    cr = bsub.add_parser("coordinator-restart", help="seconds from a coordinator kill (or freeze) to the next "
+                         "commit, against a replica kill", description="Real recover runs with one planned fault "
+                         "each (a replica crash, a coordinator crash mid-iteration and mid-commit, a coordinator "
+                         "hang), interleaved; writes coordinator_restart.json.")
+    cr.add_argument("--model", default="tiny", help="model of the runs (default: tiny)")
+    cr.add_argument("--replicas", type=int, default=4, help="replicas per run (default: 4)")
+    cr.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
+    cr.add_argument("--steps", type=int, default=10, help="steps per run; the fault is at the middle one (default: 10)")
+    cr.add_argument("--coordinator-timeout", type=float, default=2.0,
+                    help="silence that counts as a frozen coordinator (default: 2)")
+    cr.add_argument("--repeats", type=int, default=3, help="runs per scenario (default: 3)")
+    cr.add_argument("--out", default="results/bench", help="where to write coordinator_restart.json")
+    cr.add_argument("--work", default="", help="directory for the runs themselves (default: a temp dir)")
+    cr.set_defaults(func=cmd_bench_coordinator_restart)
     k = bsub.add_parser("coordinator", help="the coordinator's cost per commit and per recovery, against R "
                         "(--service: the real service over loopback)",
                         description="Drive core.protocol.Membership in process with R replicas; write NAME.json. "
@@ -252,3 +268,17 @@ def cmd_bench_transfer(args: argparse.Namespace) -> int:
     from ..bench_transfer import bench_transfer
 
     return bench_transfer(args)
+
+
+def cmd_bench_coordinator_restart(args: argparse.Namespace) -> int:
+    if args.model not in MODEL_CONFIGS:
+        return fail(f"--model: unknown model {args.model!r}; choose from {', '.join(MODEL_CONFIGS)}")
+    if args.replicas < 2:
+        return fail("--replicas: must be >= 2 (a replica crash needs a survivor)")
+    if args.microbatches < args.replicas:
+        return fail(f"--microbatches: must be >= --replicas ({args.replicas})")
+    if args.steps < 4 or args.repeats < 1 or args.coordinator_timeout <= 0:
+        return fail("--steps must be >= 4, --repeats >= 1 and --coordinator-timeout > 0")
+    from ..bench_coordinator_restart import bench_coordinator_restart
+
+    return bench_coordinator_restart(args)
