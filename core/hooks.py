@@ -34,6 +34,7 @@ PHASES = (
     "commit",  # after this replica's vote, before the commit is known
     "optimizer_step",  # after the commit, before the optimizer step
     "checkpoint_save",  # while a checkpoint is being written (checkpointing systems)
+    "state_transfer",  # recover, at an admission: the donor and each newcomer, just before the state moves
 )
 
 COORDINATOR_PHASES = (

@@ -472,6 +472,7 @@ class Replica:
         g = self.generation
         should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
         self._unhealed = self.replica in joining
+        self.hooks.at(self.step, "state_transfer")
         try:
             # A group of the donor and the newcomers only, under the generation's prefix:
             # the other members go on folding while the bytes move.

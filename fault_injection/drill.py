@@ -6,7 +6,8 @@ Contract:
   hooks by PID), one stand-in worker per replica. A stand-in trains nothing: each
   step it walks this replica's quota (core.policy's equal split) through every
   point of core.hooks.PHASES - forward, backward, between_microbatches,
-  allreduce, commit, optimizer_step, checkpoint_save - sleeping `work_seconds`
+  allreduce, commit, optimizer_step, checkpoint_save (not state_transfer: only
+  a recover admission reaches it, and a drill admits no one) - sleeping `work_seconds`
   for each forward and backward, and calls the hooks as a trainer does (the
   microbatches through the trainers' own loop, core.fold.fold_quota). So every
   fault of a plan, at any phase, happens for real (SIGKILL, SIGSTOP, a raise, a

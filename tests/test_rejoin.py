@@ -108,6 +108,36 @@ def test_a_frozen_replica_declared_dead_rejoins_when_it_wakes(tmp_path, referenc
     assert "rejoining as a newcomer" in (out / "logs" / "replica1.log").read_text()
 
 
+def test_a_donor_killed_during_the_transfer_and_the_newcomer_is_healed_by_another(tmp_path, reference):
+    # Three replicas: 2 dies at step 2 and is replaced; at its admission (step 3) the donor
+    # (the fastest member: 0 or 1, so both carry the fault; only the donor reaches that point
+    # at step 3) is SIGKILLed just before the state moves. The newcomer's transfer fails, it
+    # waits for the next commit, and the survivor heals both newcomers at step 4.
+    faults = [{"kind": "crash", "replica": 2, "step": 2, "phase": "forward", "microbatch": 0},
+              {"kind": "crash", "replica": 0, "step": 3, "phase": "state_transfer"},
+              {"kind": "crash", "replica": 1, "step": 3, "phase": "state_transfer"}]
+    out, metrics, summary, events = _run(tmp_path, faults, "--replicas", "3", "--min-replicas", "3",
+                                         "--replace-after", "0.2")
+    fired = read_jsonl(out / "faults.jsonl")
+    _assert_trajectory(metrics, reference)
+    admitted = [e for e in events if e["kind"] == "admitted"]
+    donor = admitted[0]["donor"]
+    # exactly the donor of the first admission was killed, at step 3, before the state moved
+    assert sorted((f["replica"], f["step"], f["phase"]) for f in fired) == sorted([
+        (2, 2, "forward"), (donor, 3, "state_transfer")]), fired
+    assert admitted[0]["replicas"] == [2] and admitted[0]["step"] == 3
+    failed = [e for e in events if e["kind"] == "join_failed"]
+    assert [e["replica"] for e in failed] == [2]  # dropped cleanly back to waiting, not stuck
+    other = 1 - donor
+    assert admitted[-1]["donor"] == other and admitted[-1]["replicas"] == sorted([2, donor])
+    joins = {e["replica"]: e for e in events if e["kind"] == "join"}
+    assert sorted(joins) == sorted([2, donor]) and all(j["donor"] == other for j in joins.values())
+    assert joins[2]["attempts"] == 1  # its second admission healed it
+    assert metrics[-1]["members"] == [0, 1, 2]  # back at full strength
+    finals = summary["final_checksums"]
+    assert sorted(finals) == ["0", "1", "2"] and len(set(finals.values())) == 1, finals
+
+
 def test_recover_launch_replaces_a_killed_replica_of_a_users_loop(tmp_path):
     """`recover launch --replace-after`: the example loop's LambdaLR position moves with the state
     (a newcomer whose scheduler were at step 0 would report another rate, or be refused)."""
