@@ -162,6 +162,19 @@ class Communicator:
             raise CollectiveError(self.generation, f"broadcast failed: {e}") from e
         self._wait(work, "broadcast", timeout, should_abort)
 
+    def broadcast_many(self, tensors: list[torch.Tensor], root: int, timeout: float,
+                       should_abort: AbortCheck | None = None) -> None:
+        """`broadcast` of each tensor, all issued before any is waited for (the backend runs
+        them back to back instead of one Python round trip each); `timeout` is per tensor."""
+        works = []
+        for t in tensors:
+            try:
+                works.append(self.pg.broadcast(t, root))
+            except Exception as e:  # a backend error on issue
+                raise CollectiveError(self.generation, f"broadcast failed: {e}") from e
+        for work in works:
+            self._wait(work, "broadcast", timeout, should_abort)
+
     def _wait(self, work, what: str, timeout: float, should_abort: AbortCheck | None) -> None:
         deadline = time.monotonic() + timeout
         spin_until = time.monotonic() + 0.002  # most local collectives finish within a few ms

@@ -11,22 +11,32 @@ Contract:
 - What is sent is everything a replica's future depends on that is not a
   function of the global microbatch id: data and per-microbatch randomness are
   (core/data.py), so no data position or RNG state travels.
-- Wire format: two broadcasts from `root`: the sizes (two int64: the header's
-  bytes, padded to 4, and the fp32 elements), then one byte buffer: the header
-  (`torch.save` of a dict without large tensors: the optimizer's non-tensor
-  state and its 0-d tensors such as AdamW's `step`, the layout, the stepper's
-  state, the donor's fingerprint), then as fp32 the parameters and every
+- Wire format: broadcasts from `root`: the sizes (two int64: the header's
+  bytes and the buffer's fp32 elements; the fp32 part starts at the header's end
+  padded to 4), then one byte buffer: the header
+  (tagged JSON, `_encode`, of a dict without large tensors: the optimizer's
+  non-tensor state and its 0-d tensors such as AdamW's `step`, the layout, the
+  stepper's state, the donor's fingerprint), then as fp32 the parameters and every
   optimizer state tensor of one dimension or more, in (parameter index, state
-  key) order. Why one buffer: one collective moves all the bytes, on any backend
-  (gloo on the host, nccl on the device), with no per-tensor round trips
+  key) order, except those of `DIRECT_BYTES` or more, which the header lists
+  ("direct") and which follow, each as a broadcast of its own, in that order.
+  Why: small tensors share one collective, with no per-tensor round trips
   (measured: a broadcast per tensor was 3x slower than the copy into one
-  buffer); the receiver keeps the optimizer's state as views of it (no second
-  copy). `recover bench transfer` holds the cost against a plain broadcast of
-  the same bytes.
+  buffer, on the tiny model); a large tensor costs one round trip for megabytes,
+  and sending it from its own storage saves the donor a copy into the buffer,
+  and the memory for it (on gpt2-124m, 1 GB of state, that copy and its page
+  faults were most of the gap to a plain broadcast). The receiver keeps the
+  optimizer's state as views of what arrived (no second copy). Works on any
+  backend (gloo on the host, nccl on the device). `recover bench transfer` holds
+  the cost against a plain broadcast of the same bytes.
   Why the 0-d tensors go in the header: AdamW keeps `step` on the host while
   the weights may live on a GPU.
-- The header is read with `torch.load(weights_only=True)`: plain containers,
-  numbers and tensors only; a peer can never make it run code.
+- The header is JSON with tags for what JSON lacks (tuples, dicts with non-string
+  keys, 0-d tensors as dtype and value; floats round-trip exactly): plain
+  containers, numbers and 0-d tensors only, so a peer can never make it run code.
+  Why not `torch.save`/`torch.load(weights_only=True)`: measured here, loading the
+  tiny model's 6 KB header that way took 1.1 ms, more than broadcasting its 1.4 MB
+  of state (the JSON round trip: well under 0.1 ms).
 - Every broadcast has the communicator's deadline and abort check: a donor that
   dies mid-transfer surfaces as `CollectiveError` on the receivers (and vice
   versa) within `timeout`, never as a hang. A receiver that fails keeps its old
@@ -37,7 +47,7 @@ Contract:
 """
 from __future__ import annotations
 
-import io
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +61,9 @@ from .recipe import CommittedStep
 
 class TransferError(CollectiveError):
     """The state arrived but does not match the donor's (fingerprints differ)."""
+
+
+DIRECT_BYTES = 1 << 20  # a tensor this large is broadcast from its own storage (see the contract)
 
 
 @dataclass(frozen=True)
@@ -84,66 +97,128 @@ def _layout(optimizer: torch.optim.Optimizer) -> tuple[dict, list[tuple[int, str
     return {"state": state, "param_groups": sd["param_groups"]}, layout, tensors
 
 
+def _encode(obj: Any) -> Any:
+    """`obj` as JSON-able data, with tags for tuples, non-string-keyed dicts and 0-d tensors."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, list):
+        return [_encode(v) for v in obj]
+    if isinstance(obj, tuple):
+        return {"__tuple": [_encode(v) for v in obj]}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v) for k, v in obj.items()}
+        return {"__dict": [[_encode(k), _encode(v)] for k, v in obj.items()]}
+    if isinstance(obj, torch.Tensor) and obj.dim() == 0:
+        return {"__tensor": obj.item(), "dtype": str(obj.dtype).removeprefix("torch.")}
+    raise TypeError(f"state transfer: cannot send a {type(obj).__name__} in the header")
+
+
+def _decode(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tuple" in obj:
+        return tuple(_decode(v) for v in obj["__tuple"])
+    if "__dict" in obj:
+        return {_decode(k): _decode(v) for k, v in obj["__dict"]}
+    if "__tensor" in obj:
+        dtype = getattr(torch, obj["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"state transfer: unknown dtype {obj['dtype']!r} in the header")
+        return torch.tensor(obj["__tensor"], dtype=dtype)
+    return {k: _decode(v) for k, v in obj.items()}
+
+
 def _groups_shape(optimizer: torch.optim.Optimizer) -> list[int]:
     return [len(g["params"]) for g in optimizer.param_groups]
 
 
 def transfer_state(comm: Communicator, root: int, acc: GradAccumulator, optimizer: torch.optim.Optimizer,
-                   stepper: CommittedStep, timeout: float, should_abort: AbortCheck | None = None) -> TransferStats:
-    """Make every member of `comm` hold rank `root`'s training state (see the module docstring)."""
+                   stepper: CommittedStep, timeout: float, should_abort: AbortCheck | None = None,
+                   direct_bytes: int = DIRECT_BYTES) -> TransferStats:
+    """Make every member of `comm` hold rank `root`'s training state (see the module docstring).
+
+    `direct_bytes`: on the donor, a tensor of at least this many bytes goes as a broadcast of
+    its own, straight from its storage; smaller ones share the one buffer."""
     device = acc.buffer.device
     start = time.perf_counter()
     sending = comm.rank == root
-    sizes = torch.zeros(2, dtype=torch.int64, device=device)  # header bytes (padded to 4), fp32 elements
+    sizes = torch.zeros(2, dtype=torch.int64, device=device)  # header bytes, fp32 elements of the buffer
+    sources: list[torch.Tensor] = []
+    direct: list[int] = []
     if sending:
         opt_sd, layout, tensors = _layout(optimizer)
+        sources = [p.detach() for p in acc.params] + tensors  # (parameter, then state) order, as the layout
+        direct = [i for i, t in enumerate(sources) if 4 * t.numel() >= direct_bytes and t.is_contiguous()]
         header = {"optimizer": opt_sd, "layout": layout, "stepper": stepper.state_dict(),
                   "fingerprint": acc.weights_fingerprint(), "groups": _groups_shape(optimizer),
-                  "params": [list(p.shape) for p in acc.params]}
-        raw = io.BytesIO()
-        torch.save(header, raw)
-        head = raw.getvalue()
-        sizes[0] = (len(head) + 3) // 4 * 4
-        sizes[1] = sum(p.numel() for p in acc.params) + sum(t.numel() for t in tensors)
+                  "params": [list(p.shape) for p in acc.params], "direct": direct}
+        head = json.dumps(_encode(header), separators=(",", ":")).encode()
+        sizes[0] = len(head)
+        sizes[1] = sum(t.numel() for i, t in enumerate(sources) if i not in set(direct))
     comm.broadcast(sizes, root, timeout, should_abort)
-    hbytes, numel = int(sizes[0]), int(sizes[1])
+    hlen, numel = int(sizes[0]), int(sizes[1])
+    hbytes = (hlen + 3) // 4 * 4  # the fp32 part starts 4-aligned
     buf = torch.empty(hbytes + 4 * numel, dtype=torch.uint8, device=device)
     flat = buf[hbytes:].view(torch.float32)
     if sending:
         buf[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
-        # one copy into the buffer: the cost the benchmark holds against a plain broadcast
-        # (sending each tensor as its own collective measured 3x slower on gloo)
-        torch.cat([p.detach().reshape(-1) for p in acc.params] + [t.reshape(-1) for t in tensors], out=flat)
+        # one copy of the small tensors into the buffer (a broadcast per small tensor measured 3x
+        # slower on gloo: per-collective latency); the large ones go from their own storage below
+        skip = set(direct)
+        small = [t.reshape(-1) for i, t in enumerate(sources) if i not in skip]
+        if small:
+            torch.cat(small, out=flat)
     comm.broadcast(buf, root, timeout, should_abort)
-    seconds = time.perf_counter() - start
+    shapes: list = []
     if not sending:
-        header = torch.load(io.BytesIO(buf[:hbytes].cpu().numpy().tobytes()), weights_only=True)
+        header = _decode(json.loads(buf[:hlen].cpu().numpy().tobytes()))
         if header["groups"] != _groups_shape(optimizer) or header["params"] != [list(p.shape) for p in acc.params]:
             raise ValueError("state transfer: the donor's parameters or optimizer groups "
                              f"({header['groups']}) differ from this replica's ({_groups_shape(optimizer)}): "
                              "every replica must build its model and optimizer the same way")
-        _load(flat, header, acc, optimizer, stepper)
+        shapes = header["params"] + [shape for _, _, shape in header["layout"]]
+        direct = header["direct"]
+        if any(not isinstance(i, int) or not 0 <= i < len(shapes) for i in direct):
+            raise ValueError(f"state transfer: the header's direct tensors {direct} are not of its layout")
+    # A receiver takes each into a fresh tensor, never straight into its parameters: an
+    # abandoned broadcast may still write into its tensor later (core/comm.py).
+    received = {i: sources[i] if sending else torch.empty(shapes[i], dtype=torch.float32, device=device)
+                for i in direct}
+    comm.broadcast_many([received[i] for i in direct], root, timeout, should_abort)
+    moved = sum(4 * t.numel() for t in received.values())
+    seconds = time.perf_counter() - start
+    if not sending:
+        _load(flat, received, header, acc, optimizer, stepper)
         got = acc.weights_fingerprint()
         if got != header["fingerprint"]:
             raise TransferError(comm.generation, f"state transfer: weights fingerprint {got[:12]} after the "
                                                  f"transfer differs from the donor's {header['fingerprint'][:12]}")
-    return TransferStats(sizes.numel() * 8 + buf.numel(), seconds, header["fingerprint"])
+    return TransferStats(sizes.numel() * 8 + buf.numel() + moved, seconds, header["fingerprint"])
 
 
-def _load(flat: torch.Tensor, header: dict, acc: GradAccumulator, optimizer: torch.optim.Optimizer,
-          stepper: CommittedStep) -> None:
-    """Copy the received buffer into the parameters and the optimizer; restore the stepper."""
+def _load(flat: torch.Tensor, received: dict[int, torch.Tensor], header: dict, acc: GradAccumulator,
+          optimizer: torch.optim.Optimizer, stepper: CommittedStep) -> None:
+    """Put what arrived (the buffer's small tensors, the large ones received on their own) into the
+    parameters and the optimizer; restore the stepper."""
     offset = 0
-    with torch.no_grad():
-        for p in acc.params:
-            n = p.numel()
-            p.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
-    sd = header["optimizer"]
-    for idx, key, shape in header["layout"]:
+
+    def take(i: int, shape) -> torch.Tensor:
+        nonlocal offset
+        if i in received:
+            return received[i].view(shape)
         n = int(torch.Size(shape).numel())
-        # a view of the freshly received buffer, which nothing else holds: no second copy
-        sd["state"][idx][key] = flat[offset:offset + n].view(shape)
         offset += n
+        return flat[offset - n:offset].view(shape)
+
+    with torch.no_grad():
+        for i, p in enumerate(acc.params):
+            p.copy_(take(i, p.shape))
+    sd = header["optimizer"]
+    for j, (idx, key, shape) in enumerate(header["layout"]):
+        # a view of freshly received memory, which nothing else holds: no second copy
+        sd["state"][idx][key] = take(len(acc.params) + j, shape)
     optimizer.load_state_dict(sd)
     stepper.load_state_dict(header["stepper"])

@@ -111,10 +111,11 @@ def test_digest_cost_matches_its_benchmark():
 
 def test_state_transfer_ratios_match_the_committed_benchmark():
     rows = {r["model"]: r for r in json.loads((ROOT / "results" / "bench" / "state_transfer.json").read_text())["rows"]}
-    tiny, small = found(r"throughput ([\d.]+) of a plain gloo broadcast of the same bytes on\s+`tiny` "
-                        r"\(1\.4 MB\) and ([\d.]+) on `small`")
+    tiny, small, gpt2 = found(r"throughput\s+([\d.]+) of a plain gloo broadcast of the same bytes on\s+`tiny` "
+                              r"\(1\.4 MB\) and ([\d.]+) on `small` \(10 MB\), and ([\d.]+) on `gpt2-124m`")
     same(tiny, rows["tiny"]["throughput_ratio"])
     same(small, rows["small"]["throughput_ratio"])
+    same(gpt2, rows["gpt2-124m"]["throughput_ratio"])
 
 
 def test_coordinator_numbers_match_the_service_bench():
