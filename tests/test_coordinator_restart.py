@@ -152,3 +152,26 @@ def test_without_restarts_a_killed_coordinator_ends_the_run_saying_so(tmp_path):
     assert summary["status"] == "failed" and "coordinator killed by SIGKILL" in summary["reason"], summary
     assert [p["restarted"] for p in _coordinator_exits(summary)] == [False]
     assert all(p["returncode"] is not None for p in summary["processes"])  # nothing left running
+
+
+def test_recover_launch_restarts_the_coordinator_of_a_users_loop(tmp_path):
+    """`recover launch`: a user's own loop (examples/user_loop.py, Replica.from_env) keeps its
+    state across a coordinator SIGKILL; every step is committed once, with its M ids and the
+    schedule's rate (a worker that lost its place would report another rate, or be refused)."""
+    import sys
+
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
+    out, steps = tmp_path / "launch", 12
+    proc, victim = run_recover_killing(
+        ["launch", "--replicas", "2", "--microbatches", "4", "--steps", str(steps), "--out", str(out), "--",
+         sys.executable, example], out, replica=-1, after_commits=4, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert all(reported_ids(m) == iteration_ids(m["step"], 4) for m in metrics)
+    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(steps)])
+    (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
+    assert rebuilt["members"] == [0, 1] and rebuilt["closed"] == []
+    exits = [p for p in json.loads((out / "summary.json").read_text())["processes"] if p["role"] == "coordinator"]
+    assert [(p["pid"] == victim, p["how"], p["restarted"]) for p in exits] == [
+        (True, "killed by SIGKILL", True), (False, "exited 0", False)]
