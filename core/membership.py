@@ -243,10 +243,10 @@ class MembershipService:
         self.log(f"rebuilding from {len(self.rebuild_hellos)} report(s)"
                  + (f"; no report from replicas {missing} within {self.cfg.collective_timeout:g}s" if missing else ""))
         reports = [h.get("report") or {} for h in self.rebuild_hellos.values()]
-        # (a hello without a report is a worker's first: it never reached the old coordinator)
+        # (a hello without a report is a worker's first: it never reached the old coordinator; a
+        # worker's step before generation 0 is 0 even in a resumed run, so it is not compared)
         if reports and self.recorded_step < self.proto.step and all(
-                not rep.get("member") and rep.get("gen", -1) == -1 and rep.get("step", self.proto.step) == self.proto.step
-                for rep in reports):
+                not rep.get("member") and rep.get("gen", -1) == -1 for rep in reports):
             # It died during start-up (nothing formed, nothing committed): start-up goes on here,
             # with the hellos it has (they answer the workers' wait for generation 0).
             self.events.write({"kind": "rebuilt", "startup": True, "reports": len(reports), "at": now})
