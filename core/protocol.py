@@ -686,15 +686,17 @@ class Membership:
             self.slow_streak = {slowest: self.slow_streak.get(slowest, 0) + 1} if slowest is not None else {}
 
     # ---- a restarted coordinator ---------------------------------------------------------------
-    def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int = -1) -> list[Out]:
+    def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int | None = None) -> list[Out]:
         """Membership, step and generation of a run whose coordinator restarted, from its workers.
 
-        `hellos`: replica -> the hello it sent the new coordinator; its "report" says
+        `hellos`: replica -> the hello it sent the new coordinator (a member reporting a step
+        past what metrics.jsonl allows is treated as stale); its "report" says
         (core/replica.py `_report`): member (in a generation, holding the committed
         state), step (its committed count), gen, ledger (ids of `step` it folded),
         wait ("commit": it voted and holds the reduced gradient; "gen": it waits for
         generation `awaiting`; "": anything else) and vote (its last vote: gen, step,
-        ledger, loss_sum, lr). `recorded_step`: the last step metrics.jsonl holds; a
+        ledger, loss_sum, lr). `recorded_step`: the last step metrics.jsonl holds (None:
+        not known, as in a test of the machine alone); a
         commit the old coordinator sent but did not record is recorded here, from the
         votes the workers report, marked "rebuilt".
 
@@ -708,7 +710,13 @@ class Membership:
         for r, h in hellos.items():
             self.pids[r] = h.get("pid")
             self.tokens_per_mb = int(h.get("tokens_per_mb", self.tokens_per_mb))
-        members = {r: rep for r, rep in reports.items() if rep.get("member") and isinstance(rep.get("step"), int)}
+        # metrics.jsonl is the other witness: the old coordinator recorded every commit but at most
+        # the last one it sent, so no member can be past recorded_step + 2; a report beyond that
+        # (a worker's bug) would make every sound member look behind, so it is the one set aside.
+        limit = None if recorded_step is None else max(recorded_step, self.step - 1) + 2
+        members = {r: rep for r, rep in reports.items()
+                   if rep.get("member") and isinstance(rep.get("step"), int) and (limit is None or rep["step"] <= limit)}
+        recorded = -1 if recorded_step is None else recorded_step
         self.alive, self.dead = set(reports), set(range(self.R)) - set(reports)
         if not members:
             return self._finish(1, f"cannot rebuild the run after a coordinator restart: no member of it reported "
@@ -745,7 +753,7 @@ class Membership:
         out: list[Out] = [Out("event", msg={
             "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
             "missed_commit": sorted(behind), "closed": stale, "reports": len(reports), "at": now}, reason=reason)]
-        if behind and recorded_step < top - 1:
+        if behind and recorded < top - 1:
             out.append(self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now))
         loss = None
         for r, rep in sorted(behind.items()):

@@ -169,3 +169,13 @@ def test_the_wire_checks_a_hellos_report():
                    {**good["report"], "vote": {"gen": 1}}, {**good["report"], "awaiting": 1.5}, []):
         msg, why = parse_line(dumps({**good, "report": broken}))
         assert msg is None and "report" in why
+
+
+def test_a_report_past_what_metrics_allows_is_set_aside_not_believed():
+    # metrics.jsonl holds steps up to 5: no member can be past step 7 (6 sent, not recorded)
+    ids = iteration_ids(6, M)
+    hellos = {0: hello(report(6, 3, ids[0:2])), 1: hello(report(6, 3, ids[2:4])), 2: hello(report(40, 3, []))}
+    proto = fresh()
+    out = proto.rebuild(hellos, 1.0, recorded_step=5)
+    assert proto.step == 6 and proto.expected == {0, 1}
+    assert [a.replica for a in out if a.kind == "close"] == [2]  # it comes back as a newcomer, healed
