@@ -24,6 +24,11 @@ Contract:
   non-zero while the job runs gets a new process in its slot (same replica id)
   that many seconds later, as a cluster scheduler replacing a failed node would;
   it joins the running job through the coordinator's admission (core/replica.py).
+  A slot whose replacements keep dying at once (a bad node, a broken image) is
+  not restarted forever: each replacement that exits non-zero within
+  `QUICK_DEATH_SECONDS` of its start doubles the next wait (`replacement_delay`),
+  and after `MAX_QUICK_DEATHS` in a row the slot is left empty, saying so; a
+  replacement that lived longer starts the count again.
   Each worker is started with RECOVER_WORKER_STARTED (time.time() at its start),
   pids.json is rewritten, and the hooks' `on_start` is called again with the new
   PIDs (a fault injector then targets the replacement).
@@ -62,6 +67,14 @@ from .forkserver import ForkedProcess
 from .startup import JOIN_TOKEN_ENV, new_join_token
 
 _PR_SET_PDEATHSIG = 1
+QUICK_DEATH_SECONDS = 60.0  # a replacement that fails sooner than this after its start died "at once"
+MAX_QUICK_DEATHS = 5  # replacements of one slot that died at once, in a row, before it is left empty
+
+
+def replacement_delay(replace_after: float, quick_deaths: int) -> float:
+    """Seconds before a slot's next replacement: `replace_after`, doubled per replacement of the
+    slot that died at once in a row (so a crash-looping slot costs ever less)."""
+    return replace_after * 2 ** quick_deaths
 
 
 def _die_with_parent() -> None:
@@ -162,6 +175,8 @@ class Launcher:
         self._notices: ExitNotices | None = None
         self.replace_after = replace_after
         self._replace_at: dict[int, float] = {}  # replica -> monotonic time its replacement starts
+        self._replaced_at: dict[int, float] = {}  # replica -> monotonic start of its current replacement
+        self._quick_deaths: dict[int, int] = {}  # replica -> its replacements that died at once, in a row
         self._worker_env: dict[str, str] = {}
         self.coordinator_restarts = coordinator_restarts  # restarts left (see the contract)
         self.coordinator_timeout = coordinator_timeout  # None: a silent coordinator is never killed
@@ -279,6 +294,7 @@ class Launcher:
         due = sorted(r for r, at in self._replace_at.items() if at <= now)
         for r in due:
             del self._replace_at[r]
+            self._replaced_at[r] = time.monotonic()
             self.workers[r] = live[r] = self._start_worker(r, self._worker_env)
             print(f"[launcher {now - t0:8.3f}s] replica {r}: replacement started (pid {self.workers[r].pid})",
                   file=sys.stderr, flush=True)
@@ -337,13 +353,28 @@ class Launcher:
             del live[r]
             self._record("worker", r, p, t0)
             if self.replace_after is not None and p.returncode != 0:
-                self._replace_at[r] = time.monotonic() + self.replace_after
+                self._schedule_replacement(r, t0)
         if self.coordinator.poll() is not None and not any(e.pid == self.coordinator.pid for e in self.exits):
             restart = (self.coordinator_restarts > 0 and self.coordinator.returncode < 0
                        and bool(live or self._replace_at) and not self._interrupted)
             self._record("coordinator", -1, self.coordinator, t0, restarted=restart)
             if restart:
                 self._restart_coordinator(live, t0)
+
+    def _schedule_replacement(self, r: int, t0: float) -> None:
+        """The slot's next replacement, later each time one died at once; none past MAX_QUICK_DEATHS."""
+        now = time.monotonic()
+        started = self._replaced_at.pop(r, None)
+        if started is not None and now - started < QUICK_DEATH_SECONDS:
+            self._quick_deaths[r] = self._quick_deaths.get(r, 0) + 1
+        else:
+            self._quick_deaths[r] = 0  # the first process of the slot, or one that lived: no streak
+        n = self._quick_deaths[r]
+        if n >= MAX_QUICK_DEATHS:
+            print(f"[launcher {now - t0:8.3f}s] replica {r}: not replaced again: its last {n} replacements "
+                  f"failed within {QUICK_DEATH_SECONDS:g}s of their start", file=sys.stderr, flush=True)
+            return
+        self._replace_at[r] = now + replacement_delay(self.replace_after, n)
 
     def _kill_frozen_coordinator(self, t0: float) -> None:
         """SIGKILL, by its PID, a coordinator silent past `coordinator_timeout` (then `_reap` restarts it)."""

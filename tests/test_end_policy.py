@@ -130,3 +130,24 @@ def test_a_kill_and_the_failure_it_caused_seen_in_one_look_record_the_kill_first
     launcher._reap(live, 0.0)
     assert [(e.replica, e.how) for e in launcher.exits] == [(1, "killed by SIGKILL"), (0, "exited with code 1")]
     assert list(live) == [2]
+
+
+def test_a_crash_looping_slot_waits_twice_as_long_each_time():
+    from recover.core.launcher import replacement_delay
+
+    assert [replacement_delay(0.5, k) for k in range(4)] == [0.5, 1.0, 2.0, 4.0]
+
+
+@pytest.mark.procs
+def test_replacements_that_die_at_once_are_capped(tmp_path, capfd):
+    from recover.core.launcher import MAX_QUICK_DEATHS
+
+    # Replica 1 and every replacement of it exit 1 at once; the coordinator outlives the
+    # capped sequence (0.05 s x (1 + 2 + 4 + 8 + 16) of waits, well under its life), then ends the job.
+    result, procs = _launch(tmp_path, (8.0, 0), {0: (7.5, 0), 1: (0.0, 1)}, replace_after=0.05)
+    assert result.returncode == 0, result
+    ones = [e for e in result.exits if e.role == "worker" and e.replica == 1]
+    assert len(ones) == 1 + MAX_QUICK_DEATHS and all(e.returncode == 1 for e in ones)
+    assert len({e.pid for e in ones}) == len(ones)  # a new process each time
+    assert "replica 1: not replaced again" in capfd.readouterr().err
+    assert _all_gone(procs)
