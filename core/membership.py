@@ -79,6 +79,7 @@ from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
 MAX_REFUSAL_RECORDS = 1000  # events.jsonl lines for refused messages; past it they are only counted
 _HEARTBEAT = b'{"t":"hb"}\n'
+TAIL_BYTES = 64 << 20  # of metrics.jsonl read by a restarted coordinator: a few lines even at R = 16,384
 
 
 class _Conn:
@@ -156,12 +157,19 @@ class MembershipService:
         was killed mid-write) is ended so that the next record starts a line of its own."""
         if not path.exists():
             return -1
-        data = path.read_bytes()
+        # Steps are written in order, so the tail says it: a long run's file is not read whole.
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read()
         if data and not data.endswith(b"\n"):
             with open(path, "ab") as f:
                 f.write(b"\n")
+        lines = data.splitlines()
+        if size > TAIL_BYTES and lines:
+            lines = lines[1:]  # the first is cut by the seek
         last = -1
-        for line in data.splitlines():
+        for line in lines:
             try:
                 last = max(last, int(loads(line)["step"]))
             except (ValueError, KeyError, TypeError):  # a torn line: not a record

@@ -179,3 +179,20 @@ def test_a_report_past_what_metrics_allows_is_set_aside_not_believed():
     out = proto.rebuild(hellos, 1.0, recorded_step=5)
     assert proto.step == 6 and proto.expected == {0, 1}
     assert [a.replica for a in out if a.kind == "close"] == [2]  # it comes back as a newcomer, healed
+
+
+def test_a_restarted_coordinator_reads_the_last_recorded_step_from_the_tail_and_ends_a_torn_line(
+        tmp_path, monkeypatch):
+    import json
+
+    import recover.core.membership as membership
+
+    path = tmp_path / "metrics.jsonl"
+    lines = "".join(json.dumps({"step": s, "pad": "x" * 100}) + "\n" for s in range(50))
+    path.write_text(lines + '{"step": 50, "lo')  # killed mid-write
+    assert membership.MembershipService._last_recorded_step(path) == 49
+    assert path.read_text().endswith('"lo\n')  # the next record starts a line of its own
+    monkeypatch.setattr(membership, "TAIL_BYTES", 300)  # only the tail is read: a few lines
+    path.write_text(lines)
+    assert membership.MembershipService._last_recorded_step(path) == 49
+    assert membership.MembershipService._last_recorded_step(tmp_path / "absent.jsonl") == -1
