@@ -86,6 +86,10 @@ class ControlClient:
                     return None
         return self._pending.popleft()
 
+    def put_back(self, msg: dict[str, Any]) -> None:
+        """Make `msg` the next message `recv` returns (one read elsewhere, still to be acted on)."""
+        self._pending.appendleft(msg)
+
     def abort_reason(self, generation: int) -> str | None:
         """Why an operation of `generation` should be abandoned now, if it should."""
         if not self._read(0.0):

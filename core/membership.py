@@ -235,11 +235,7 @@ class MembershipService:
         conns = list(self.by_replica.values()) + ([self.launcher] if self.launcher is not None else [])
         for conn in conns:
             if now - conn.last_sent >= self.beat_interval:
-                conn.last_sent = now
-                try:
-                    conn.sock.sendall(_HEARTBEAT)
-                except OSError:  # its closing is seen by the reading side
-                    pass
+                self._send_line(conn, _HEARTBEAT, now)
 
     def _maybe_rebuild(self, now: float) -> None:
         """Rebuild once every expected replica reported or is known gone, or at the deadline."""
@@ -282,11 +278,17 @@ class MembershipService:
         self._send(conn, {"t": "rebuilt", "heartbeat_interval": self.heartbeat_interval})
 
     def _send(self, conn: _Conn, msg: dict) -> None:
+        self._send_line(conn, dumps(msg) + b"\n", self.now())
+
+    @staticmethod
+    def _send_line(conn: _Conn, line: bytes, now: float) -> None:
+        """A line outside the protocol's actions (a beat, an answer, a last word): a failed send
+        is not a loss here, its closing is seen by the reading side."""
+        conn.last_sent = now
         try:
-            conn.sock.sendall(dumps(msg) + b"\n")
-            conn.last_sent = self.now()
+            conn.sock.sendall(line)
         except OSError:
-            pass  # its closing is seen by the reading side
+            pass
 
     def _accept(self) -> None:
         try:
@@ -300,7 +302,7 @@ class MembershipService:
         self.sel.register(sock, selectors.EVENT_READ, conn)
         # A first beat at once: the peer then knows this coordinator beats, and judges its
         # silence from the start (one that froze before its first beat would never be judged).
-        self._send(conn, {"t": "hb"})
+        self._send_line(conn, _HEARTBEAT, self.now())
 
     def _drop(self, conn: _Conn) -> None:
         try:

@@ -450,7 +450,7 @@ class Replica:
             self._unhealed = False
             if self._readmission_pending:  # the reconnect's hello was answered "pending" already
                 self._readmission_pending = False
-                self.control._pending.appendleft({"t": "pending", "step": self.step})
+                self.control.put_back({"t": "pending", "step": self.step})
             else:
                 self.control.close()
                 self.control = self._connect()
@@ -564,8 +564,6 @@ class Replica:
             if answer["t"] in ("done", "stop", "refused"):
                 return self._terminal(answer)
             raise RunEnded(f"fenced: the coordinator answered the reconnect with {answer['t']!r}", fenced=True)
-        if kind == "rebuilt":
-            return True  # (answered to a reconnect's hello; nothing more to it here)
         return False
 
     def _wait_for(self, kinds: set[str], min_gen: int = -1) -> dict:

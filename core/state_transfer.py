@@ -156,8 +156,9 @@ def transfer_state(comm: Communicator, root: int, acc: GradAccumulator, optimize
                   "fingerprint": acc.weights_fingerprint(), "groups": _groups_shape(optimizer),
                   "params": [list(p.shape) for p in acc.params], "direct": direct}
         head = json.dumps(_encode(header), separators=(",", ":")).encode()
+        skip = set(direct)  # the indices the buffer leaves out
         sizes[0] = len(head)
-        sizes[1] = sum(t.numel() for i, t in enumerate(sources) if i not in set(direct))
+        sizes[1] = sum(t.numel() for i, t in enumerate(sources) if i not in skip)
     comm.broadcast(sizes, root, timeout, should_abort)
     hlen, numel = int(sizes[0]), int(sizes[1])
     hbytes = (hlen + 3) // 4 * 4  # the fp32 part starts 4-aligned
@@ -167,7 +168,6 @@ def transfer_state(comm: Communicator, root: int, acc: GradAccumulator, optimize
         buf[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
         # one copy of the small tensors into the buffer (a broadcast per small tensor measured 3x
         # slower on gloo: per-collective latency); the large ones go from their own storage below
-        skip = set(direct)
         small = [t.reshape(-1) for i, t in enumerate(sources) if i not in skip]
         if small:
             torch.cat(small, out=flat)
