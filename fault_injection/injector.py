@@ -184,7 +184,7 @@ class CoordinatorInjector(CoordinatorHooks):
                 self.pending.remove(entry)
                 append_record(self.out, fault_record(i, f, os.getpid(), self.t0, f.step, f.phase,
                                                      fired_by="coordinator"))
-                os.kill(os.getpid(), signal.SIGKILL if f.kind == "coordinator_crash" else signal.SIGSTOP)
+                os.kill(os.getpid(), f.spec.coordinator_signal)
 
 
 def coordinator_hooks(cfg: Any) -> CoordinatorHooks | None:

@@ -20,10 +20,12 @@ Contract:
   worker it targets, after its record is written (it may not return: SIGKILL,
   SIGSTOP, a raise). `on_restart(state, fault)`, when set, re-applies a fired
   fault's lasting effect in a worker that restarted (a straggler stays slow).
-- `targets_coordinator`: the worker the plan names only pulls the trigger, at its
-  step and phase; the target is the coordinator process (its PID from
-  DIR/pids.json, which the launcher rewrites when it restarts one), and the
-  record names that PID.
+- `coordinator_signal`: a kind aimed at the coordinator process sends it this
+  signal (`targets_coordinator`). The worker the plan names only pulls the
+  trigger, at its step and phase, and signals the coordinator's PID from
+  DIR/pids.json (which the launcher rewrites when it restarts one); at a
+  coordinator phase the coordinator signals itself (injector.CoordinatorInjector).
+  The record names the coordinator's PID.
 - Launcher side: `launcher(pid, replica_pids)`, when set, fires a wall-clock
   fault of this kind from outside, by PID; kinds without one are armed in the
   worker whatever their trigger. `freezes`: the worker is stopped, not gone; the
@@ -103,7 +105,11 @@ class FaultKind:
     sim_effect: str = "none"  # one of SIM_EFFECTS
     sim_why: str = ""  # why the simulator models it so (shown when it is skipped)
     loses_replica: bool = False  # aggregate.py: the replica is out of the job from the moment it fired
-    targets_coordinator: bool = False  # fired by the named worker, at the coordinator process (see the contract)
+    coordinator_signal: int | None = None  # the signal a kind aimed at the coordinator sends it (see the contract)
+
+    @property
+    def targets_coordinator(self) -> bool:
+        return self.coordinator_signal is not None
 
     def __post_init__(self) -> None:
         # A table entry that cannot work fails at import, not when a plan first uses it.
@@ -188,14 +194,10 @@ def coordinator_pid(out: Path) -> int:
     return int(json.loads((Path(out) / "pids.json").read_text())["coordinator"])
 
 
-def _kill_coordinator(state: InjectorState, index: int, fault: Any, step: int) -> None:
-    os.kill(coordinator_pid(state.out), signal.SIGKILL)
-
-
-def _stop_coordinator(state: InjectorState, index: int, fault: Any, step: int) -> None:
-    # For good: the launcher sees it stop beating and kills it (core/launcher.py), and the
-    # workers see its silence; no SIGCONT from the injector (that is what `freezes` does).
-    os.kill(coordinator_pid(state.out), signal.SIGSTOP)
+def _signal_coordinator(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # A SIGSTOP is for good: the launcher sees the coordinator stop beating and kills it
+    # (core/launcher.py), and the workers see its silence; no SIGCONT (that is what `freezes` does).
+    os.kill(coordinator_pid(state.out), fault.spec.coordinator_signal)
 
 
 # ---- launcher-side actions (by PID, from outside) -----------------------------------------------
@@ -270,14 +272,14 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     ),
     FaultKind(
         "coordinator_crash", "SIGKILL of the coordinator process, pulled by the named worker at its step and phase "
-        "(recover restarts the coordinator and rebuilds the run from its workers)", _kill_coordinator,
-        targets_coordinator=True,
+        "(recover restarts the coordinator and rebuilds the run from its workers)", _signal_coordinator,
+        coordinator_signal=signal.SIGKILL,
         sim_effect="none", sim_why="no replica is lost; the restart costs seconds, not modelled",
     ),
     FaultKind(
         "coordinator_hang", "SIGSTOP of the coordinator process for good, pulled by the named worker at its step "
-        "and phase (recover's launcher kills it once it stops beating, and restarts it)", _stop_coordinator,
-        targets_coordinator=True,
+        "and phase (recover's launcher kills it once it stops beating, and restarts it)", _signal_coordinator,
+        coordinator_signal=signal.SIGSTOP,
         sim_effect="none", sim_why="no replica is lost; the restart costs seconds, not modelled",
     ),
 )}
