@@ -566,19 +566,10 @@ class Membership:
             # The schedule is a function of the committed step: replicas that disagree would diverge.
             raise ProtocolError(f"step {self.step}: replicas report different learning rates {sorted(map(str, lrs))}")
         lr = lrs.pop()
-        records = [Out("commit", msg={
-            "step": self.step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
-            # the ids the members reported folding (their ledgers' union, checked exactly above),
-            # and each member's report as it voted it: the evidence, not what was handed out
-            "microbatch_ids": idranges.to_ids(got), "ledgers": ledgers,
-            "generation": self.gen, "members": list(self.members),
-            "recoveries": len(self.pending),
-            **({"lr": lr} if lr is not None else {}),
-            # how many microbatches each member folded: the policy's load balance, visible
-            "folded": folded,
-            # the slowest microbatch a member reported this step (seconds): what a rejoin waits out
-            "slowest_microbatch_seconds": slowest,
-        })]
+        records = [self._commit_line(self.step, loss, got, ledgers, self.gen, list(self.members),
+                                     len(self.pending), lr, folded,
+                                     # the slowest microbatch a member reported (seconds): what a rejoin waits out
+                                     slowest_microbatch_seconds=slowest)]
         for rec in self.pending:
             rec["committed_at"] = now
             rec["recovery_seconds"] = now - rec["detected_at"]
@@ -787,13 +778,24 @@ class Membership:
             raise ProtocolError(f"step {step}: the reported votes' ledgers overlap: {e}") from None
         first = votes[min(votes)]
         lo, hi = step * self.M, (step + 1) * self.M
+        return self._commit_line(step, first["loss_sum"] / self.M, got, ledgers, first.get("gen"), sorted(votes), 0,
+                                 first.get("lr"), {k: idranges.count(v) for k, v in ledgers.items()},
+                                 # the members that voted and did not report (dead since) leave their ids out
+                                 rebuilt=True, complete=idranges.is_exactly(got, lo, hi))
+
+    def _commit_line(self, step: int, loss: float, got: idranges.Ranges, ledgers: dict[str, list], generation: Any,
+                     members: list[int], recoveries: int, lr: Any, folded: dict[str, int], **extra: Any) -> Out:
+        """A step's metrics.jsonl line (the service adds the wall time and its own load): one shape
+        for a commit and for one a restarted coordinator records from the votes reported."""
         return Out("commit", msg={
-            "step": step, "loss": first["loss_sum"] / self.M, "tokens": self.M * self.tokens_per_mb,
-            "microbatch_ids": idranges.to_ids(got), "ledgers": ledgers, "generation": first.get("gen"),
-            "members": sorted(votes), "recoveries": 0, **({"lr": first["lr"]} if first.get("lr") is not None else {}),
-            "folded": {k: idranges.count(v) for k, v in ledgers.items()},
-            # the members that voted and did not report (dead since) leave their ids out
-            "rebuilt": True, "complete": idranges.is_exactly(got, lo, hi)})
+            "step": step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
+            # the ids the members reported folding (their ledgers' union, checked exactly),
+            # and each member's report as it voted it: the evidence, not what was handed out
+            "microbatch_ids": idranges.to_ids(got), "ledgers": ledgers,
+            "generation": generation, "members": members, "recoveries": recoveries,
+            **({"lr": lr} if lr is not None else {}),
+            # how many microbatches each member folded: the policy's load balance, visible
+            "folded": folded, **extra})
 
     # ---- attribution and fencing (persistent faults) ---------------------------------------
     def _implicated(self) -> int | None:
