@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from .config import TrainConfig
+    from .gc_pacing import take_over
     from .membership import MembershipService
     from .startup import JOIN_TOKEN_ENV
 
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get(JOIN_TOKEN_ENV):
         info["join_token"] = service.join_token
     print(json.dumps(info), flush=True)
+    take_over()  # this process is the coordinator: collections at its settles, off the vote-to-commit path
     return service.serve()
 
 

@@ -16,12 +16,20 @@ plain set-based definition beside it):
   lists, or ValueError if any id is named twice (within a list or across lists).
   O(p log p) for p pairs, O(p) when the pairs already come in order, as quotas
   handed out in replica order do.
+- `partitions(lists, start, stop)`: whether range lists (in any order, canonical or
+  not) together name each id of [start, stop) exactly once: O(pairs), no sort, so
+  a step's ledgers can be checked in the order their votes arrived.
 - `is_exactly(ranges, start, stop)`: whether a canonical range list is exactly
   [start, stop), O(1).
 - `difference(start, stop, ranges)`: the ids of [start, stop) that a canonical range
   list does not name, canonical, O(pairs).
 - `split(ranges, sizes)`: cut a canonical range list, in id order, into consecutive
   pieces of the given sizes (summing to `count`), each a canonical range list.
+- `window(ranges, offset, size)`: the `size` ids that follow the first `offset` ids
+  of a canonical range list, in id order, canonical; O(pairs) (one piece of a
+  `split`, without cutting the others).
+- `position(ranges, i)`: how many ids of a canonical range list come before id `i`,
+  which it must name (ValueError otherwise), O(pairs).
 - `check(obj)`: `obj` as a list of (start, stop) int pairs, or ValueError naming
   what is wrong: what arrives on the wire is checked before it is used.
 """
@@ -58,6 +66,8 @@ def from_ids(ids: Iterable[int]) -> Ranges:
 
 def to_ids(ranges: Sequence[Sequence[int]]) -> list[int]:
     """The ids the pairs name, in the order listed."""
+    if len(ranges) == 1:  # the common case (a step's M ids, all members): list(range) is C speed
+        return list(range(ranges[0][0], ranges[0][1]))
     return [i for a, b in ranges for i in range(a, b)]
 
 
@@ -67,6 +77,25 @@ def count(ranges: Sequence[Sequence[int]]) -> int:
 
 def union_disjoint(lists: Iterable[Sequence[Sequence[int]]]) -> Ranges:
     """The canonical union of range lists; ValueError if two pairs share an id."""
+    lists = lists if isinstance(lists, list) else list(lists)
+    # The common case first: the pairs come in id order (a step's votes read in
+    # replica order, each ledger one quota), so one pass merges them with no sort.
+    out: Ranges = []
+    end = None
+    for ranges in lists:
+        for a, b in ranges:
+            if end is not None and a <= end:
+                if a < end:  # out of order, or an id named twice: the general way below tells which
+                    return _union_sorted(lists)
+                out[-1][1] = b
+            else:
+                out.append([a, b])
+            end = b
+    return out
+
+
+def _union_sorted(lists: list[Sequence[Sequence[int]]]) -> Ranges:
+    """`union_disjoint` for pairs in any order (the plain version: sort, then merge)."""
     pairs = sorted((a, b) for ranges in lists for a, b in ranges)
     out: Ranges = []
     for a, b in pairs:
@@ -77,6 +106,29 @@ def union_disjoint(lists: Iterable[Sequence[Sequence[int]]]) -> Ranges:
         else:
             out.append([a, b])
     return out
+
+
+def partitions(lists: Iterable[Sequence[Sequence[int]]], start: int, stop: int) -> bool:
+    """Whether the pairs of `lists` tile [start, stop): each id of it named exactly once, no other."""
+    # Chain the pairs by their starts: from `start`, each hop takes the pair beginning
+    # where the last one ended. Reaching `stop` after using every pair means the pairs
+    # are contiguous and disjoint; two pairs with one start (an overlap) collapse to
+    # one key and leave a pair unused, as does any pair off the chain.
+    ends: dict[int, int] = {}
+    n = 0
+    for ranges in lists:
+        for a, b in ranges:
+            ends[a] = b
+            n += 1
+    if len(ends) != n:
+        return False
+    at = start
+    for _ in range(n):
+        nxt = ends.get(at)
+        if nxt is None or nxt <= at:
+            return False
+        at = nxt
+    return at == stop
 
 
 def is_exactly(ranges: Sequence[Sequence[int]], start: int, stop: int) -> bool:
@@ -121,3 +173,32 @@ def split(ranges: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[Ranges]
                 at = ranges[k][0] if k < len(ranges) else at
         pieces.append(piece)
     return pieces
+
+
+def window(ranges: Sequence[Sequence[int]], offset: int, size: int) -> Ranges:
+    """The ids numbered offset .. offset+size-1 of canonical `ranges` (in id order), canonical."""
+    if offset < 0 or size < 0 or offset + size > count(ranges):
+        raise ValueError(f"ids {offset}..{offset + size} are not within the {count(ranges)} ids of the ranges")
+    out: Ranges = []
+    for a, b in ranges:
+        if size == 0:
+            break
+        if offset >= b - a:
+            offset -= b - a
+            continue
+        start = a + offset
+        stop = min(b, start + size)
+        out.append([start, stop])
+        size -= stop - start
+        offset = 0
+    return out
+
+
+def position(ranges: Sequence[Sequence[int]], i: int) -> int:
+    """How many ids of canonical `ranges` precede id `i` (ValueError if `i` is not one of them)."""
+    before = 0
+    for a, b in ranges:
+        if a <= i < b:
+            return before + i - a
+        before += b - a
+    raise ValueError(f"id {i} is not in the ranges")

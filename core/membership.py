@@ -73,7 +73,7 @@ from .hooks import load_coordinator_hooks
 from .protocol import Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
-from .gc_pacing import settle
+from .gc_pacing import pace, settle
 from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
@@ -199,6 +199,7 @@ class MembershipService:
                     if self.result is not None:
                         break
                 now = self.now()
+                pace(now)  # between steps too, garbage cycles are collected (core/gc_pacing.py)
                 if now >= self.next_beat:
                     self._beat(now)
                 if self.rebuilding:

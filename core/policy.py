@@ -8,6 +8,11 @@ Contract: `assign_quotas(ids, replicas, speeds)` is a pure function (and so is
   max_r(size_r / speed_r); among optimal answers the one chosen is deterministic.
 - Quotas are contiguous runs of the sorted ids, handed out in sorted replica order,
   so every process that evaluates the policy on the same inputs gets the same answer.
+- `equal_share(ids, members, r)`: replica r's quota of `assign_quota_ranges(ids,
+  members)` with equal speeds, computed alone in O(pairs) (closed form). This is
+  what lets the coordinator send one message to every member (the ids and the
+  members) instead of R messages that differ in their quota: each worker takes
+  its own share (`quota_of`, on a gen or commit message).
 """
 from __future__ import annotations
 
@@ -86,3 +91,27 @@ def makespan(sizes: Mapping[int, int], speeds: Mapping[int, float] | None = None
     """The iteration's duration under the model 'replica r does size_r ids at speed_r'."""
     speeds = speeds or {}
     return max((n / float(speeds.get(r, 1.0)) for r, n in sizes.items()), default=0.0)
+
+
+def equal_share(ids: Sequence[Sequence[int]], members: Sequence[Sequence[int]], r: int) -> list[list[int]]:
+    """Replica r's quota when the canonical range list `ids` is dealt over `members` (a
+    canonical range list of replica ids) at equal speeds: `assign_quota_ranges(ids,
+    idranges.to_ids(members))[r]`, without computing anyone else's (O(pairs))."""
+    n_members = idranges.count(members)
+    if not n_members:
+        raise ValueError("no live replicas to assign microbatches to")
+    i = idranges.position(members, r)  # r's place in replica order (ValueError if not a member)
+    # quota_sizes' closed form: the first `extra` replicas get one id more
+    base, extra = divmod(idranges.count(ids), n_members)
+    return idranges.window(ids, i * base + min(i, extra), base + (1 if i < extra else 0))
+
+
+def quota_of(msg: Mapping, members: Sequence[Sequence[int]], r: int) -> list[list[int]]:
+    """The quota a gen or commit message gives replica r, a member of `members` (range list).
+
+    A message with `quota` names r's own ids (speeds differ: the coordinator sent each
+    member its own); one with `split` names the ids every member shares at equal speeds
+    (one message for all), of which r takes its `equal_share`."""
+    if "quota" in msg:
+        return msg["quota"]
+    return equal_share(msg["split"], members, r)

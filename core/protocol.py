@@ -53,10 +53,14 @@ Invariants it keeps:
   member off the majority is fenced before its gradient counts.
 
 Messages, coordinator -> worker ("t" is the type):
-  gen    {gen, step, members, quota, microbatches, steps[, digest]}  a generation starts; fold `quota`
-                                           (digest: the first vote carries the weights digest)
-  commit {gen, step, loss, quota[, next]}  step committed; `quota` is for step+1, or with `next`:
+  gen    {gen, step, members, split|quota, microbatches, steps[, digest]}  a generation starts; fold
+                                           your quota (digest: the first vote carries the weights digest)
+  commit {gen, step, loss, split|quota[, next]}  step committed; the quota is for step+1, or with `next`:
                                            step+1 is generation `next`'s (its gen message follows)
+                                           A quota comes as `split` (the ids all members share at equal
+                                           speeds: one message for all, each takes its policy.equal_share)
+                                           or as `quota` (this member's own ids, while speeds differ);
+                                           policy.quota_of reads either
   gen ... heal {donor, joining}            (an admitting generation) the donor sends its state to `joining`
   pending {step}                           answer to a newcomer's hello: admitted at the next commit
   abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
@@ -93,6 +97,8 @@ from typing import Any
 
 from . import idranges
 from .policy import assign_quota_ranges
+from .speeds import SpeedTable, measure, slowest_of
+from .vote_tally import VoteTally
 
 
 @dataclass(slots=True)  # one per message sent: R of them per step
@@ -161,9 +167,10 @@ class Membership:
         # for the hellos, then forms with the replicas connected. Each hello is answered
         # with the time left (a "startup" message), so the workers wait exactly as long.
         self.deadline = now + (max(join_timeout, 300.0) if startup_timeout is None else startup_timeout)
-        self.votes: dict[int, dict] = {}
-        self.speeds: dict[int, float] = {}
-        self.slowest_microbatch = 0.0  # seconds, the longest any member reported (rejoin waits one out)
+        self.keys = [str(r) for r in range(replicas)]  # replica -> its key in a metrics line (made once, not per step)
+        self.speeds = SpeedTable(replicas, SPEED_SMOOTHING)  # smoothed microbatches/s, per replica
+        self.votes = self._tally()  # the ok votes of (gen, step), summed as they arrive
+        self.slowest_microbatch = 0.0  # seconds, the slowest microbatch of the last commit (a rejoin waits one out)
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
         self.tokens_per_mb = 0
@@ -176,6 +183,10 @@ class Membership:
         self.banned: dict[int, Any] = {}  # replica -> pid of its process fenced on evidence: never readmitted
         self.pids: dict[int, Any] = {}  # replica -> the pid its (latest) hello gave
         self.digest_next_gen = False  # the next gen message asks for digested first votes (after a rebuild)
+
+    def _tally(self) -> VoteTally:
+        """An empty tally for the votes of a new (generation, step)."""
+        return VoteTally(self.keys)
 
     # ---- inputs --------------------------------------------------------------------
     def on_hello(self, r: int, msg: dict, now: float) -> list[Out]:
@@ -260,12 +271,14 @@ class Membership:
         if not msg.get("ok", False):
             self.reporters.append(r)
             return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
-        _ledger(r, msg)
-        self.votes[r] = msg
+        try:
+            held = self.votes.add(r, msg)
+        except ValueError as e:
+            raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
         self.unhealed.discard(r)  # it votes only with the state (core/replica.py)
         # votes holds members only (checked above), so a count says whether all have voted
-        if len(self.votes) == len(self.members):
-            if (fenced := self._fence_corrupt_weights(now)) is not None:
+        if held == len(self.members):
+            if self.votes.digested and (fenced := self._fence_corrupt_weights(now)) is not None:
                 return fenced
             return self._commit(now)
         return []
@@ -368,12 +381,12 @@ class Membership:
         started, balancing goes on until the smoothed speeds are within the tolerance
         again (`_update_balancing`): one noisy step does not undo it.
         """
-        known = [self.speeds[r] for r in self.members if r in self.speeds]
-        if len(known) < len(self.members) or max(known) <= (1 + SPEED_TOLERANCE) * min(known):
+        if not self.balancing:  # first: the common case costs O(1), not a pass over the members
             return None
-        if not self.balancing:
+        known_all, lo, hi = self.speeds.spread(self.members)
+        if not known_all or hi <= (1 + SPEED_TOLERANCE) * lo:
             return None
-        return {r: self.speeds[r] for r in self.members}
+        return self.speeds.of(self.members)
 
     def _update_balancing(self) -> None:
         """After a commit: start balancing on a sustained difference, stop when the
@@ -384,10 +397,14 @@ class Membership:
         quota went back to equal for the next several steps (seen: steps 6-9 balanced,
         10-16 equal again). Hysteresis keeps the decision until the speeds themselves,
         smoothed, say the straggler caught up."""
-        known = [self.speeds[r] for r in self.members if r in self.speeds]
-        if len(known) < len(self.members) or not known or max(known) <= (1 + SPEED_TOLERANCE) * min(known):
+        # slow_streak names at most one replica: this is O(1)
+        streak = max((n for r, n in self.slow_streak.items() if r in self.member_set), default=0)
+        if not self.balancing and streak < SPEED_WINDOW:
+            return  # not balancing and no reason to start: the pass over the speeds below could only say so
+        known_all, lo, hi = self.speeds.spread(self.members)
+        if not known_all or hi <= (1 + SPEED_TOLERANCE) * lo:
             self.balancing = False
-        elif max((self.slow_streak.get(r, 0) for r in self.members), default=0) >= SPEED_WINDOW:
+        elif streak >= SPEED_WINDOW:
             self.balancing = True
 
     # ---- transitions ---------------------------------------------------------------------
@@ -414,7 +431,7 @@ class Membership:
         self.next_gen = self.gen + 1
         self.expected = self.member_set & self.alive
         self.joins = {}
-        self.votes = {}
+        self.votes = self._tally()
         # A survivor answers an abort at its next microbatch boundary (Replica.quota
         # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
         self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
@@ -452,9 +469,8 @@ class Membership:
         self.member_set = set(self.members)
         self.member_ranges = idranges.from_ids(self.members)
         self.state = "running"
-        self.votes = {}
+        self.votes = self._tally()
         self.gen_started = now
-        quotas = assign_quota_ranges(todo, self.members, self.balancing_speeds())
         if self.pending and "generation" not in self.pending[-1]:
             self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=idranges.to_ids(todo),
                                     formed_at=now)
@@ -467,11 +483,22 @@ class Membership:
                                   + (f" (missing: {missing})" if missing else "")))
         digest = {"digest": True} if self.digest_next_gen else {}
         self.digest_next_gen = False
-        return out + [
-            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
-                            "quota": quotas[r], "microbatches": self.M, "steps": self.S, **digest})
-            for r in self.members
-        ]
+        return out + self._deal({"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
+                                 "microbatches": self.M, "steps": self.S, **digest}, todo)
+
+    def _deal(self, msg: dict[str, Any], ids: idranges.Ranges) -> list[Out]:
+        """`msg` to every member, with its quota of `ids` by the policy.
+
+        At equal speeds (the common case) it is one message for all, naming the ids
+        (`split`): each member takes its `policy.equal_share`, so the service encodes
+        one line, not R, and the step costs no per-member quota here. While quotas
+        follow the speeds, each member gets its own (`quota`)."""
+        speeds = self.balancing_speeds()
+        if speeds is None:
+            shared = {**msg, "split": ids}
+            return [Out("send", r, shared) for r in self.members]
+        quotas = assign_quota_ranges(ids, self.members, speeds)
+        return [Out("send", r, {**msg, "quota": quotas[r]}) for r in self.members]
 
     def _initial_weights_differ(self) -> str:
         """Why generation 0 must not form ('' if the joined replicas' initial weights agree).
@@ -526,46 +553,32 @@ class Membership:
 
     def _commit(self, now: float) -> list[Out]:
         lo, hi = self.step * self.M, (self.step + 1) * self.M
-        # Never commit a gradient that is not exactly the M ids, each once: the union
-        # of the members' ledgers, no id twice, is [lo, hi) (O(ranges), not O(M)).
-        try:
-            got = idranges.union_disjoint(self.votes[r]["ledger"] for r in self.members)
-        except ValueError as e:
-            raise ProtocolError(f"step {self.step}: members' ledgers overlap: {e}") from None
-        if not idranges.is_exactly(got, lo, hi):
+        # What the votes said was summed as each arrived (core/vote_tally.py): no pass
+        # over R vote objects here. `ledgers` and `folded` list members in arrival order.
+        votes = self.votes
+        ledgers, folded, lrs = votes.ledgers, votes.folded, votes.lrs
+        # Never commit a gradient that is not exactly the M ids, each once: the
+        # members' ledgers partition [lo, hi) (O(ranges), not O(M)).
+        if not idranges.partitions(ledgers.values(), lo, hi):
+            try:
+                got = idranges.union_disjoint(ledgers.values())
+            except ValueError as e:
+                raise ProtocolError(f"step {self.step}: members' ledgers overlap: {e}") from None
             raise ProtocolError(f"step {self.step}: ledgers {got} are not exactly the ids [{lo}, {hi})")
-        # One pass over the votes (each pass over R members is a real cost at large R).
-        measured: dict[int, float] = {}
-        folded: dict[str, int] = {}  # how many microbatches each member folded
-        ledgers: dict[str, list] = {}  # member -> the ledger it voted (id ranges)
-        lrs = set()
-        timed = self.step > 0  # step 0 pays one-time costs (first calls, allocations): not a speed
-        slowest = 0.0  # the slowest microbatch a member reported this step (seconds)
-        votes, speeds, count = self.votes, self.speeds, idranges.count  # locals: this loop runs R times a step
-        for r in self.members:
-            vote = votes[r]
-            ledger = vote["ledger"]
-            key = str(r)
-            # one range (the common case) counted inline; the checked ledger's pairs are [start, stop)
-            folded[key] = ledger[0][1] - ledger[0][0] if len(ledger) == 1 else count(ledger)
-            ledgers[key] = ledger
-            lrs.add(vote.get("lr"))
-            s = vote.get("mb_seconds")
-            if s:
-                s = float(s)
-                if s > slowest:
-                    slowest = s
-                if timed and s > 0:
-                    measured[r] = 1.0 / s
-                    # Smoothed speed (microbatches/s): one noisy step must not reshuffle quotas.
-                    speeds[r] = (1 - SPEED_SMOOTHING) * speeds.get(r, 1.0 / s) + SPEED_SMOOTHING / s
-        self._count_slow_streak(measured)
-        self._update_balancing()
-        loss = self.votes[self.members[0]]["loss_sum"] / self.M
+        got = [[lo, hi]] if hi > lo else []
         if len(lrs) > 1:
             # The schedule is a function of the committed step: replicas that disagree would diverge.
             raise ProtocolError(f"step {self.step}: replicas report different learning rates {sorted(map(str, lrs))}")
-        lr = lrs.pop()
+        lr = next(iter(lrs))
+        who, measured, slowest = measure(votes.seconds)  # vectorized: O(R) in C, not R dict operations
+        if self.step == 0:  # step 0 pays one-time costs (first calls, allocations): not a speed
+            who, measured = who[:0], measured[:0]
+        self.speeds.update(who, measured)  # smoothed: one noisy step must not reshuffle quotas
+        if slowest:
+            self.slowest_microbatch = slowest  # what the next rejoin waits out (the deadline of `_fail`)
+        self._count_slow_streak(who, measured)
+        self._update_balancing()
+        loss = self.votes[self.members[0]]["loss_sum"] / self.M
         records = [self._commit_line(self.step, loss, got, ledgers, self.gen, list(self.members),
                                      len(self.pending), lr, folded,
                                      # the slowest microbatch a member reported (seconds): what a rejoin waits out
@@ -580,7 +593,7 @@ class Membership:
         self.implicated_streak = {}
         committed = self.step
         self.step += 1
-        self.votes = {}
+        self.votes = self._tally()
         last = self.step >= self.S
         if not last and (self.newcomers or self._short()):
             # Step `committed` is the boundary: the members hear the commit with `next`,
@@ -595,14 +608,10 @@ class Membership:
                                   "min_replicas": self.min_replicas, "at": now},
                     reason=f"step {self.step} waits for newcomers: {len(self.members) + len(self.newcomers)} "
                            f"of at least {self.min_replicas} replicas")] + records
-        quotas = {r: [] for r in self.members} if last else assign_quota_ranges(
-            [[self.step * self.M, (self.step + 1) * self.M]], self.members, self.balancing_speeds())
         # The commit messages go out before the records are written: the workers
         # are waiting on them, the files are not.
-        sends = [
-            Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": quotas[r]})
-            for r in self.members
-        ]
+        sends = self._deal({"t": "commit", "gen": self.gen, "step": committed, "loss": loss},
+                           [] if last else [[self.step * self.M, (self.step + 1) * self.M]])
         if last:
             return sends + records + self._finish(0, "all steps committed", now)
         return sends + records
@@ -614,7 +623,7 @@ class Membership:
         every member's weights digest as their votes carried it (the first vote of an
         admitting generation always does), which the commit just found equal."""
         out = []
-        for r in [r for r in self.members if r in self.joining and "healed_at" in self.joining[r]]:
+        for r in sorted(r for r in self.joining if r in self.member_set and "healed_at" in self.joining[r]):
             rec = self.joining.pop(r)
             rec.update(first_commit_at=now, first_commit_step=self.step,
                        start_to_first_commit_seconds=now - rec["started_at"],
@@ -647,34 +656,30 @@ class Membership:
             rec = self.newcomers.pop(r)
             rec.update(generation=self.gen, step=self.step, donor=donor, admitted_at=now)
             self.joining[r] = rec
-        quotas = assign_quota_ranges([[self.step * self.M, (self.step + 1) * self.M]], self.members,
-                                     self.balancing_speeds())
         heal = {"donor": donor, "joining": idranges.from_ids(joining)} if joining else None
         out = [Out("event", msg={"kind": "admitted", "replicas": joining, "generation": self.gen,
                                  "step": self.step, "donor": donor, "members": list(self.members), "at": now},
                    reason=f"generation {self.gen} admits replica(s) {joining} at step {self.step} "
                           f"(state from replica {donor})")] if joining else []
-        return out + [
-            Out("send", r, {"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
-                            "quota": quotas[r], "microbatches": self.M, "steps": self.S,
-                            **({"heal": heal} if heal else {})})
-            for r in self.members
-        ]
+        return out + self._deal({"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
+                                 "microbatches": self.M, "steps": self.S, **({"heal": heal} if heal else {})},
+                                [[self.step * self.M, (self.step + 1) * self.M]])
 
-    def _count_slow_streak(self, measured: dict[int, float]) -> None:
+    def _count_slow_streak(self, who: Any, measured: Any) -> None:
         """One committed step's speeds: extend the slowest member's streak if it was
         slower than the fastest by more than SPEED_TOLERANCE; every other streak ends.
         A streak holder that folded nothing this step keeps its streak: otherwise a
         straggler given no work would read as cured and get its full quota back."""
-        if any(r not in measured and r in self.member_set for r in self.slow_streak):
+        # (`who`, `measured`: core.speeds.measure's arrays; slow_streak names at most one replica)
+        if any(r in self.member_set and not (who == r).any() for r in self.slow_streak):
             return  # the slow one folded nothing this step (the policy gave it none): no new evidence
-        slowest = None
-        if len(measured) >= 2:
-            r = min(measured, key=lambda k: (measured[k], k))
-            if max(measured.values()) > (1 + SPEED_TOLERANCE) * measured[r]:
-                slowest = r
-        if measured:  # a step without measurements (step 0) neither extends nor ends a streak
-            self.slow_streak = {slowest: self.slow_streak.get(slowest, 0) + 1} if slowest is not None else {}
+        slow = None
+        if who.size >= 2:
+            r, low, high = slowest_of(who, measured)  # ties: the lowest id
+            if high > (1 + SPEED_TOLERANCE) * low:
+                slow = r
+        if who.size:  # a step without measurements (step 0) neither extends nor ends a streak
+            self.slow_streak = {slow: self.slow_streak.get(slow, 0) + 1} if slow is not None else {}
 
     # ---- a restarted coordinator ---------------------------------------------------------------
     def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int | None = None) -> list[Out]:
@@ -734,7 +739,7 @@ class Membership:
         self.expected = set(ahead) | set(behind)
         self.members = sorted(self.expected)
         self.member_set = set(self.members)
-        self.joins, self.votes, self.reporters, self.lost_in_failure = {}, {}, [], False
+        self.joins, self.votes, self.reporters, self.lost_in_failure = {}, self._tally(), [], False
         self.newcomers, self.joining, self.unhealed = {}, {}, set()
         self.deadline = now + self.join_timeout
         self.digest_next_gen = True

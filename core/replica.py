@@ -90,6 +90,7 @@ from .accumulator import GradAccumulator
 from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
+from .policy import quota_of
 from .recipe import CommittedStep, LRSchedule
 from .startup import JOIN_TOKEN_ENV, env_addr, run_start_time
 from .state_transfer import transfer_state
@@ -186,6 +187,7 @@ class Replica:
         self.graveyard = Graveyard()
         self.generation = -1
         self.members: list[int] = []
+        self.member_ranges: idranges.Ranges = []  # the same, as the gen message named them (quota_of reads them)
         self.step = 0
         self.microbatches = 0
         self.steps = 0
@@ -317,7 +319,7 @@ class Replica:
         if msg.get("next") is not None:  # step+1 belongs to an admitting generation
             self._wait_generation(msg["next"])
         else:
-            self._set_quota(msg["quota"])
+            self._set_quota(quota_of(msg, self.member_ranges, self.replica))
         return True
 
     def close(self) -> None:
@@ -505,11 +507,12 @@ class Replica:
     def _wait_generation(self, gen: int) -> None:
         msg = self._wait_for({"gen"}, min_gen=gen)
         self.generation = msg["gen"]
-        self.members = idranges.to_ids(msg["members"])
+        self.member_ranges = msg["members"]
+        self.members = idranges.to_ids(self.member_ranges)
         self.step = msg["step"]
         self.microbatches = msg["microbatches"]
         self.steps = msg["steps"]
-        self._set_quota(msg["quota"])
+        self._set_quota(quota_of(msg, self.member_ranges, self.replica))
         if msg.get("digest"):  # a rebuilt generation: its first votes show the weights
             self._digest_next_vote = True
         if msg.get("heal"):

@@ -6,13 +6,17 @@ Contract:
   for each R of `--replicas`. No sockets, no workers: what it measures is the
   coordinator's own work per step, which every replica of a run waits on.
 - Every inbound message is made the way a worker makes it and parsed the way the
-  membership service parses it (one JSON line, `core.wire.loads`); the vote's ledger is
+  membership service parses it (one JSON line, `core.wire.parse_line`: orjson and
+  the field checks); the vote's ledger is
   the quota the replica was handed, as the worker reports it after folding all of it.
   Votes and rejoins arrive in a seeded random order.
 - Per R it measures, `--repeats` times each (the figure is the median):
   * `commit_s`: one step's R votes, parse + `on_vote`, up to and including the
-    commit (the last vote's call returns the commit and the next quotas); also
-    split into `commit_parse_s` (core.wire.loads of the R lines) and `commit_machine_s`;
+    commit (the last vote's call returns the commit and the next quotas), each
+    line parsed and handed over at once as the service does; also split into
+    `commit_parse_s` (core.wire.parse_line of the R lines: the JSON parse and the
+    field checks the service makes, timed in a pass of its own)
+    and `commit_machine_s` (the rest);
   * `recovery_s`: one crash mid-step (`on_lost`: the abort), then the R-1
     survivors' rejoins, parse + `on_join`, up to and including the new generation
     and its quotas; split the same way (`recovery_parse_s`, `recovery_machine_s`);
@@ -22,8 +26,10 @@ Contract:
   * `machine_over_parse`: commit_machine_s / commit_parse_s, a ratio taken in the
     same run (these machines are noisy and shared: absolute times move with the
     load, ratios much less): the state machine's cost in units of parsing the votes.
-  `--no-gc` runs with Python's cyclic garbage collector disabled, to show what
-  share of the cost is collection (the service runs with it on).
+  The collector is paced as in the coordinator's process (`core.gc_pacing.take_over`:
+  no automatic collection, one at each settle, which comes after a round, untimed).
+  `--no-gc` runs with Python's cyclic garbage collector disabled altogether, settles
+  only freezing, to show what share of the cost is left to collection.
   It checks what it measured: each commit round ends in exactly one commit of the
   step's M ids, each recovery round in exactly one new generation.
 - Writes OUT/NAME.json (NAME: `--name`, default coordinator_state_machine) and
@@ -43,9 +49,10 @@ import time
 from pathlib import Path
 
 from recover.core.data import iteration_ids
-from recover.core.gc_pacing import settle
+from recover.core.gc_pacing import settle, take_over
+from recover.core.policy import quota_of
 from recover.core.protocol import Membership, Out
-from recover.core.wire import dumps, loads
+from recover.core.wire import dumps, parse_line
 from recover.experiments.coordinator_results import write_results
 
 
@@ -70,20 +77,30 @@ def _encode(outs: list[Out]) -> tuple[float, int]:
 
 
 def _parse_and_feed(lines: list[tuple[int, bytes]], handler, now: float) -> tuple[list[Out], float, float]:
-    """Parse each replica's line as the service would, then hand it to the state machine:
-    (what it answered, seconds parsing, seconds in the state machine), timed apart."""
+    """Each replica's line parsed and checked (core.wire.parse_line) and handed to the state
+    machine at once, as the service does (core/membership.py `_read`: the vote is still in
+    the cache when the state machine reads it): (what it answered, seconds parsing, seconds in the state machine). The
+    parse is timed alone in a pass of its own over the same lines; the state machine's
+    share is the interleaved total less that."""
     start = time.perf_counter()
-    msgs = [(r, loads(line)) for r, line in lines]
+    for _, line in lines:
+        parse_line(line)
     parse_s = time.perf_counter() - start
     outs: list[Out] = []
     start = time.perf_counter()
-    for r, msg in msgs:
+    for r, line in lines:
+        msg, why = parse_line(line)
+        if msg is None:
+            raise RuntimeError(f"replica {r}'s line was refused: {why}")
         outs += handler(r, msg, now)
-    return outs, parse_s, time.perf_counter() - start
+    return outs, parse_s, time.perf_counter() - start - parse_s
 
 
-def _quotas(outs: list[Out], kind: str) -> dict[int, object]:
-    return {a.replica: a.msg["quota"] for a in outs if a.kind == "send" and a.msg.get("t") == kind}
+def _quotas(outs: list[Out], kind: str, members) -> dict[int, object]:
+    """Each replica's quota from the messages of that kind, as its worker reads it (policy.quota_of:
+    a shared message names the ids all share); `members`: the generation's, as range list."""
+    return {a.replica: quota_of(a.msg, a.msg.get("members", members), a.replica)
+            for a in outs if a.kind == "send" and a.msg.get("t") == kind}
 
 
 class _Run:
@@ -96,10 +113,11 @@ class _Run:
         start = time.perf_counter()
         outs: list[Out] = []
         for r in range(R):
-            msg = loads(_wire({"t": "hello", "replica": r, "pid": 1000 + r, "tokens_per_mb": 1024}))
+            msg, _ = parse_line(_wire({"t": "hello", "replica": r, "pid": 1000 + r, "tokens_per_mb": 1024,
+                                       "token": "bench"}))
             outs += self.proto.on_hello(r, msg, self.now)
         self.formation_s = time.perf_counter() - start
-        self.quota = _quotas(outs, "gen")
+        self.quota = _quotas(outs, "gen", None)
         if self.proto.state != "running" or len(self.quota) != R:
             raise RuntimeError(f"R={R}: generation 0 did not form")
 
@@ -120,7 +138,7 @@ class _Run:
         if len(commits) != 1 or commits[0].msg["microbatch_ids"] != iteration_ids(step, self.M):
             raise RuntimeError(f"R={self.R}: step {step} did not commit exactly its M ids")
         enc_s, enc_b = _encode(outs)
-        self.quota = _quotas(outs, "commit")
+        self.quota = _quotas(outs, "commit", p.member_ranges)
         return {"s": parse_s + machine_s, "parse_s": parse_s, "machine_s": machine_s, "encode_s": enc_s,
                 "bytes_out": enc_b, "msg_bytes": len(lines[0][1])}
 
@@ -142,7 +160,7 @@ class _Run:
         joined, parse_s, join_s = _parse_and_feed(lines, p.on_join, now)
         outs += joined
         machine_s += join_s
-        gens = _quotas(outs, "gen")
+        gens = _quotas(outs, "gen", None)
         if p.state != "running" or p.gen != nxt or set(gens) != set(survivors):
             raise RuntimeError(f"R={self.R}: the survivors did not form generation {nxt}")
         enc_s, enc_b = _encode(outs)
@@ -168,6 +186,8 @@ def bench_coordinator(args: argparse.Namespace) -> int:
     rows = []
     if args.no_gc:
         gc.disable()
+    else:
+        take_over()  # as the coordinator's process does: collections at its settles (core/gc_pacing.py)
     for R in args.replicas:
         M = args.per_replica * R
         t0 = time.perf_counter()
@@ -202,8 +222,8 @@ def bench_coordinator(args: argparse.Namespace) -> int:
     result = {
         "what": "coordinator state machine (core.protocol.Membership) in process: one commit = R votes parsed "
                 "from JSON + on_vote; one recovery round = on_lost + R-1 rejoins parsed + on_join; medians of "
-                "`repeats`; parse: core.wire.loads (orjson when installed); *_encode_s: core.wire.dumps of what those calls answered",
-        "gc": not args.no_gc, "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
+                "`repeats`; parse: core.wire.parse_line (orjson when installed, and the field checks); *_encode_s: core.wire.dumps of what those calls answered",
+        "gc": "off" if args.no_gc else "paced (core.gc_pacing.take_over)", "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
         "command": " ".join(["recover", "bench", "coordinator", *sys.argv[3:]]) if len(sys.argv) > 2 else "",
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -40,6 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from recover.core import idranges
+from recover.core.policy import quota_of
 
 DIGEST = "0" * 64  # every replica trains the same weights: one digest for all (checked by the coordinator)
 
@@ -60,12 +61,13 @@ class ClientSpec:
 
 
 class _Replica:
-    __slots__ = ("r", "sock", "buf", "gen", "step", "steps", "quota", "ledger", "voted", "work", "state",
-                 "last_sent", "interval")
+    __slots__ = ("r", "sock", "buf", "gen", "step", "steps", "members", "quota", "ledger", "voted", "work",
+                 "state", "last_sent", "interval")
 
     def __init__(self, r: int, sock: socket.socket, interval: float):
         self.r, self.sock, self.buf = r, sock, b""
         self.gen = self.step = self.steps = 0
+        self.members: idranges.Ranges = []  # the generation's, as its gen message named them
         self.quota: idranges.Ranges = []
         self.ledger: idranges.Ranges = []  # folded this step (kept across an abort)
         self.voted = False  # its vote for (gen, step) is out
@@ -214,13 +216,14 @@ class Clients:
                 rep.interval = float(msg["heartbeat_interval"])
                 self.seen["heartbeat_interval"] = rep.interval
         elif kind == "gen":
-            rep.gen, rep.step, rep.steps, rep.quota = msg["gen"], msg["step"], msg["steps"], msg["quota"]
+            rep.gen, rep.step, rep.steps, rep.members = msg["gen"], msg["step"], msg["steps"], msg["members"]
+            rep.quota = quota_of(msg, rep.members, rep.r)
             self._quota(rep, now)
         elif kind == "commit":
             key = str(msg["step"])
             lo, hi = self.seen["commit_received"].get(key, (now, now))
             self.seen["commit_received"][key] = (min(lo, now), max(hi, now))
-            rep.ledger, rep.step, rep.quota = [], msg["step"] + 1, msg["quota"]
+            rep.ledger, rep.step, rep.quota = [], msg["step"] + 1, quota_of(msg, rep.members, rep.r)
             if rep.step < rep.steps:
                 self._quota(rep, now)
         elif kind == "abort":

@@ -37,6 +37,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("RECOVER_WORKER_START", "fork")
 
 
+def as_read(msg: dict, r: int, members: list | None = None) -> dict:
+    """A gen or commit message as replica r's worker reads it: its quota resolved
+    (core.policy.quota_of), whether it came as r's own `quota` or as the `split` all
+    members share. A commit names no members: `members` is the generation's (ids or
+    id ranges)."""
+    if "split" not in msg:
+        return msg
+    from recover.core import idranges
+    from recover.core.policy import quota_of
+    mem = msg.get("members", members)
+    if mem is None:
+        raise ValueError("a commit's shared quota needs the generation's members")
+    if mem and not isinstance(mem[0], list):
+        mem = idranges.from_ids(mem)
+    read = {k: v for k, v in msg.items() if k != "split"}
+    read["quota"] = quota_of(msg, mem, r)
+    return read
+
+
 def run_recover(*args: str, timeout: float = 240, check: bool = False,
                 python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`recover ARGS...` as a user would run it; a hang fails the test at `timeout`.

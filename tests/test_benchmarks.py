@@ -14,6 +14,8 @@ from recover.core.data import iteration_ids
 from recover.core.policy import assign_quotas
 from recover.core.protocol import Membership
 
+from conftest import as_read
+
 
 def test_bench_quota_policy_512_replicas(benchmark):
     ids = iteration_ids(7, 4096)
@@ -31,7 +33,7 @@ def test_bench_commit_vote_64_replicas(benchmark):
         out = []
         for r in range(R):
             out += proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
-        quotas = {a.replica: a.msg["quota"] for a in out if a.kind == "send" and a.msg["t"] == "gen"}
+        quotas = {a.replica: as_read(a.msg, a.replica)["quota"] for a in out if a.kind == "send" and a.msg["t"] == "gen"}
         for r in range(R):
             out = proto.on_vote(r, {"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
                                     "mb_seconds": 0.1}, 0.0)

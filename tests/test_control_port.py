@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl
-from recover.core.wire import MAX_LINE_BYTES, MAX_REFUSALS, parse_line
+from recover.core.wire import MAX_LINE_BYTES, MAX_REFUSALS, _join_ok, _table_problem, _vote_ok, parse_line
 
 R, M, S, PAUSE_AT = 2, 4, 6, 2
 
@@ -130,6 +130,49 @@ def attack(addr: tuple[str, int], payload: bytes) -> str:
             pass  # closed already, mid-payload: that is the point
         assert closed_by_peer(sock), f"the coordinator kept the connection of {host}:{port} open"
     return f"{host}:{port}"
+
+
+# JSON values a field could hold: each kind, and ledgers of the right and of nearly the right shape
+_samples = [None, True, False, 0, -3, 10**6, 0.5, "", "ab", [[0, 8]], [[5, 3]], [[4, 4]], [[0, 1], [4, 6]],
+            [[0.0, 8]], [[True, 8]], [0, 8], [], [[0, 8, 9]], [[0, 8], 1], {"a": 1}]
+_values = st.one_of(st.sampled_from(_samples), st.integers(-2**63, 2**63 - 1),  # (orjson: 64-bit ints)
+                    st.floats(allow_nan=False, allow_infinity=False),
+                    st.text(max_size=3))
+_fields = ["gen", "step", "ok", "ledger", "loss_sum", "mb_seconds", "lr", "reason", "weights_digest", "healed", "x"]
+
+
+_sent = {"vote": {"t": "vote", "gen": 3, "step": 7, "ok": True, "ledger": [[56, 64]], "loss_sum": 20.5,
+                  "mb_seconds": 0.25, "lr": 1e-3},
+         "join": {"t": "join", "gen": 4, "step": 7, "ledger": [[56, 64]]}}
+
+
+@settings(max_examples=1500, deadline=None)
+@given(kind=st.sampled_from(["vote", "join"]), fields=st.dictionaries(st.sampled_from(_fields), _values, max_size=3),
+       dropped=st.sets(st.sampled_from(_fields), max_size=2))
+def test_the_written_out_vote_and_join_checks_accept_only_what_the_tables_accept(kind, fields, dropped):
+    """core.wire's fast checks (R messages a step) never accept a message the tables refuse;
+    the tables decide everything else. Messages: what a worker sends, a few fields changed or gone."""
+    msg = {k: v for k, v in {**_sent[kind], **fields}.items() if k not in dropped}
+    fast = _vote_ok(msg) if kind == "vote" else _join_ok(msg)
+    if fast:
+        assert _table_problem(kind, msg) == ""
+    line = json.dumps(msg).encode()
+    assert (parse_line(line)[0] is not None) == (_table_problem(kind, json.loads(line)) == "")
+
+
+@pytest.mark.parametrize("kind", ["vote", "join"])
+def test_every_one_field_change_is_judged_as_the_tables_judge_it(kind):
+    """Each field of a worker's message set to each sample value, or dropped: wherever the
+    fast check accepts, the tables do (the random search above combines changes)."""
+    for name in _fields:
+        for msg in [{**_sent[kind], name: v} for v in _samples] + [{k: v for k, v in _sent[kind].items() if k != name}]:
+            if (_vote_ok(msg) if kind == "vote" else _join_ok(msg)):
+                assert _table_problem(kind, msg) == "", msg
+
+
+def test_the_workers_vote_and_join_take_the_fast_checks():
+    assert _vote_ok(_sent["vote"]) and _vote_ok({**_sent["vote"], "weights_digest": "ab" * 32})
+    assert _join_ok(_sent["join"]) and _join_ok({**_sent["join"], "ledger": [], "healed": False})
 
 
 def test_wire_parse_line_never_raises():

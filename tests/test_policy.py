@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recover.core import idranges
-from recover.core.policy import assign_quota_ranges, assign_quotas, greedy_quota_sizes, makespan, quota_sizes
+from recover.core.policy import (assign_quota_ranges, assign_quotas, equal_share, greedy_quota_sizes, makespan,
+                                 quota_of, quota_sizes)
 
 replica_sets = st.lists(st.integers(0, 63), min_size=1, max_size=12, unique=True)
 
@@ -30,6 +31,23 @@ def test_quota_ranges_are_the_quotas_written_as_ranges(ids, replicas, data):
     speeds = data.draw(st.one_of(st.none(), st.fixed_dictionaries({r: st.floats(0.05, 20.0) for r in replicas})))
     q = assign_quota_ranges(idranges.from_ids(ids), replicas, speeds)
     assert {r: idranges.to_ids(v) for r, v in q.items()} == assign_quotas(sorted(ids), replicas, speeds)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.sets(st.integers(0, 400), max_size=200), replicas=replica_sets)
+def test_each_members_equal_share_is_its_quota_of_the_whole_split(ids, replicas):
+    """What a worker computes alone from a shared message is what the coordinator's
+    split over all members would have handed it."""
+    todo, members = idranges.from_ids(ids), idranges.from_ids(replicas)
+    q = assign_quota_ranges(todo, replicas, None)
+    for r in replicas:
+        assert equal_share(todo, members, r) == q[r]
+        assert quota_of({"t": "commit", "split": todo}, members, r) == q[r]
+        assert quota_of({"t": "commit", "quota": [[7, 9]]}, members, r) == [[7, 9]]  # its own, as sent
+    with pytest.raises(ValueError):
+        equal_share(todo, members, max(replicas) + 1)  # not a member: no share
+    with pytest.raises(ValueError):
+        equal_share(todo, [], 0)
 
 
 @settings(max_examples=300, deadline=None)

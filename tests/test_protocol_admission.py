@@ -15,11 +15,13 @@ from recover.core import idranges
 from recover.core.data import iteration_ids
 from recover.core.protocol import Membership, Out
 
+from conftest import as_read
+
 M = 6
 
 
 def sends(outs: list[Out], t: str) -> dict[int, dict]:
-    return {a.replica: a.msg for a in outs if a.kind == "send" and a.msg["t"] == t}
+    return {a.replica: as_read(a.msg, a.replica) for a in outs if a.kind == "send" and a.msg["t"] == t}
 
 
 def formed(r: int = 3, **kw) -> Membership:

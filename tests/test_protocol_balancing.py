@@ -11,6 +11,8 @@ from __future__ import annotations
 from recover.core import idranges
 from recover.core.protocol import SPEED_WINDOW, Membership
 
+from conftest import as_read
+
 R, M = 4, 8
 
 
@@ -18,7 +20,7 @@ def formed() -> tuple[Membership, dict[int, list]]:
     proto = Membership(R, M, 100, join_timeout=1e9, now=0.0)
     quotas: dict[int, list] = {}
     for r in range(R):
-        quotas.update({a.replica: a.msg["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
+        quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
                        if a.kind == "send" and a.msg["t"] == "gen"})
     return proto, quotas
 
@@ -29,7 +31,8 @@ def commit_step(proto: Membership, quotas: dict[int, list], seconds: dict[int, f
     for r in proto.members:
         outs += proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": quotas[r],
                                   "loss_sum": 0.0, "mb_seconds": seconds[r]}, 0.0)
-    nxt = {a.replica: a.msg["quota"] for a in outs if a.kind == "send" and a.msg["t"] == "commit"}
+    nxt = {a.replica: as_read(a.msg, a.replica, proto.members)["quota"] for a in outs
+           if a.kind == "send" and a.msg["t"] == "commit"}
     assert set(nxt) == set(proto.members)
     return nxt
 

@@ -14,6 +14,8 @@ from recover.core import idranges
 from recover.core.data import iteration_ids
 from recover.core.protocol import Membership, Out
 
+from conftest import as_read
+
 R, M = 3, 6
 
 
@@ -22,7 +24,7 @@ def formed(**kw) -> tuple[Membership, dict[int, list]]:
     proto = Membership(R, M, 4, join_timeout=1e9, now=0.0, **kw)
     quotas: dict[int, list] = {}
     for r in range(R):
-        quotas.update({a.replica: a.msg["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
+        quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
                        if a.kind == "send" and a.msg["t"] == "gen"})
     assert proto.gen == 0 and proto.members == [0, 1, 2]
     return proto, quotas
@@ -62,7 +64,7 @@ def test_a_replica_whose_collectives_keep_failing_is_fenced_and_the_others_commi
     assert ("close", 2) in [(a.kind, a.replica) for a in outs]
     assert 2 in proto.dead and proto.gen == 3 and proto.members == [0, 1]
     # the fenced replica's folded ids died with it: they, and nothing else, are redone by the others
-    gens = {a.replica: a.msg for a in outs if a.kind == "send" and a.msg["t"] == "gen"}
+    gens = {a.replica: as_read(a.msg, a.replica) for a in outs if a.kind == "send" and a.msg["t"] == "gen"}
     assert set(gens) == {0, 1}
     redo = idranges.union_disjoint(m["quota"] for m in gens.values())
     assert redo == ledgers[2]

@@ -47,6 +47,8 @@ from recover.core.membership import MembershipService, _Conn
 from recover.core.protocol import Membership, ProtocolError
 from recover.core.results import reported_ids
 
+from conftest import as_read
+
 SCRATCH = tempfile.mkdtemp(prefix="recover-protocol-property-")  # the service opens its files here
 
 
@@ -195,7 +197,7 @@ class World:
         if t == "gen":
             assert w.state in ("starting", "waiting_gen"), (w.state, msg)
             w.gen, w.step = msg["gen"], msg["step"]
-            w.members, w.quota = idranges.to_ids(msg["members"]), idranges.to_ids(msg["quota"])
+            w.members, w.quota = idranges.to_ids(msg["members"]), idranges.to_ids(as_read(msg, r)["quota"])
             w.state = "computing"
             return
         if t == "commit":
@@ -205,7 +207,7 @@ class World:
             self.applied.append((r, w.step, w.result))
             w.step += 1
             w.ledger, w.acc, w.result = [], 0, None
-            w.quota = idranges.to_ids(msg["quota"])
+            w.quota = idranges.to_ids(as_read(msg, r, w.members)["quota"])
             w.state = "computing"
             return
         raise AssertionError(msg)
@@ -457,7 +459,7 @@ def _formed(R: int, M: int) -> tuple[Membership, dict]:
     proto = Membership(R, M, 3, join_timeout=1e9, now=0.0)
     quotas = {}
     for r in range(R):
-        quotas.update({a.replica: a.msg["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
+        quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
                        if a.kind == "send" and a.msg["t"] == "gen"})
     return proto, quotas
 
@@ -474,12 +476,12 @@ def test_quotas_members_and_votes_travel_as_id_ranges():
     for r in range(4):
         outs += _vote(proto, r, quotas[r])
     assert [a.msg["microbatch_ids"] for a in outs if a.kind == "commit"] == [iteration_ids(0, 32)]
-    assert {a.replica: a.msg["quota"] for a in outs if a.kind == "send"}[1] == [[40, 48]]
+    assert {a.replica: as_read(a.msg, a.replica, proto.members)["quota"] for a in outs if a.kind == "send"}[1] == [[40, 48]]
     aborts = {a.replica: a.msg["t"] for a in proto.on_lost(2, "gone", 0.0) if a.kind == "send"}
     assert aborts == {0: "abort", 1: "abort", 3: "abort"}
     for r in (0, 1, 3):  # each had folded its whole quota of step 1
         outs = proto.on_join(r, {"gen": 1, "step": 1, "ledger": [[32 + 8 * r, 40 + 8 * r]]}, 0.0)
-    gens = {a.replica: a.msg for a in outs if a.kind == "send"}
+    gens = {a.replica: as_read(a.msg, a.replica) for a in outs if a.kind == "send"}
     assert {r: m["members"] for r, m in gens.items()} == {r: [[0, 2], [3, 4]] for r in (0, 1, 3)}  # as ranges
     # the dead replica's ids [48, 56), and nothing else, split over the survivors
     assert sorted(i for m in gens.values() for i in idranges.to_ids(m["quota"])) == list(range(48, 56))
@@ -518,7 +520,7 @@ def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_sh
     assert sorted(aborts) == [0, 2] and all(m["t"] == "abort" and m["step"] == 0 for m in aborts.values())
     for r in (0, 2):  # they keep what they folded
         outs = proto.on_join(r, {"gen": 1, "step": 0, "ledger": quotas[r]}, 0.0)
-    gens = {a.replica: a.msg for a in outs if a.kind == "send"}
+    gens = {a.replica: as_read(a.msg, a.replica) for a in outs if a.kind == "send"}
     assert sorted(i for m in gens.values() for i in idranges.to_ids(m["quota"])) == idranges.to_ids(quotas[1])
     # each votes its whole ledger: what it kept plus its share of the redo
     outs = [o for r in (0, 2) for o in _digest_vote(proto, r, idranges.union_disjoint([quotas[r], gens[r]["quota"]]), "aa")]

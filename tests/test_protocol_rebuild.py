@@ -22,11 +22,13 @@ from recover.core.data import iteration_ids
 from recover.core.protocol import Membership, Out
 from recover.core.wire import parse_line, dumps
 
+from conftest import as_read
+
 R, M, S = 3, 6, 10
 
 
 def sends(outs: list[Out], t: str) -> dict[int, dict]:
-    return {a.replica: a.msg for a in outs if a.kind == "send" and a.msg["t"] == t}
+    return {a.replica: as_read(a.msg, a.replica) for a in outs if a.kind == "send" and a.msg["t"] == t}
 
 
 def hello(report: dict, pid: int = 100) -> dict:

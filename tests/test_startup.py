@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from conftest import load_run, run_recover
+from conftest import as_read, load_run, run_recover
 
 from recover.core import idranges
 from recover.core.data import iteration_ids
@@ -25,7 +25,7 @@ LOSS_RTOL = 1e-5  # as in test_resilient.py: summation order only
 
 
 def _sends(out, kind):
-    return {a.replica: a.msg for a in out if a.kind == "send" and a.msg["t"] == kind}
+    return {a.replica: as_read(a.msg, a.replica) for a in out if a.kind == "send" and a.msg["t"] == kind}
 
 
 def test_an_exit_before_the_hello_forms_generation_0_with_the_others_at_once():

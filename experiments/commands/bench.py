@@ -116,7 +116,8 @@ def add_parser(sub) -> None:
     k.add_argument("--name", default=None,
                    help="file stem of the results (default: coordinator_state_machine; with --service coordinator_service)")
     k.add_argument("--no-gc", action="store_true",
-                   help="disable Python's garbage collector while measuring (to see its share; the service runs with it)")
+                   help="disable Python's garbage collector altogether while measuring (to see its share; by "
+                        "default it is paced as in the coordinator's process, core/gc_pacing.py)")
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
     s_ = k.add_argument_group("--service", "the real service (experiments/bench_coordinator_service.py)")
     s_.add_argument("--service", action="store_true",
