@@ -60,6 +60,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from recover.core.config import TrainConfig
+from recover.core.gc_pacing import take_over
 from recover.experiments.coordinator_results import write_results
 from recover.core.heartbeat import heartbeat_plan
 from recover.core.results import read_jsonl
@@ -236,6 +237,7 @@ def serve(config: str) -> int:
 
     service = MembershipService(TrainConfig.load(config), host="127.0.0.1", port=0, stop=threading.Event())
     print(json.dumps({"port": service.port}), flush=True)
+    take_over()  # as core/coordinator.py does: this process is the coordinator (core/gc_pacing.py)
     return service.serve()
 
 
