@@ -8,7 +8,8 @@ Contract:
   policy read from it: r's ledger and how many ids it folded (keyed by str(r), as
   the line writes them), the learning rates seen, and the seconds per microbatch
   it reported (`seconds`, where it reported any). O(1) per vote (O(pairs) for a
-  ledger of several ranges).
+  ledger of several ranges). A member's second vote for the step replaces its
+  first in all of these (O(R), for a case no worker makes).
 - `digested`: some vote carries a weights digest, so the commit must compare them.
 - Nothing here decides anything: the state machine (core/protocol.py) checks the
   ledgers' exactness, the learning rates' agreement and the digests at the commit,
@@ -60,7 +61,14 @@ class VoteTally:
         else:
             n = idranges.count(idranges.check(ledger))
         votes = self.votes
+        again = r in votes
         votes[r] = msg
+        if again:
+            # A second vote of one member for one step (no worker sends one): its last vote
+            # counts alone, as when the commit read each member's vote from `votes`.
+            self.seconds.pop(r, None)
+            self.lrs = {v.get("lr") for v in votes.values()}
+            self.digested = any("weights_digest" in v for v in votes.values())
         key = self._keys[r]
         self.ledgers[key] = ledger
         self.folded[key] = n
