@@ -80,6 +80,22 @@ def load_run(out: Path) -> tuple[dict, list[dict], dict]:
     )
 
 
+USER_LOOP = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
+
+
+def user_loop_committed_every_step(out: Path, steps: int, microbatches: int) -> list[dict]:
+    """metrics.jsonl of an examples/user_loop.py run, checked to have committed each step
+    once, each with exactly its ids by the members' reports, and with the example's
+    LambdaLR as stepped only on commit (a 5-step warm-up to 0.05), whatever failed."""
+    from recover.core.data import iteration_ids
+    from recover.core.results import read_jsonl, reported_ids
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert all(reported_ids(m) == iteration_ids(m["step"], microbatches) for m in metrics)
+    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(steps)])
+    return metrics
+
+
 def assert_every_planned_fault_fired(out: Path) -> list[dict]:
     """Each fault of the run's saved plan (DIR/fault_plan.json) fired exactly once, as
     recorded by the process it struck (DIR/faults.jsonl), on the planned replica and,

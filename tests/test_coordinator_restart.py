@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_every_planned_fault_fired, load_run, run_recover, run_recover_killing
+from conftest import (USER_LOOP, assert_every_planned_fault_fired, load_run, run_recover, run_recover_killing,
+                      user_loop_committed_every_step)
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, reported_ids
@@ -160,16 +161,13 @@ def test_recover_launch_restarts_the_coordinator_of_a_users_loop(tmp_path):
     schedule's rate (a worker that lost its place would report another rate, or be refused)."""
     import sys
 
-    example = str(Path(__file__).resolve().parents[1] / "examples" / "user_loop.py")
+    example = USER_LOOP
     out, steps = tmp_path / "launch", 12
     proc, victim = run_recover_killing(
         ["launch", "--replicas", "2", "--microbatches", "4", "--steps", str(steps), "--out", str(out), "--",
          sys.executable, example], out, replica=-1, after_commits=4, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    metrics = read_jsonl(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(steps))
-    assert all(reported_ids(m) == iteration_ids(m["step"], 4) for m in metrics)
-    assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(steps)])
+    user_loop_committed_every_step(out, steps, 4)
     (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
     assert rebuilt["members"] == [0, 1] and rebuilt["closed"] == []
     exits = [p for p in json.loads((out / "summary.json").read_text())["processes"] if p["role"] == "coordinator"]
