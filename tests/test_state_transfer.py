@@ -5,7 +5,8 @@ heals a fresh receiver over a real gloo `Communicator` (two threads, one
 TCPStore on a free port). Checked bit for bit: the parameters, every optimizer
 state tensor and number, the committed-step state; with every tensor in the one
 buffer, with the large ones sent from their own storage (`direct_bytes`), and
-with all of them sent so. The header's JSON codec round-trips what optimizers
+with all of them sent so. A receiver built another way refuses from the header
+and the donor's wait ends at its deadline. The header's JSON codec round-trips what optimizers
 keep (tuples, int-keyed dicts, 0-d tensors, inf) exactly and refuses the rest.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from recover.core.accumulator import GradAccumulator
-from recover.core.comm import Communicator
+from recover.core.comm import CollectiveError, Communicator
 from recover.core.recipe import CommittedStep
 from recover.core.schedule import WarmupCosine
 from recover.core.state_transfer import DIRECT_BYTES, _decode, _encode, transfer_state
@@ -44,26 +45,33 @@ def _trained():
     return model, acc, opt, stepper
 
 
-def _heal(direct_bytes: int):
-    donor, receiver = _trained(), _replica(1)
+def _exchange(donor, receiver, timeout: float = 30.0, **kw):
+    """Run transfer_state on two gloo ranks (threads); (stats by rank, errors by rank)."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    port, stats, errors = store.port, {}, []
+    port, stats, errors = store.port, {}, {}
 
     def side(rank: int, replica) -> None:
         try:
             client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-            comm = Communicator.build(lambda: client, 0, rank, 2, "gloo", 30.0)
+            comm = Communicator.build(lambda: client, 0, rank, 2, "gloo", timeout)
             _, acc, opt, stepper = replica
-            stats[rank] = transfer_state(comm, 0, acc, opt, stepper, 30.0, direct_bytes=direct_bytes)
-        except Exception as e:  # reported below, with the thread's own traceback in the message
-            errors.append(repr(e))
+            stats[rank] = transfer_state(comm, 0, acc, opt, stepper, timeout, **kw)
+        except Exception as e:  # reported by the caller
+            errors[rank] = e
 
     threads = [threading.Thread(target=side, args=(r, rep)) for r, rep in ((0, donor), (1, receiver))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert not errors and not any(t.is_alive() for t in threads), errors
+    assert not any(t.is_alive() for t in threads)
+    return stats, errors
+
+
+def _heal(direct_bytes: int):
+    donor, receiver = _trained(), _replica(1)
+    stats, errors = _exchange(donor, receiver, direct_bytes=direct_bytes)
+    assert not errors, {r: repr(e) for r, e in errors.items()}
     return donor, receiver, stats
 
 
@@ -93,6 +101,22 @@ def test_the_receiver_holds_the_donors_state_bit_for_bit(direct_bytes):
         stepper(3)
     for a, b in zip(dacc.params, racc.params):
         assert torch.equal(a, b)
+
+
+def test_a_receiver_built_another_way_refuses_the_state_and_the_donor_is_not_held():
+    """A receiver whose model differs from the donor's refuses from the header, before any state
+    arrives; the donor's wait for it ends at the deadline (CollectiveError), not in a hang."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(600, 601), torch.nn.ReLU(), torch.nn.Linear(601, 3))
+    acc = GradAccumulator(model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    other = (model, acc, opt, CommittedStep(opt, acc.params, WarmupCosine(1e-3, 1e-4, 2, 10)))
+    before = [p.detach().clone() for p in acc.params]
+    stats, errors = _exchange(_trained(), other, timeout=3.0)
+    assert not stats
+    assert isinstance(errors[1], ValueError) and "every replica must build its model" in str(errors[1])
+    assert isinstance(errors[0], CollectiveError)
+    assert all(torch.equal(a, b) for a, b in zip(before, acc.params))  # nothing was loaded
 
 
 def test_the_header_codec_round_trips_what_optimizers_keep():
