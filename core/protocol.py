@@ -690,11 +690,13 @@ class Membership:
         (core/replica.py `_report`): member (in a generation, holding the committed
         state), step (its committed count), gen, ledger (ids of `step` it folded),
         wait ("commit": it voted and holds the reduced gradient; "gen": it waits for
-        generation `awaiting`; "": anything else) and vote (its last vote: gen, step,
-        ledger, loss_sum, lr). `recorded_step`: the last step metrics.jsonl holds (None:
-        not known, as in a test of the machine alone); a
-        commit the old coordinator sent but did not record is recorded here, from the
-        votes the workers report, marked "rebuilt".
+        generation `awaiting`; "": anything else), vote (its last vote: gen, step,
+        ledger, loss_sum, lr) and committed_vote (the vote of its last committed step;
+        absent from older workers). `recorded_step`: the last step metrics.jsonl holds
+        (None: not known, as in a test of the machine alone); a commit the old
+        coordinator sent but did not record (it sends, then records: a kill between the
+        two loses the line, whether some members missed the commit or none did) is
+        recorded here, from the votes the workers report, marked "rebuilt".
 
         Why this is safe: a commit goes out only after every member's vote, so if any
         member reached step T, every member still at T-1 that voted holds the same
@@ -749,8 +751,10 @@ class Membership:
         out: list[Out] = [Out("event", msg={
             "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
             "missed_commit": sorted(behind), "closed": stale, "reports": len(reports), "at": now}, reason=reason)]
-        if behind and recorded < top - 1:
-            out.append(self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now))
+        if recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now)):
+            # the old coordinator sent top-1's commit and died before writing its line: to those
+            # behind (they voted and wait), or to everyone (those ahead report it as committed)
+            out.append(line)
         loss = None
         for r, rep in sorted(behind.items()):
             loss = rep["vote"]["loss_sum"] / self.M
@@ -772,10 +776,17 @@ class Membership:
                                                f"restart: it rejoins as a newcomer"))
         return out + self._maybe_publish(now)
 
-    def _rebuilt_commit_record(self, step: int, reports: dict[int, dict], now: float) -> Out:
-        """The metrics line of a commit the old coordinator sent but never wrote, from the votes reported."""
-        votes = {r: rep["vote"] for r, rep in reports.items()
-                 if isinstance(rep.get("vote"), dict) and rep["vote"].get("step") == step}
+    def _rebuilt_commit_record(self, step: int, reports: dict[int, dict], now: float) -> Out | None:
+        """The metrics line of a commit the old coordinator sent but never wrote, from the votes reported
+        (a member's last vote, or the vote of its last committed step); None when no one reported one."""
+        votes = {}
+        for r, rep in reports.items():
+            for vote in (rep.get("vote"), rep.get("committed_vote")):
+                if isinstance(vote, dict) and vote.get("step") == step:
+                    votes[r] = vote
+                    break
+        if not votes:
+            return None
         ledgers = {str(r): v.get("ledger", []) for r, v in sorted(votes.items())}
         try:
             got = idranges.union_disjoint(idranges.check(v) for v in ledgers.values())

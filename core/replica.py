@@ -177,6 +177,9 @@ class Replica:
             if reconnect_timeout is None else reconnect_timeout
         self._waiting: tuple[frozenset, int] | None = None  # what `_wait_for` waits for (a report says it)
         self._last_vote: dict | None = None  # the last vote sent (a report carries it)
+        # the vote of the last step committed: a coordinator that died after sending that commit
+        # and before writing its metrics line writes the line again from these (a report carries it)
+        self._committed_vote: dict | None = None
         self._readmission_pending = False  # a reconnect's hello was answered "pending": no second hello
         self.tokens_per_microbatch = tokens_per_microbatch
         # None: the launcher's, from the environment
@@ -311,6 +314,7 @@ class Replica:
         msg = self._wait_for({"commit", "abort"})
         if msg["t"] == "abort":
             return self._recover(msg)
+        self._committed_vote = self._last_vote
         self.hooks.at(step, "optimizer_step")
         self.acc.load_mean(buf, self.microbatches)
         self.stepper(step)
@@ -358,7 +362,8 @@ class Replica:
             wait = "commit"  # voted: it holds the reduced gradient of this step
         return {"member": self.generation >= 0 and not self._unhealed, "step": self.step, "gen": self.generation,
                 "ledger": idranges.from_ids(self.acc.ledger), "wait": wait,
-                "awaiting": awaiting if wait == "gen" else None, "vote": vote}
+                "awaiting": awaiting if wait == "gen" else None, "vote": vote,
+                "committed_vote": self._committed_vote}
 
     def _reconnect(self) -> dict | None:
         """The connection closed: reach the coordinator again, with a report; its first answer.

@@ -96,8 +96,9 @@ def _fields_ok(obj: Any, required: dict[str, str], nullable: dict[str, str] | No
 def _report_ok(v: Any) -> bool:
     if not _fields_ok(v, _REPORT, _REPORT_NULLABLE):
         return False
-    vote = v.get("vote")
-    return vote is None or (_fields_ok(vote, _REPORT_VOTE) and (vote.get("lr") is None or _is(_NUM, vote["lr"])))
+    # `vote`: the last vote sent; `committed_vote` (absent from older workers): the last committed one
+    return all(vote is None or (_fields_ok(vote, _REPORT_VOTE) and (vote.get("lr") is None or _is(_NUM, vote["lr"])))
+               for vote in (v.get("vote"), v.get("committed_vote")))
 
 
 def _is(kind: str, v: Any) -> bool:

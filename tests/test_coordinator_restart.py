@@ -4,7 +4,7 @@ Real processes, gloo, the tiny model, 3 replicas. The coordinator is killed by i
 PID in the middle of an iteration (a worker pulls a `coordinator_crash` trigger
 at its step and phase, or the test kills it from outside after some commits),
 in the middle of a commit (the coordinator kills itself right after sending the
-step's commit to replica 0 only: `commit_sent`), during start-up, or frozen for good
+step's commit to replica 0 only, or to every member: `commit_sent`), during start-up, or frozen for good
 (`coordinator_hang`: the launcher sees it stop beating and kills it). Each time
 the launcher restarts it on the same ports, the workers reconnect with their
 state, and the new coordinator rebuilds the run from their reports.
@@ -108,6 +108,19 @@ def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_pa
     assert metrics[4].get("rebuilt") is True and metrics[4]["complete"] is True
     assert sorted(map(int, metrics[4]["ledgers"])) == [0, 1, 2]
     assert [p["how"] for p in _coordinator_exits(summary)] == ["killed by SIGKILL", "exited 0"]
+
+
+def test_a_coordinator_killed_after_sending_a_commit_to_all_and_before_recording_it(tmp_path, reference):
+    # Step 4's commit went to every member (replica 2 is the last), then the coordinator died
+    # before writing the line: the members went on, and their reports carry the vote they committed.
+    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": 2, "step": 4, "phase": "commit_sent"}])
+    (fired,) = assert_every_planned_fault_fired(out)
+    assert fired["fired_by"] == "coordinator"
+    metrics, _ = _assert_same_run(out, reference)
+    (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
+    assert rebuilt["step"] == 5 and rebuilt["missed_commit"] == [] and rebuilt["members"] == [0, 1, 2]
+    assert metrics[4].get("rebuilt") is True and metrics[4]["complete"] is True
+    assert sorted(map(int, metrics[4]["ledgers"])) == [0, 1, 2]
 
 
 def test_a_frozen_coordinator_is_killed_and_restarted(tmp_path, reference):

@@ -36,9 +36,9 @@ def hello(report: dict, pid: int = 100) -> dict:
 
 
 def report(step: int, gen: int, ledger: list[int] = (), wait: str = "", awaiting: int | None = None,
-           vote: dict | None = None, member: bool = True) -> dict:
+           vote: dict | None = None, member: bool = True, committed_vote: dict | None = None) -> dict:
     return {"member": member, "step": step, "gen": gen, "ledger": idranges.from_ids(list(ledger)), "wait": wait,
-            "awaiting": awaiting, "vote": vote}
+            "awaiting": awaiting, "vote": vote, "committed_vote": committed_vote}
 
 
 def vote_of(step: int, gen: int, ledger: list[int], loss_sum: float = 12.0) -> dict:
@@ -164,11 +164,32 @@ def test_the_rebuilt_generation_fences_a_member_whose_weights_are_off_the_majori
     assert sorted(i for g in gens.values() for i in idranges.to_ids(g["quota"])) == ids
 
 
+def test_a_commit_everyone_heard_but_no_one_recorded_is_written_from_the_committed_votes():
+    """The old coordinator sent step 6's commit to every member and was killed before writing its
+    line (it sends, then records); the members went on, voted at 7 and wait. The line for step 6
+    comes from each member's report of the vote it committed, and only when metrics.jsonl lacks it."""
+    prev, ids = iteration_ids(6, M), iteration_ids(7, M)
+    hellos = {r: hello(report(7, 5, ids[2 * r:2 * r + 2], wait="commit", vote=vote_of(7, 5, ids[2 * r:2 * r + 2]),
+                              committed_vote=vote_of(6, 5, prev[2 * r:2 * r + 2])))
+              for r in range(R)}
+    out = fresh().rebuild(hellos, 9.0, recorded_step=5)
+    (line,) = [a.msg for a in out if a.kind == "commit"]
+    assert line["step"] == 6 and line["microbatch_ids"] == prev and line["rebuilt"] and line["complete"]
+    assert line["loss"] == 2.0 and sorted(map(int, line["ledgers"])) == [0, 1, 2]
+    assert set(sends(out, "abort")) == {0, 1, 2} and not sends(out, "commit")  # step 7 restarts, ledgers kept
+    assert not [a for a in fresh().rebuild(hellos, 9.0, recorded_step=6) if a.kind == "commit"]
+    # workers that predate the field report no committed vote: no line, and the rebuild goes on
+    old = {r: hello({k: v for k, v in h["report"].items() if k != "committed_vote"}) for r, h in hellos.items()}
+    out = fresh().rebuild(old, 9.0, recorded_step=5)
+    assert not [a for a in out if a.kind == "commit"] and set(sends(out, "abort")) == {0, 1, 2}
+
+
 def test_the_wire_checks_a_hellos_report():
     good = hello(report(3, 1, [18, 19], wait="commit", vote=vote_of(3, 1, [18, 19])))
     assert parse_line(dumps(good))[0] is not None
     for broken in ({"member": True}, {**good["report"], "step": "3"}, {**good["report"], "ledger": [[5, 2]]},
-                   {**good["report"], "vote": {"gen": 1}}, {**good["report"], "awaiting": 1.5}, []):
+                   {**good["report"], "vote": {"gen": 1}}, {**good["report"], "awaiting": 1.5}, [],
+                   {**good["report"], "committed_vote": {"gen": 1, "step": "2"}}):
         msg, why = parse_line(dumps({**good, "report": broken}))
         assert msg is None and "report" in why
 
