@@ -96,31 +96,22 @@ def test_a_coordinator_killed_mid_iteration_is_restarted_and_the_run_is_unchange
     print(f"coordinator kill -> next commit: {_seconds_to_next_commit(metrics, fired):.2f}s")
 
 
-def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_path, reference):
-    # The old coordinator sent step 4's commit to replica 0 only, then died (SIGKILL of itself).
-    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": 0, "step": 4, "phase": "commit_sent"}])
+@pytest.mark.parametrize("last_sent_to,missed", [(0, [1, 2]), (2, [])], ids=["to-replica-0-only", "to-every-member"])
+def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_path, reference, last_sent_to, missed):
+    # The old coordinator sent step 4's commit to replica `last_sent_to` (and those before it), then
+    # died (SIGKILL of itself) before writing its line. Sent to every member (replica 2 is the
+    # last): the members went on, and their reports carry the vote they committed.
+    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": last_sent_to, "step": 4,
+                              "phase": "commit_sent"}])
     (fired,) = assert_every_planned_fault_fired(out)
     assert fired["fired_by"] == "coordinator"
     metrics, summary = _assert_same_run(out, reference)
     (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
-    assert rebuilt["step"] == 5 and rebuilt["missed_commit"] == [1, 2] and rebuilt["members"] == [0, 1, 2]
+    assert rebuilt["step"] == 5 and rebuilt["missed_commit"] == missed and rebuilt["members"] == [0, 1, 2]
     # the old coordinator sends before it records: step 4's line came from the workers' votes
     assert metrics[4].get("rebuilt") is True and metrics[4]["complete"] is True
     assert sorted(map(int, metrics[4]["ledgers"])) == [0, 1, 2]
     assert [p["how"] for p in _coordinator_exits(summary)] == ["killed by SIGKILL", "exited 0"]
-
-
-def test_a_coordinator_killed_after_sending_a_commit_to_all_and_before_recording_it(tmp_path, reference):
-    # Step 4's commit went to every member (replica 2 is the last), then the coordinator died
-    # before writing the line: the members went on, and their reports carry the vote they committed.
-    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": 2, "step": 4, "phase": "commit_sent"}])
-    (fired,) = assert_every_planned_fault_fired(out)
-    assert fired["fired_by"] == "coordinator"
-    metrics, _ = _assert_same_run(out, reference)
-    (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
-    assert rebuilt["step"] == 5 and rebuilt["missed_commit"] == [] and rebuilt["members"] == [0, 1, 2]
-    assert metrics[4].get("rebuilt") is True and metrics[4]["complete"] is True
-    assert sorted(map(int, metrics[4]["ledgers"])) == [0, 1, 2]
 
 
 def test_a_frozen_coordinator_is_killed_and_restarted(tmp_path, reference):

@@ -26,10 +26,10 @@ from recover.core.schedule import WarmupCosine
 from recover.core.state_transfer import DIRECT_BYTES, _decode, _encode, transfer_state
 
 
-def _replica(seed: int):
+def _replica(seed: int, width: int = 600):
     torch.manual_seed(seed)
     # one weight of 1.4 MB (over DIRECT_BYTES) and a few small tensors
-    model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.ReLU(), torch.nn.Linear(600, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(600, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
     acc = GradAccumulator(model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     stepper = CommittedStep(opt, acc.params, WarmupCosine(max_lr=1e-3, min_lr=1e-4, warmup_steps=2, decay_steps=10))
@@ -106,11 +106,8 @@ def test_the_receiver_holds_the_donors_state_bit_for_bit(direct_bytes):
 def test_a_receiver_built_another_way_refuses_the_state_and_the_donor_is_not_held():
     """A receiver whose model differs from the donor's refuses from the header, before any state
     arrives; the donor's wait for it ends at the deadline (CollectiveError), not in a hang."""
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(600, 601), torch.nn.ReLU(), torch.nn.Linear(601, 3))
-    acc = GradAccumulator(model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    other = (model, acc, opt, CommittedStep(opt, acc.params, WarmupCosine(1e-3, 1e-4, 2, 10)))
+    other = _replica(1, width=601)
+    acc = other[1]
     before = [p.detach().clone() for p in acc.params]
     stats, errors = _exchange(_trained(), other, timeout=3.0)
     assert not stats
