@@ -166,7 +166,9 @@ def test_recover_launch_restarts_the_coordinator_of_a_users_loop(tmp_path):
     import sys
 
     example = USER_LOOP
-    out, steps = tmp_path / "launch", 12
+    # long enough that the kill after 4 commits lands mid-run: the loop commits a step in ~3 ms, and
+    # a kill after the last commit meets workers that have finished (see the issue 13 note)
+    out, steps = tmp_path / "launch", 60
     proc, victim = run_recover_killing(
         ["launch", "--replicas", "2", "--microbatches", "4", "--steps", str(steps), "--out", str(out), "--",
          sys.executable, example], out, replica=-1, after_commits=4, timeout=150)
