@@ -50,7 +50,10 @@ Invariants it keeps:
   gradient. Anyone else (behind, unhealed, a newcomer) is closed and comes back
   as a newcomer, healed from a live member: never a stale replica in a
   generation. The rebuilt generation's first votes carry weights digests, so a
-  member off the majority is fenced before its gradient counts.
+  member off the majority is fenced before its gradient counts. When T is the
+  run's last step count (the old coordinator died after sending the last commit,
+  which workers learn is the last: they stay for `done`), nothing is rebuilt:
+  the last line is written if missing and every worker hears `done`.
 
 Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, split|quota, microbatches, steps[, digest]}  a generation starts; fold
@@ -67,7 +70,8 @@ Messages, coordinator -> worker ("t" is the type):
   startup {wait, connected, of, heartbeat_interval}  answer to a hello: start-up ends within `wait`
                                            seconds (the worker waits that long for generation 0); beat
                                            every `heartbeat_interval` seconds (core/heartbeat.py)
-  done   {}                                the last step is committed; exit 0
+  done   {}                                the last step is committed and recorded; exit 0 (a worker
+                                           waits for it after its last commit)
   stop   {reason}                          the run cannot go on; exit non-zero
   fenced {reason}                          (the service, before closing) declared dead: rejoin or exit
   refused {reason}                         (the service, before closing) this hello is refused: exit
@@ -733,6 +737,8 @@ class Membership:
         # (with nobody past a step, nobody is "behind" at it: top is the highest step reported)
         behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
         stale = sorted(set(reports) - set(ahead) - set(behind))
+        if top >= self.S:
+            return self._rebuilt_finish(top, ahead, behind, recorded, len(reports), now)
         self.step = top
         self.gen = max(max(int(rep.get("gen", -1)), int(rep.get("awaiting", -1) if rep.get("awaiting") is not None
                                                        else -1)) for rep in members.values())
@@ -775,6 +781,27 @@ class Membership:
             out.append(Out("close", r, reason=f"replica {r} does not hold step {top}'s state after the coordinator "
                                                f"restart: it rejoins as a newcomer"))
         return out + self._maybe_publish(now)
+
+    def _rebuilt_finish(self, top: int, ahead: dict[int, dict], behind: dict[int, dict], recorded: int,
+                        reports: int, now: float) -> list[Out]:
+        """The members report every step committed: the old coordinator died after sending the
+        last commit, before writing its line or before its `done` (workers wait for that word,
+        core/replica.py `_await_done`). The line is written from the votes reported if metrics.jsonl
+        lacks it, a member that missed the last commit hears it, and every worker that reported
+        hears `done`: nothing is left to run, so nothing is rebuilt."""
+        self.step = top
+        reason = (f"coordinator restarted after the last commit (step {top - 1}): {len(ahead)} member(s) "
+                  f"committed it" + (f", {len(behind)} still waited for it" if behind else ""))
+        out: list[Out] = [Out("event", msg={
+            "kind": "rebuilt", "step": top, "finished": True, "members": sorted({*ahead, *behind}),
+            "missed_commit": sorted(behind), "reports": reports, "at": now}, reason=reason)]
+        if recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now)):
+            out.append(line)
+        for r, rep in sorted(behind.items()):
+            # the last commit: it steps with the gradient it holds, with nothing more to fold
+            out.append(Out("send", r, {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1,
+                                       "loss": rep["vote"]["loss_sum"] / self.M, "quota": []}))
+        return out + self._finish(0, "all steps committed", now)
 
     def _rebuilt_commit_record(self, step: int, reports: dict[int, dict], now: float) -> Out | None:
         """The metrics line of a commit the old coordinator sent but never wrote, from the votes reported

@@ -320,11 +320,28 @@ class Replica:
         self.stepper(step)
         self.acc.clear()
         self.step = step + 1
-        if msg.get("next") is not None:  # step+1 belongs to an admitting generation
+        if self.done:
+            self._await_done()
+        elif msg.get("next") is not None:  # step+1 belongs to an admitting generation
             self._wait_generation(msg["next"])
         else:
             self._set_quota(quota_of(msg, self.member_ranges, self.replica))
         return True
+
+    def _await_done(self) -> None:
+        """After the last commit: stay for the coordinator's `done`, which it sends once the
+        commit is recorded. A coordinator killed between sending the last commit and writing
+        its line is restarted with no one to ask if the workers had exited; waiting, they
+        reconnect with their reports (through `_terminal`) and the restarted one writes the
+        line and says done (protocol `_rebuilt_finish`). This replica's step is committed
+        whatever follows, so no ending here reaches the caller's `commit()`: it is logged."""
+        try:
+            self._wait_for(set())
+        except RunEnded as e:
+            if e.reason != "run complete":
+                self._log(f"after the last commit: {e.reason}")
+        except _Fenced:  # a coordinator that no longer counts it: nothing is left to rejoin
+            self._log("after the last commit: the coordinator closed this replica's connection")
 
     def close(self) -> None:
         self.control.close()

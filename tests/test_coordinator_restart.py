@@ -4,7 +4,8 @@ Real processes, gloo, the tiny model, 3 replicas. The coordinator is killed by i
 PID in the middle of an iteration (a worker pulls a `coordinator_crash` trigger
 at its step and phase, or the test kills it from outside after some commits),
 in the middle of a commit (the coordinator kills itself right after sending the
-step's commit to replica 0 only, or to every member: `commit_sent`), during start-up, or frozen for good
+step's commit to replica 0 only, or to every member: `commit_sent`; mid-run and at
+the last step, where the workers that heard it wait for `done`), during start-up, or frozen for good
 (`coordinator_hang`: the launcher sees it stop beating and kills it). Each time
 the launcher restarts it on the same ports, the workers reconnect with their
 state, and the new coordinator rebuilds the run from their reports.
@@ -96,21 +97,28 @@ def test_a_coordinator_killed_mid_iteration_is_restarted_and_the_run_is_unchange
     print(f"coordinator kill -> next commit: {_seconds_to_next_commit(metrics, fired):.2f}s")
 
 
-@pytest.mark.parametrize("last_sent_to,missed", [(0, [1, 2]), (2, [])], ids=["to-replica-0-only", "to-every-member"])
-def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_path, reference, last_sent_to, missed):
-    # The old coordinator sent step 4's commit to replica `last_sent_to` (and those before it), then
+@pytest.mark.parametrize("step,last_sent_to,missed", [(4, 0, [1, 2]), (4, 2, []), (STEPS - 1, 0, [1, 2]),
+                                                     (STEPS - 1, 2, [])],
+                         ids=["to-replica-0-only", "to-every-member", "last-step-to-replica-0-only",
+                              "last-step-to-every-member"])
+def test_a_coordinator_killed_mid_commit_tells_the_members_that_missed_it(tmp_path, reference, step, last_sent_to,
+                                                                          missed):
+    # The old coordinator sent the step's commit to replica `last_sent_to` (and those before it), then
     # died (SIGKILL of itself) before writing its line. Sent to every member (replica 2 is the
-    # last): the members went on, and their reports carry the vote they committed.
-    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": last_sent_to, "step": 4,
+    # last): the members went on, and their reports carry the vote they committed. At the last
+    # step the members that heard it have finished: they stay for `done`, so the restarted
+    # coordinator has them to ask, writes the line and ends the run without a generation.
+    out, _ = _run(tmp_path, [{"kind": "coordinator_crash", "replica": last_sent_to, "step": step,
                               "phase": "commit_sent"}])
     (fired,) = assert_every_planned_fault_fired(out)
     assert fired["fired_by"] == "coordinator"
     metrics, summary = _assert_same_run(out, reference)
     (rebuilt,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "rebuilt"]
-    assert rebuilt["step"] == 5 and rebuilt["missed_commit"] == missed and rebuilt["members"] == [0, 1, 2]
-    # the old coordinator sends before it records: step 4's line came from the workers' votes
-    assert metrics[4].get("rebuilt") is True and metrics[4]["complete"] is True
-    assert sorted(map(int, metrics[4]["ledgers"])) == [0, 1, 2]
+    assert rebuilt["step"] == step + 1 and rebuilt["missed_commit"] == missed and rebuilt["members"] == [0, 1, 2]
+    assert rebuilt.get("finished", False) is (step == STEPS - 1)
+    # the old coordinator sends before it records: the step's line came from the workers' votes
+    assert metrics[step].get("rebuilt") is True and metrics[step]["complete"] is True
+    assert sorted(map(int, metrics[step]["ledgers"])) == [0, 1, 2]
     assert [p["how"] for p in _coordinator_exits(summary)] == ["killed by SIGKILL", "exited 0"]
 
 

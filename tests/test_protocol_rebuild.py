@@ -184,6 +184,38 @@ def test_a_commit_everyone_heard_but_no_one_recorded_is_written_from_the_committ
     assert not [a for a in out if a.kind == "commit"] and set(sends(out, "abort")) == {0, 1, 2}
 
 
+def test_a_coordinator_killed_after_sending_the_last_commit_ends_the_run_with_its_line_written():
+    """Step S-1's commit went out (to replica 0 only, then to everyone), and the old coordinator died
+    before writing its line. The members that heard it finished and wait for `done`: nothing is left
+    to run, so the rebuild forms no generation. It writes the line, gives the members that missed the
+    commit the last commit (no quota, no next generation) and says done to every worker that reported,
+    a newcomer too."""
+    last = iteration_ids(S - 1, M)
+    split = {r: last[2 * r:2 * r + 2] for r in range(R)}
+    finished = {r: hello(report(S, 5, committed_vote=vote_of(S - 1, 5, split[r]), vote=vote_of(S - 1, 5, split[r])))
+                for r in range(R)}
+    waiting = {r: hello(report(S - 1, 5, wait="commit", vote=vote_of(S - 1, 5, split[r]))) for r in (1, 2)}
+    for hellos, missed in (({0: finished[0], **waiting}, [1, 2]), (finished, [])):
+        proto = fresh()
+        out = proto.rebuild(hellos, 9.0, recorded_step=S - 2)
+        (line,) = [a.msg for a in out if a.kind == "commit"]
+        assert line["step"] == S - 1 and line["microbatch_ids"] == last and line["rebuilt"] and line["complete"]
+        assert sends(out, "commit") == {r: {"t": "commit", "gen": 5, "step": S - 1, "loss": 2.0, "quota": []}
+                                        for r in missed}
+        assert set(sends(out, "done")) == {0, 1, 2} and not sends(out, "abort") and not sends(out, "gen")
+        (event,) = [a.msg for a in out if a.kind == "event"]
+        assert event["finished"] and event["missed_commit"] == missed and event["step"] == S
+        assert [(a.code, a.reason) for a in out if a.kind == "finish"] == [(0, "all steps committed")]
+        assert proto.state == "finished"
+    # the line was written before the kill (it died before `done`): only done, and no second line
+    out = fresh().rebuild(finished, 9.0, recorded_step=S - 1)
+    assert not [a for a in out if a.kind == "commit"] and set(sends(out, "done")) == {0, 1, 2}
+    # a newcomer that reported at the end hears done with the members
+    newcomer = hello(report(0, -1, member=False))
+    out = fresh().rebuild({0: finished[0], 1: finished[1], 2: newcomer}, 9.0, recorded_step=S - 1)
+    assert set(sends(out, "done")) == {0, 1, 2}
+
+
 def test_the_wire_checks_a_hellos_report():
     good = hello(report(3, 1, [18, 19], wait="commit", vote=vote_of(3, 1, [18, 19])))
     assert parse_line(dumps(good))[0] is not None
