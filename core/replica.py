@@ -70,6 +70,9 @@ Contract:
   on where it was (the commit it missed, an abort, the next generation); a live
   one that had declared it dead answers "pending", and it rejoins as above. A
   coordinator silent for `coordinator_timeout` seconds (frozen) counts as closed.
+  The last `commit()` returns once the coordinator says `done` (the step is
+  recorded), so a coordinator killed right after sending the last commit still
+  has every worker to rebuild from; that wait never raises into the caller.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit).
