@@ -11,16 +11,21 @@ Contract:
 - What is sent is everything a replica's future depends on that is not a
   function of the global microbatch id: data and per-microbatch randomness are
   (core/data.py), so no data position or RNG state travels.
-- Wire format: broadcasts from `root`: the sizes (two int64: the header's
-  bytes and the buffer's fp32 elements; the fp32 part starts at the header's end
-  padded to 4), then one byte buffer: the header
-  (tagged JSON, `_encode`, of a dict without large tensors: the optimizer's
-  non-tensor state and its 0-d tensors such as AdamW's `step`, the layout, the
-  stepper's state, the donor's fingerprint), then as fp32 the parameters and every
-  optimizer state tensor of one dimension or more, in (parameter index, state
-  key) order, except those of `DIRECT_BYTES` or more, which the header lists
-  ("direct") and which follow, each as a broadcast of its own, in that order.
-  Why: small tensors share one collective, with no per-tensor round trips
+- Wire format: two broadcasts from `root`, then one per large tensor. First the
+  sizes (two int64: the header's bytes and the buffer's fp32 elements). Then one
+  byte buffer: the donor's weights fingerprint (`FINGERPRINT_BYTES` of ASCII
+  hex), the header (tagged JSON, `_encode`, of a dict without large tensors: the
+  optimizer's non-tensor state and its 0-d tensors such as AdamW's `step`, the
+  layout, the stepper's state), and from the next 4-aligned byte, as fp32, the
+  parameters and every optimizer state tensor of one dimension or more, in
+  (parameter index, state key) order, except those of `DIRECT_BYTES` or more,
+  which the header lists ("direct") and which follow, each as a broadcast of its
+  own, in that order. The donor fills the buffer (fingerprint, header, the copy
+  of the small tensors) while the sizes travel: on gloo every broadcast waits
+  for the receiver to post its receive, so that round trip is time the donor
+  would otherwise idle (measured on tiny: the fingerprint and the copy were
+  0.6 ms of the donor's ~1 ms before its state left).
+  Why one buffer: small tensors share one collective, with no per-tensor round trips
   (measured: a broadcast per tensor was 3x slower than the copy into one
   buffer, on the tiny model); a large tensor costs one round trip for megabytes,
   and sending it from its own storage saves the donor a copy into the buffer,
@@ -64,14 +69,16 @@ class TransferError(CollectiveError):
 
 
 DIRECT_BYTES = 1 << 20  # a tensor this large is broadcast from its own storage (see the contract)
+FINGERPRINT_BYTES = 64  # a weights fingerprint: sha256 as hex (GradAccumulator.weights_fingerprint)
 
 
 @dataclass(frozen=True)
 class TransferStats:
     """What one state transfer moved, as one member saw it."""
 
-    bytes: int  # bytes broadcast from the donor (header and flat buffer)
-    seconds: float  # wall time of the three broadcasts on this member
+    bytes: int  # bytes broadcast from the donor (sizes, header and buffer, direct tensors, fingerprint)
+    seconds: float  # wall time of the whole call on this member (loading and checking included)
+    wire_seconds: float  # of which in the broadcasts (on a receiver: mostly waiting for the donor)
     fingerprint: str  # the weights fingerprint after the transfer (the donor's, checked)
 
 
@@ -142,61 +149,102 @@ def transfer_state(comm: Communicator, root: int, acc: GradAccumulator, optimize
 
     `direct_bytes`: on the donor, a tensor of at least this many bytes goes as a broadcast of
     its own, straight from its storage; smaller ones share the one buffer."""
+    wire = _Wire(comm, root, timeout, should_abort)
+    if comm.rank == root:
+        return _send(wire, acc, optimizer, stepper, direct_bytes)
+    return _receive(wire, acc, optimizer, stepper)
+
+
+class _Wire:
+    """One transfer's broadcasts from `root`, timed: `seconds` is the time spent in them."""
+
+    def __init__(self, comm: Communicator, root: int, timeout: float, should_abort: AbortCheck | None):
+        self.comm, self.root, self.timeout, self.should_abort = comm, root, timeout, should_abort
+        self.start = time.perf_counter()
+        self.seconds = 0.0
+        self.bytes = 0
+
+    def broadcast(self, tensors: list[torch.Tensor], while_in_flight=None) -> None:
+        t = time.perf_counter()
+        self.comm.broadcast_many(tensors, self.root, self.timeout, self.should_abort, while_in_flight)
+        self.seconds += time.perf_counter() - t
+        self.bytes += sum(x.numel() * x.element_size() for x in tensors)
+
+    def stats(self, fingerprint: str) -> TransferStats:
+        return TransferStats(self.bytes, time.perf_counter() - self.start, self.seconds, fingerprint)
+
+
+def _buffer(sizes: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The byte buffer the sizes describe, and its fp32 part (after the fingerprint and the
+    header, 4-aligned)."""
+    start = (FINGERPRINT_BYTES + int(sizes[0]) + 3) // 4 * 4
+    buf = torch.empty(start + 4 * int(sizes[1]), dtype=torch.uint8, device=device)
+    return buf, buf[start:].view(torch.float32)
+
+
+def _bytes(data: bytes, device) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+
+
+def _send(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer, stepper: CommittedStep,
+          direct_bytes: int) -> TransferStats:
     device = acc.buffer.device
-    start = time.perf_counter()
-    sending = comm.rank == root
-    sizes = torch.zeros(2, dtype=torch.int64, device=device)  # header bytes, fp32 elements of the buffer
-    sources: list[torch.Tensor] = []
-    direct: list[int] = []
-    if sending:
-        opt_sd, layout, tensors = _layout(optimizer)
-        sources = [p.detach() for p in acc.params] + tensors  # (parameter, then state) order, as the layout
-        direct = [i for i, t in enumerate(sources) if 4 * t.numel() >= direct_bytes and t.is_contiguous()]
-        header = {"optimizer": opt_sd, "layout": layout, "stepper": stepper.state_dict(),
-                  "fingerprint": acc.weights_fingerprint(), "groups": _groups_shape(optimizer),
-                  "params": [list(p.shape) for p in acc.params], "direct": direct}
-        head = json.dumps(_encode(header), separators=(",", ":")).encode()
-        skip = set(direct)  # the indices the buffer leaves out
-        sizes[0] = len(head)
-        sizes[1] = sum(t.numel() for i, t in enumerate(sources) if i not in skip)
-    comm.broadcast(sizes, root, timeout, should_abort)
-    hlen, numel = int(sizes[0]), int(sizes[1])
-    hbytes = (hlen + 3) // 4 * 4  # the fp32 part starts 4-aligned
-    buf = torch.empty(hbytes + 4 * numel, dtype=torch.uint8, device=device)
-    flat = buf[hbytes:].view(torch.float32)
-    if sending:
-        buf[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
+    opt_sd, layout, tensors = _layout(optimizer)
+    sources = [p.detach() for p in acc.params] + tensors  # (parameter, then state) order, as the layout
+    direct = [i for i, t in enumerate(sources) if 4 * t.numel() >= direct_bytes and t.is_contiguous()]
+    header = {"optimizer": opt_sd, "layout": layout, "stepper": stepper.state_dict(),
+              "groups": _groups_shape(optimizer), "params": [list(p.shape) for p in acc.params],
+              "direct": direct}
+    head = json.dumps(_encode(header), separators=(",", ":")).encode()
+    skip = set(direct)  # the indices the buffer leaves out
+    small = [t.reshape(-1) for i, t in enumerate(sources) if i not in skip]
+    sizes = torch.tensor([len(head), sum(t.numel() for t in small)], dtype=torch.int64, device=device)
+    packed: dict[str, Any] = {}
+
+    def pack_while_sizes_travel() -> None:
+        buf, flat = _buffer(sizes, device)
+        fingerprint = acc.weights_fingerprint()
+        buf[:FINGERPRINT_BYTES].copy_(_bytes(fingerprint.encode(), device))
+        buf[FINGERPRINT_BYTES:FINGERPRINT_BYTES + len(head)].copy_(_bytes(head, device))
         # one copy of the small tensors into the buffer (a broadcast per small tensor measured 3x
-        # slower on gloo: per-collective latency); the large ones go from their own storage below
-        small = [t.reshape(-1) for i, t in enumerate(sources) if i not in skip]
+        # slower on gloo: per-collective latency); the large ones go from their own storage
         if small:
             torch.cat(small, out=flat)
-    comm.broadcast(buf, root, timeout, should_abort)
-    shapes: list = []
-    if not sending:
-        header = _decode(json.loads(buf[:hlen].cpu().numpy().tobytes()))
-        if header["groups"] != _groups_shape(optimizer) or header["params"] != [list(p.shape) for p in acc.params]:
-            raise ValueError("state transfer: the donor's parameters or optimizer groups "
-                             f"({header['groups']}) differ from this replica's ({_groups_shape(optimizer)}): "
-                             "every replica must build its model and optimizer the same way")
-        shapes = header["params"] + [shape for _, _, shape in header["layout"]]
-        direct = header["direct"]
-        if any(not isinstance(i, int) or not 0 <= i < len(shapes) for i in direct):
-            raise ValueError(f"state transfer: the header's direct tensors {direct} are not of its layout")
-    # A receiver takes each into a fresh tensor, never straight into its parameters: an
+        packed.update(buf=buf, fingerprint=fingerprint)
+
+    wire.broadcast([sizes], while_in_flight=pack_while_sizes_travel)
+    wire.broadcast([packed["buf"]] + [sources[i] for i in direct])
+    return wire.stats(packed["fingerprint"])
+
+
+def _receive(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer,
+             stepper: CommittedStep) -> TransferStats:
+    device = acc.buffer.device
+    sizes = torch.zeros(2, dtype=torch.int64, device=device)  # header bytes, fp32 elements of the buffer
+    wire.broadcast([sizes])
+    buf, flat = _buffer(sizes, device)
+    wire.broadcast([buf])
+    raw = buf[:FINGERPRINT_BYTES + int(sizes[0])].cpu().numpy().tobytes()
+    want = raw[:FINGERPRINT_BYTES].decode(errors="replace")
+    header = _decode(json.loads(raw[FINGERPRINT_BYTES:]))
+    if header["groups"] != _groups_shape(optimizer) or header["params"] != [list(p.shape) for p in acc.params]:
+        raise ValueError("state transfer: the donor's parameters or optimizer groups "
+                         f"({header['groups']}) differ from this replica's ({_groups_shape(optimizer)}): "
+                         "every replica must build its model and optimizer the same way")
+    shapes = header["params"] + [shape for _, _, shape in header["layout"]]
+    direct = header["direct"]
+    if any(not isinstance(i, int) or not 0 <= i < len(shapes) for i in direct):
+        raise ValueError(f"state transfer: the header's direct tensors {direct} are not of its layout")
+    # Each large tensor arrives in a fresh tensor, never straight into a parameter: an
     # abandoned broadcast may still write into its tensor later (core/comm.py).
-    received = {i: sources[i] if sending else torch.empty(shapes[i], dtype=torch.float32, device=device)
-                for i in direct}
-    comm.broadcast_many([received[i] for i in direct], root, timeout, should_abort)
-    moved = sum(4 * t.numel() for t in received.values())
-    seconds = time.perf_counter() - start
-    if not sending:
-        _load(flat, received, header, acc, optimizer, stepper)
-        got = acc.weights_fingerprint()
-        if got != header["fingerprint"]:
-            raise TransferError(comm.generation, f"state transfer: weights fingerprint {got[:12]} after the "
-                                                 f"transfer differs from the donor's {header['fingerprint'][:12]}")
-    return TransferStats(sizes.numel() * 8 + buf.numel() + moved, seconds, header["fingerprint"])
+    received = {i: torch.empty(shapes[i], dtype=torch.float32, device=device) for i in direct}
+    wire.broadcast([received[i] for i in direct])
+    _load(flat, received, header, acc, optimizer, stepper)
+    got = acc.weights_fingerprint()
+    if got != want:
+        raise TransferError(wire.comm.generation, f"state transfer: weights fingerprint {got[:12]} after "
+                                                  f"the transfer differs from the donor's {want[:12]}")
+    return wire.stats(want)
 
 
 def _load(flat: torch.Tensor, received: dict[int, torch.Tensor], header: dict, acc: GradAccumulator,

@@ -12,8 +12,9 @@ Contract:
 - The figure is the throughput ratio, plain broadcast time / transfer time, of
   the medians (1.0: the transfer costs nothing beyond moving its bytes); the
   issue's target is >= 0.5. Written to OUT/state_transfer.json with the bytes,
-  the medians (also of the transfer's two broadcasts alone, `wire`: the rest is
-  the header's pickling, the donor's copy, the receiver's loading and checking)
+  the medians (also of the time the newcomer spent in the transfer's broadcasts,
+  `wire`, which includes waiting for the donor to build the header and buffer;
+  the rest is its own decoding, loading and fingerprint check)
   and MB/s, and printed. Nothing here is asserted on.
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _side(rank: int, port: int, models: list[str], repeats: int, threads: int, b
         if rank == 0:  # the donor has trained: AdamW's moments exist
             work.fold(0)
             work.apply(work.pack(), 1, 0)
-        # transfer: the whole call; wire: its two broadcasts only (stats.seconds)
+        # transfer: the whole call; wire: the time it spent in its broadcasts (stats.wire_seconds)
         times: dict[str, list[float]] = {"transfer": [], "wire": [], "broadcast": []}
         nbytes = 0
         for i in range(repeats + 1):
@@ -71,7 +72,7 @@ def _side(rank: int, port: int, models: list[str], repeats: int, threads: int, b
             t_plain = time.perf_counter() - start
             if i:  # round 0 is the warm-up: first calls, allocations
                 times["transfer"].append(t_transfer)
-                times["wire"].append(stats.seconds)
+                times["wire"].append(stats.wire_seconds)
                 times["broadcast"].append(t_plain)
         if rank == 1:
             tr, bc = statistics.median(times["transfer"]), statistics.median(times["broadcast"])
