@@ -116,6 +116,12 @@ def test_state_transfer_ratios_match_the_committed_benchmark():
     same(tiny, rows["tiny"]["throughput_ratio"])
     same(small, rows["small"]["throughput_ratio"])
     same(gpt2, rows["gpt2-124m"]["throughput_ratio"])
+    tiny_t, tiny_b, small_t, small_b = found(
+        r"the broadcast: ([\d.]+) ms against ([\d.]+) ms on tiny, ([\d.]+) ms against ([\d.]+) ms on small")
+    same(tiny_t, 1e3 * rows["tiny"]["transfer_median_s"])
+    same(tiny_b, 1e3 * rows["tiny"]["broadcast_median_s"])
+    same(small_t, 1e3 * rows["small"]["transfer_median_s"])
+    same(small_b, 1e3 * rows["small"]["broadcast_median_s"])
 
 
 def test_coordinator_numbers_match_the_service_bench():
