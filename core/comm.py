@@ -10,7 +10,7 @@ Contract:
   requested by the caller (the coordinator announced a new generation) surfaces as
   one exception type, `CollectiveError`, and never leaves the caller blocked past
   its deadline.
-- Why polling: measured on gloo, a SIGKILLed peer makes only its ring neighbours
+- Why waits in slices: measured on gloo, a SIGKILLed peer makes only its ring neighbours
   fail fast ("Connection closed by peer"); the other ranks wait out the whole gloo
   timeout, and abort() does not shorten it. So operations are issued with
   async_op and the caller waits in short slices, checking between them an abort
@@ -188,10 +188,10 @@ class Communicator:
             self._wait(work, "broadcast", timeout, should_abort)
 
     def _wait(self, work, what: str, timeout: float, should_abort: AbortCheck | None) -> None:
-        deadline = time.monotonic() + timeout
         if self.backend == "gloo":
-            self._wait_blocking(work, what, timeout, deadline, should_abort)
+            self._wait_blocking(work, what, timeout, should_abort)
             return
+        deadline = time.monotonic() + timeout
         spin_until = time.monotonic() + 0.002  # most local collectives finish within a few ms
         while not work.is_completed():
             if should_abort is not None and (reason := should_abort()):
@@ -206,12 +206,12 @@ class Communicator:
         except Exception as e:
             raise CollectiveError(self.generation, f"{what} failed: {e}") from e
 
-    def _wait_blocking(self, work, what: str, timeout: float, deadline: float,
-                       should_abort: AbortCheck | None) -> None:
+    def _wait_blocking(self, work, what: str, timeout: float, should_abort: AbortCheck | None) -> None:
         """gloo: block inside the backend (GIL released) for `WAIT_SLICE` at a time, checking the
         abort and the deadline between slices. A slice that ends before the work does raises
         without harming it (measured: the operation completes, with the right values, after any
         number of them); once `is_completed()`, an untimed wait gives the work's own outcome."""
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 work.wait(WAIT_SLICE)

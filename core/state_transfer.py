@@ -76,7 +76,7 @@ FINGERPRINT_BYTES = 64  # a weights fingerprint: sha256 as hex (GradAccumulator.
 class TransferStats:
     """What one state transfer moved, as one member saw it."""
 
-    bytes: int  # bytes broadcast from the donor (sizes, header and buffer, direct tensors, fingerprint)
+    bytes: int  # bytes broadcast from the donor: sizes, buffer (fingerprint, header, small tensors), direct tensors
     seconds: float  # wall time of the whole call on this member (loading and checking included)
     wire_seconds: float  # of which in the broadcasts (on a receiver: mostly waiting for the donor)
     fingerprint: str  # the weights fingerprint after the transfer (the donor's, checked)
