@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # an injected broken link: the collective failed
                 manager.report_error(e)
             handle.wait()
+            hooks.at(step, "vote")
             hooks.at(step, "commit")
             if not manager.should_commit():
                 # torchft discards the whole step; the next quorum retries it.

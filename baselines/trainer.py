@@ -135,6 +135,7 @@ def train(
             while not handle.is_completed():
                 time.sleep(0.0005)
             handle.wait()
+            hooks.at(step, "vote")
             hooks.at(step, "commit")
             hooks.at(step, "optimizer_step")
             loss, lr = work.apply(buf, len(ids), step)

@@ -31,6 +31,7 @@ PHASES = (
     "backward",  # after the forward pass, before the backward pass
     "between_microbatches",  # after a microbatch's backward, before the next one
     "allreduce",  # while the gradient all-reduce is in flight
+    "vote",  # after the all-reduce completed, before this replica's vote (or commit) is sent
     "commit",  # after this replica's vote, before the commit is known
     "optimizer_step",  # after the commit, before the optimizer step
     "checkpoint_save",  # while a checkpoint is being written (checkpointing systems)

@@ -430,8 +430,8 @@ class MembershipService:
             return  # of the dead coordinator's generation: the rebuild decides what happens to it
         if kind == "vote":
             conn.voted = True
-        handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "fail": self.proto.on_fail,
-                   "healed": self.proto.on_healed}.get(kind)
+        handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "ready": self.proto.on_ready,
+                   "fail": self.proto.on_fail, "healed": self.proto.on_healed}.get(kind)
         if handler is not None:
             self._apply(handler(r, msg, now))
 

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         fold_quota(step, quota, work.fold, hooks)
         buf = work.pack()
         comm.allreduce(buf, cfg.collective_timeout, while_in_flight=lambda: hooks.at(step, "allreduce"))
+        hooks.at(step, "vote")
         hooks.at(step, "commit")
         hooks.at(step, "optimizer_step")
         loss, lr = work.apply(buf, M, step)

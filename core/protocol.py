@@ -41,6 +41,25 @@ Invariants it keeps:
   record naming the generations; a commit clears every count. After
   `max_failed_generations` consecutive failed generations without a commit the
   run stops (exit 1) with a reason saying so, whatever the attribution.
+- Slow is not dead. A member is lost when its connection closes or its
+  heartbeats stop, never because it, or a peer, takes long to fold a quota: a
+  member that folded its quota says `ready`, and only once every member of the
+  generation is ready does the coordinator say `go` (one message for all). The
+  worker builds the generation's communicator and starts the all-reduce after
+  `go`, so the collective deadline times the collective alone, from the moment
+  every member can take part in it. Why a round of its own, not a deadline that
+  starts when the all-reduce is issued: gloo's own timeouts (its rendezvous and
+  its collectives) start when the operation is issued, and an abandoned gloo
+  operation holds its process group until that timeout, so the only way to make
+  the deadline mean the collective is not to issue it before the peers are
+  there. The round costs one control round trip per step (a few hundred
+  microseconds on loopback, against a step of tens of milliseconds at least).
+- A vote is bounded too: once every other member has voted for the step (their
+  all-reduce completed, so this member's did as well), the last one has
+  `join_timeout` plus four times what the others took from `go` to vote; a member
+  that misses it (a training thread blocked in a user's schedule or a device
+  sync, while its heartbeat thread beats on) is declared dead and its share
+  redone, like any lost replica.
 - A restarted coordinator (`rebuild`) takes the workers as the truth. Each one's
   hello reports its step, generation, ledger, what it waits for and its last vote.
   Members at the highest step T form the next generation with their ledgers kept;
@@ -70,6 +89,7 @@ Messages, coordinator -> worker ("t" is the type):
   startup {wait, connected, of, heartbeat_interval}  answer to a hello: start-up ends within `wait`
                                            seconds (the worker waits that long for generation 0); beat
                                            every `heartbeat_interval` seconds (core/heartbeat.py)
+  go     {gen, step}                       every member of gen is ready for step's all-reduce: start it
   done   {}                                the last step is committed and recorded; exit 0 (a worker
                                            waits for it after its last commit)
   stop   {reason}                          the run cannot go on; exit non-zero
@@ -84,6 +104,7 @@ worker -> coordinator:
                                            report: where it stands, for a restarted coordinator's `rebuild`)
   join   {gen, step, ledger[, healed]}     rejoin after an abort (healed false: a newcomer without the state)
   healed {gen, step, donor, bytes, seconds, weights_digest}   a newcomer's state arrived
+  ready  {gen, step}                       my quota of step is folded: I can start the all-reduce
   vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr[, weights_digest]}   lr: the rate the step
                                            will use; weights_digest (every K steps): the weights'
                                            digest; a member off the majority is fenced
@@ -174,6 +195,9 @@ class Membership:
         self.keys = [str(r) for r in range(replicas)]  # replica -> its key in a metrics line (made once, not per step)
         self.speeds = SpeedTable(replicas, SPEED_SMOOTHING)  # smoothed microbatches/s, per replica
         self.votes = self._tally()  # the ok votes of (gen, step), summed as they arrive
+        self.ready: set[int] = set()  # members ready for (gen, step)'s all-reduce ("go" went out once all are)
+        self.go_at: float | None = None  # when "go" went out for (gen, step); None: not yet
+        self.vote_deadline: float | None = None  # the last member's vote is due by then (all others voted)
         self.slowest_microbatch = 0.0  # seconds, the slowest microbatch of the last commit (a rejoin waits one out)
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
@@ -189,7 +213,10 @@ class Membership:
         self.digest_next_gen = False  # the next gen message asks for digested first votes (after a rebuild)
 
     def _tally(self) -> VoteTally:
-        """An empty tally for the votes of a new (generation, step)."""
+        """An empty tally for the votes of a new (generation, step); readiness starts over with it."""
+        self.ready = set()
+        self.go_at = None
+        self.vote_deadline = None
         return VoteTally(self.keys)
 
     # ---- inputs --------------------------------------------------------------------
@@ -267,6 +294,21 @@ class Membership:
                     reason=f"replica {r}'s state transfer failed with generation {self.gen}: "
                            "it waits for the next commit")] + self._maybe_publish(now)
 
+    def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
+        """Member r folded its quota of (gen, step); once every member has, all hear `go`.
+
+        O(1) per message, and one message object for all members (the service encodes it once)."""
+        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set or self.go_at is not None:
+            return []  # stale, fenced, or a repeat after go
+        if msg.get("step") != self.step:
+            raise ProtocolError(f"replica {r} is ready for step {msg.get('step')}, run is at {self.step}")
+        self.ready.add(r)
+        if len(self.ready) < len(self.members):
+            return []
+        self.go_at = now
+        go = {"t": "go", "gen": self.gen, "step": self.step}
+        return [Out("send", m, go) for m in self.members]
+
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []
@@ -285,6 +327,10 @@ class Membership:
             if self.votes.digested and (fenced := self._fence_corrupt_weights(now)) is not None:
                 return fenced
             return self._commit(now)
+        if held == len(self.members) - 1:
+            # the others' all-reduce completed, so the last member's did too: its vote is bounded
+            took = now - self.go_at if self.go_at is not None else 0.0
+            self.vote_deadline = now + self.join_timeout + 4 * took
         return []
 
     def on_fail(self, r: int, msg: dict, now: float) -> list[Out]:
@@ -360,6 +406,8 @@ class Membership:
     def on_tick(self, now: float) -> list[Out]:
         if self.state == "waiting" and now >= self.deadline:
             return self._admit(now)  # waited long enough: go on with whoever is there
+        if self.state == "running" and self.vote_deadline is not None and now >= self.vote_deadline:
+            return self._vote_overdue(now)
         if self.state != "forming" or now < self.deadline:
             return []
         out: list[Out] = []
@@ -373,6 +421,17 @@ class Membership:
                 out.append(Out("event", msg={"kind": "startup", "never_connected": r, "at": now},
                                reason=f"replica {r} did not connect within the start-up timeout"))
         return out + self._maybe_publish(now)
+
+    def _vote_overdue(self, now: float) -> list[Out]:
+        """Every member but one voted, and the last one's vote is past its deadline: it is lost."""
+        self.vote_deadline = None
+        late = [m for m in self.members if m not in self.votes.votes]
+        out: list[Out] = []
+        for r in late:  # exactly one (the deadline is set when all others voted)
+            why = (f"did not vote for step {self.step} within {now - self.go_at if self.go_at else 0.0:.1f}s of go "
+                   f"while every other member had (its training thread is stuck; its heartbeat is not proof of work)")
+            out += self.on_lost(r, why, now)
+        return out
 
     def balancing_speeds(self) -> dict[int, float] | None:
         """The members' speeds for the quota policy, or None (equal) while they are close.

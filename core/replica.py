@@ -285,6 +285,14 @@ class Replica:
         self._check_attached("commit")
         g, step = self.generation, self.step
         should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
+        # Readiness (core/protocol.py): the all-reduce starts once every member folded its
+        # quota, so its deadline times the collective alone, however long the peers' quotas
+        # take; the wait has no deadline of its own (a peer that dies is seen by the
+        # coordinator, whose abort ends it; a coordinator that dies, by its silence).
+        self.control.send({"t": "ready", "gen": g, "step": step})
+        go = self._wait_for({"go", "abort"}, min_gen=g, forever=True)
+        if go["t"] == "abort":
+            return self._recover(go)
         try:
             if self.comm is None or self.comm.generation != g:
                 rank = self.members.index(self.replica)
@@ -299,6 +307,7 @@ class Replica:
             if self.control.abort_reason(g) is None:
                 self.control.send({"t": "fail", "gen": g, "step": step, "reason": e.reason})
             return self._recover(self._wait_for({"abort"}))
+        self.hooks.at(step, "vote")
         n = len(self.acc.ledger)
         vote = {
             "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
@@ -594,17 +603,20 @@ class Replica:
             raise RunEnded(f"fenced: the coordinator answered the reconnect with {answer['t']!r}", fenced=True)
         return False
 
-    def _wait_for(self, kinds: set[str], min_gen: int = -1) -> dict:
+    def _wait_for(self, kinds: set[str], min_gen: int = -1, forever: bool = False) -> dict:
+        """The next message of one of `kinds` (of generation `min_gen` or later), handling the
+        terminal ones on the way. `forever`: no deadline (the answer depends on how long the
+        peers' work takes, not on the coordinator; its silence still ends the wait)."""
         self._waiting = (frozenset(kinds), min_gen)
         try:
-            return self._wait_for_inner(kinds, min_gen)
+            return self._wait_for_inner(kinds, min_gen, forever)
         finally:
             self._waiting = None
 
-    def _wait_for_inner(self, kinds: set[str], min_gen: int) -> dict:
+    def _wait_for_inner(self, kinds: set[str], min_gen: int, forever: bool) -> dict:
         # The coordinator answers within a collective deadline plus a rejoin
         # deadline even in the worst case; past that it is gone.
-        deadline = time.monotonic() + 3 * self.timeout + 60
+        deadline = float("inf") if forever else time.monotonic() + 3 * self.timeout + 60
         while True:
             msg = self.control.recv(None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
             if msg is None:

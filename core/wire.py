@@ -69,6 +69,7 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "hello": {"replica": _INT, "token": _STR},
     "join": {"gen": _INT, "step": _INT, "ledger": _IDS},
     "vote": {"gen": _INT, "step": _INT, "ok": _BOOL, "ledger": _IDS},
+    "ready": {"gen": _INT, "step": _INT},
     "fail": {"gen": _INT, "step": _INT},
     "healed": {"gen": _INT, "step": _INT},
     # from the launcher (core/exit_notices.py), not from a worker

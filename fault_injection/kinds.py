@@ -132,6 +132,12 @@ def _stop_self(state: InjectorState, index: int, fault: Any, step: int) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)  # returns only once someone sends SIGCONT
 
 
+def _stall(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # The training thread blocks (as in a user's schedule or a device sync) while the
+    # process's other threads, its heartbeat among them, run on: alive, but doing no work.
+    time.sleep(float("inf") if fault.seconds is None else float(fault.seconds))
+
+
 def _slow_down(state: InjectorState, index: int, fault: Any, step: int) -> None:
     state.slow_factor = float(fault.factor)
 
@@ -231,6 +237,12 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         sample=lambda hang_seconds=None, **_: {"seconds": hang_seconds},
         # A hang that ends is still fenced out by recover, and still trips the baselines'
         # deadline: the simulator treats every hang as lasting past the deadline.
+        sim_effect="hang", sim_why="the replica is fenced out at its deadline", loses_replica=True,
+    ),
+    FaultKind(
+        "stall", "the target's training thread blocks for `seconds` (for good without) while its heartbeat "
+        "goes on: alive but stuck (recover fences it at the vote deadline)", _stall,
+        accepts=("seconds",),
         sim_effect="hang", sim_why="the replica is fenced out at its deadline", loses_replica=True,
     ),
     FaultKind(

@@ -52,7 +52,7 @@ def test_minimal_form_is_accepted_exactly_and_written_back_as_read():
         ({"kind": "crash", "replica": 0, "step": 1, "phase": "between_microbatches", "microbatch": 0},
          "fault 1: microbatch: between_microbatches k is the gap before microbatch k"),
         ({"kind": "crash", "replica": 0, "step": 1, "phase": "forward", "seconds": 3},
-         "fault 1: seconds: only a hang, pace or broken_link lasts seconds"),
+         "fault 1: seconds: only a hang, stall, pace or broken_link lasts seconds"),
         ({"kind": "hang", "replica": 0, "step": 1, "phase": "forward", "seconds": 0},
          "fault 1: seconds: must be > 0"),
         ({"kind": "hang", "replica": 0, "step": 1, "phase": "forward", "seconds": "long"},

@@ -60,7 +60,7 @@ def g(mb_id: int) -> int:
 @dataclass
 class FakeWorker:
     r: int
-    state: str = "starting"  # starting computing reducing voted waiting_abort waiting_gen finished dead
+    state: str = "starting"  # starting computing ready go reducing voted waiting_abort waiting_gen finished dead
     frozen: bool = False
     gen: int = -1
     step: int = 0
@@ -189,7 +189,7 @@ class World:
             w.aborted_gen = max(w.aborted_gen, msg["gen"])
             if msg["gen"] < w.gen or w.state in ("starting", "waiting_gen"):
                 return  # waiting for a generation, the real replica reads an abort and drops it
-            if w.state in ("reducing", "voted", "waiting_abort"):
+            if w.state in ("ready", "go", "reducing", "voted", "waiting_abort"):
                 self._rejoin(w, msg)
             else:  # computing: noticed at commit time, as the real replica does
                 w.pending_abort = msg
@@ -199,6 +199,10 @@ class World:
             w.gen, w.step = msg["gen"], msg["step"]
             w.members, w.quota = idranges.to_ids(msg["members"]), idranges.to_ids(as_read(msg, r)["quota"])
             w.state = "computing"
+            return
+        if t == "go":  # every member is ready: the all-reduce may start
+            assert w.state == "ready" and (msg["gen"], msg["step"]) == (w.gen, w.step), (w.state, msg)
+            w.state = "go"
             return
         if t == "commit":
             assert w.state == "voted" and msg["step"] == w.step, (w.state, msg, w.step)
@@ -229,6 +233,10 @@ class World:
             if w.pending_abort is not None:
                 self._rejoin(w, w.pending_abort)
                 return
+            # the quota is folded: say so, and start the all-reduce only on "go"
+            w.outbox.append({"t": "ready", "gen": w.gen, "step": w.step})
+            w.state = "ready"
+        elif w.state == "go":
             if w.aborted_gen >= w.gen:  # the collective polls the abort flag: it fails at once
                 w.state = "waiting_abort"  # and waits for the abort message (no fail sent: it is known)
                 return
@@ -262,7 +270,7 @@ class World:
             if w.inbox and alive and not w.frozen and not w.held:
                 acts.append(("to_worker", w.r))
             if alive and not w.frozen:
-                if w.state == "computing":
+                if w.state in ("computing", "go"):
                     acts.append(("work", w.r))
                 elif w.state == "reducing":
                     red = self.reductions.get((w.gen, w.step), {})
@@ -620,8 +628,9 @@ def test_silence_is_judged_by_the_collective_timeout_until_a_replica_first_votes
     assert sorted(svc.by_replica) == [0, 1]
     assert svc._silent(hb + 1.0) == []  # silent past the heartbeat timeout, but in their first step
     assert [r for r, _ in svc._silent(cold + 1.0)] == [0, 1]
-    while world.workers[0].state != "voted":  # both fold and reduce step 0; nothing reaches the coordinator
-        world.do(next(a for a in world.enabled(faults=False) if a[0] != "to_coord"))
+    while world.workers[0].state != "voted":  # both fold and reduce step 0; only their "ready" reaches it
+        world.do(next(a for a in world.enabled(faults=False)
+                      if a[0] != "to_coord" or world.workers[a[1]].outbox[0]["t"] == "ready"))
     while world.workers[0].outbox:
         world.do(("to_coord", 0))  # replica 0's vote: it is past its first step's costs
     assert svc._silent(hb + 1.0) == [(0, hb + 1.0)]

@@ -254,7 +254,12 @@ def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
     step 0) and is then killed, so replica 0 abandons a second rendezvous. With one store client shared across
     generations the two dead waits sit ahead of generation 2's rendezvous in that
     client, and it times out (then a generation 3 forms); with a client per
-    communicator generation 2 forms at once and commits step 0."""
+    communicator generation 2 forms at once and commits step 0.
+
+    Since readiness (issue 40: a rendezvous starts only once every member said `ready`),
+    replicas 0 and 1 wait for `go` instead of sitting in a rendezvous when 2 dies, so no
+    dead wait is left behind at all; the test still holds the outcome: one generation
+    per loss, nothing timed out, the failure-free trajectory."""
     r, m, steps, timeout = 3, 6, 2, 3.0
     common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps), "--seed", str(SEED),
               "--heartbeat-timeout", "3", "--collective-timeout", str(timeout), "--no-progress"]
@@ -283,7 +288,6 @@ def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
         assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
     exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
     assert exits[1]["how"] == exits[2]["how"] == "killed by SIGKILL" and exits[0]["returncode"] == 0
-    # precondition, from the survivor's own log: it was in generation 0's rendezvous,
-    # and then in generation 1's, when each was aborted
+    # from the survivor's own log: nothing it started waited out a deadline
     log = (tmp_path / "run" / "logs" / "replica0.log").read_text()
-    assert "generation 0: rendezvous aborted" in log and "generation 1: rendezvous aborted" in log, log
+    assert "timed out" not in log, log
