@@ -30,7 +30,8 @@ from recover.core.policy import assign_quotas
 from recover.core.recipe import CommittedStep, build_adamw
 from recover.core.shapes import GPTConfig
 
-SEED, BATCH, CORPUS, LR, WD, CLIP = 0, 4, 200_000, 1e-3, 0.1, 1.0
+# BATCH 3 over 2 ranks: parts of 2 and 1 rows, so the loss shares (2/3, 1/3) are exercised.
+SEED, BATCH, CORPUS, LR, WD, CLIP = 0, 3, 200_000, 1e-3, 0.1, 1.0
 TIMEOUT = 120.0
 
 

@@ -89,9 +89,10 @@ def test_folding_then_pack_sums_the_local_shards_of_the_microbatches_gradients(t
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("R, S", [(2, 2), (3, 2)])
-def test_failure_free_hsdp_matches_single_process_training(tmp_path: Path, R: int, S: int):
-    M, steps = 2 * R, 3
+# 3x2 with M = 5: quotas of 2, 2, 1, so dividing by the global M (not a replica's count) is checked.
+@pytest.mark.parametrize("R, S, M", [(2, 2, 4), (3, 2, 5)])
+def test_failure_free_hsdp_matches_single_process_training(tmp_path: Path, R: int, S: int, M: int):
+    steps = 3
     _run_grid(tmp_path, R, S, M, steps)
     ref = _reference_losses(M, steps)
     records = {(r, i): json.loads((tmp_path / f"rank{r}_{i}.json").read_text()) for r in range(R) for i in range(S)}
