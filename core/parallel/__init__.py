@@ -1,0 +1,11 @@
+"""Parallelism inside a replica (one concept per file, picotron-style).
+
+- args.py: `ParallelismArgs`, the job's layout (replicas x shard) and its validation;
+- context.py: `ParallelContext`, one rank's groups: its replica (the default
+  process group, a 1-D mesh) and the per-generation cross-replica communicators;
+- fsdp.py: FSDP2 inside a replica and `ShardedAccumulator`, the sharded form of
+  core/accumulator.py's GradAccumulator.
+
+Conventions follow nanotron's (`ParallelContext`, `ParallelismArgs`, the rank-grid
+order), which cannot be a dependency here (see DESIGN.md section 5).
+"""

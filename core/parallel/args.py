@@ -1,0 +1,87 @@
+"""The layout of a job: how many replicas, and how each replica is cut into ranks.
+
+Contract:
+- `ParallelismArgs` is plain data (a frozen dataclass, one help line per field, so
+  it can become CLI flags like the other configs); nothing here starts a process or
+  touches torch.distributed.
+- `validate(model_or_shapes, batch_size=None)` raises one `ValueError` naming the
+  field and the reason for a layout that cannot run, before anything starts; a
+  layout it accepts runs.
+- `ranks_per_replica` and `world_size` are the only place the grid's size is
+  computed (so tp and pp, when they come, change it in one place).
+
+What FSDP2 really needs of the shard size S (checked in torch 2.13's
+`fully_shard`, and by running it): it shards every parameter on dim 0 in chunks of
+ceil(dim0 / S) rows, pads the last chunks and lets a rank hold an empty one. So S
+need not divide any dimension, and S larger than a parameter's dim 0 (say a
+LayerNorm gain of 64 over 128 ranks) still runs: some ranks hold none of that
+parameter. That is waste, not an error, and is allowed. What is an error:
+- S < 1 or R < 1;
+- a parameter with no dimension at all (a 0-d tensor): there is no dim 0 to cut,
+  and `fully_shard` refuses it;
+- with a batch size given: fewer sequences per microbatch than S. Inside a replica
+  the S ranks split each microbatch's rows between them (see fsdp.py); a rank with
+  no row would have no loss to take the gradient of.
+(FSDP2 needs even division only for a `Shard(d)` with d > 0, which this project
+does not ask for.)
+
+Coming next: `tp` and `pp` (nanotron's names), the replica becoming a pp x shard x
+tp grid; `ranks_per_replica` is then their product.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Union
+
+import torch
+
+ModelShapes = Union[torch.nn.Module, Mapping[str, Iterable[int]], Iterable[Iterable[int]]]
+"""A model, or its trainable parameters' shapes (by name, or just a list of shapes)."""
+
+
+def _shapes(model_or_shapes: ModelShapes) -> list[tuple[str, tuple[int, ...]]]:
+    if isinstance(model_or_shapes, torch.nn.Module):
+        return [(n, tuple(p.shape)) for n, p in model_or_shapes.named_parameters() if p.requires_grad]
+    if isinstance(model_or_shapes, Mapping):
+        return [(str(n), tuple(s)) for n, s in model_or_shapes.items()]
+    return [(f"parameter {i}", tuple(s)) for i, s in enumerate(model_or_shapes)]
+
+
+@dataclass(frozen=True)
+class ParallelismArgs:
+    """The job's rank layout: `replicas` failure domains, each of `shard` ranks."""
+
+    replicas: int = field(default=1, metadata={"help": "replicas R: data-parallel copies of the model, each a failure domain"})
+    shard: int = field(default=1, metadata={"help": "shard S: ranks per replica over which FSDP2 shards the model"})
+    # tp and pp come with the next issue (each replica then a pp x shard x tp grid).
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """Processes in one replica (S today; pp * S * tp once those exist)."""
+        return self.shard
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the whole job: R * ranks_per_replica."""
+        return self.replicas * self.ranks_per_replica
+
+    def validate(self, model_or_shapes: ModelShapes | None = None, batch_size: int | None = None) -> "ParallelismArgs":
+        """Raise one ValueError if this layout cannot run `model_or_shapes` (see the module docstring); else self."""
+        for name in ("replicas", "shard"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"--{name}: must be an integer >= 1, got {v!r}")
+        if batch_size is not None and batch_size < self.shard:
+            raise ValueError(
+                f"--shard {self.shard}: each microbatch's {batch_size} sequences are split over the replica's "
+                f"{self.shard} ranks, so a rank would get none; use --shard <= --batch-size")
+        if model_or_shapes is not None:
+            shapes = _shapes(model_or_shapes)
+            if not shapes:
+                raise ValueError("the model has no trainable parameters to shard")
+            scalars = [n for n, s in shapes if len(s) == 0]
+            if scalars and self.shard > 1:
+                raise ValueError(
+                    f"--shard {self.shard}: FSDP2 shards every parameter on dim 0, and {scalars[0]} is a 0-d "
+                    f"tensor (give it shape (1,))")
+        return self

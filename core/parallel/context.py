@@ -1,0 +1,91 @@
+"""One process's place in the job's rank grid, and the groups it talks over.
+
+Contract:
+- A `ParallelContext` is built for one process from (its replica r, its local rank
+  inside the replica, the layout, a store client, a backend). It creates no
+  module-level state of its own; the one global it sets is the one FSDP2 and
+  DTensor need: the process's *default* process group, which is its replica. That
+  group is `init_process_group(backend, store=PrefixStore("replica<r>/", store),
+  rank=local_rank, world_size=ranks_per_replica)`, so no key of one replica's
+  rendezvous can meet another's, and `fully_shard`, DTensor and (later) tensor and
+  pipeline parallelism run inside the replica unmodified: to them the replica is
+  the whole world.
+- The intra-replica group and the 1-D `mesh` over it ("shard") live as long as the
+  replica. Any rank of a replica dying takes the replica out (the failure domain),
+  so nothing here ever rebuilds them.
+- The cross-replica groups are one per position in the replica: the ranks at local
+  rank i of every live replica form group "pos<i>". They change with membership,
+  so `cross_replica(...)` builds one for a generation, as a `core.comm.Communicator`
+  (deadline-bound, abortable) under "pos<i>/gen<g>/" of the store; the caller
+  drops it (to a Graveyard) when the generation ends, exactly as a one-rank replica
+  does with its communicator today.
+- `close()` destroys the default group; a context is not reusable after it.
+
+The rank grid. nanotron orders its grid (pp, dp, tp), data parallel in the middle.
+Here the outermost dimension is the replica, because replicas are what come and go;
+inside a replica the ranks are its shard positions (a pp x shard x tp grid once tp
+and pp exist, tp innermost as in nanotron). So the job-wide rank of (r, i) is
+r * ranks_per_replica + i: the ranks of one replica are contiguous, the launcher can
+start and end them together, and the ranks at position i of all replicas are the
+ones a cross-replica group joins.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..comm import AbortCheck, Communicator, OpenStore
+from .args import ParallelismArgs
+
+
+class ParallelContext:
+    """The groups of one rank: its replica (default group + mesh), and per-generation cross-replica ones."""
+
+    def __init__(self, store: dist.Store, replica: int, local_rank: int, args: ParallelismArgs,
+                 backend: str = "gloo", device_type: str = "cpu", timeout: float = 60.0):
+        args.validate()
+        if not 0 <= local_rank < args.ranks_per_replica:
+            raise ValueError(f"local rank {local_rank} is outside a replica of {args.ranks_per_replica} ranks")
+        if replica < 0:
+            raise ValueError(f"replica id must be >= 0, got {replica}")
+        if dist.is_initialized():
+            # The default group is the replica; a second context in one process would
+            # silently share (or clobber) it.
+            raise RuntimeError("this process already has a default process group: one ParallelContext per process")
+        self.args = args
+        self.replica = replica
+        self.local_rank = local_rank
+        self.backend = backend
+        dist.init_process_group(backend, store=dist.PrefixStore(f"replica{replica}/", store),
+                                rank=local_rank, world_size=args.ranks_per_replica,
+                                timeout=timedelta(seconds=timeout))
+        self.group = dist.group.WORLD
+        self.mesh: DeviceMesh = init_device_mesh(device_type, (args.shard,), mesh_dim_names=("shard",))
+
+    @property
+    def global_rank(self) -> int:
+        """This rank's place in the job: replica-major (see the module docstring)."""
+        return self.replica * self.args.ranks_per_replica + self.local_rank
+
+    @property
+    def position(self) -> str:
+        """The name of this rank's cross-replica group (and its store namespace)."""
+        return f"pos{self.local_rank}"
+
+    def cross_replica(self, open_store: OpenStore, generation: int, rank_among_members: int, n_members: int,
+                      timeout: float = 30.0, should_abort: AbortCheck | None = None) -> Communicator:
+        """The communicator of this position's ranks across the live replicas of `generation`.
+
+        `rank_among_members` is this replica's index among the generation's members
+        (the same for every rank of the replica), `n_members` their number. Built
+        under "pos<i>/gen<g>/", so positions and generations never share a key.
+        """
+        return Communicator.build(open_store, generation, rank_among_members, n_members, self.backend, timeout,
+                                  should_abort, namespace=f"{self.position}/")
+
+    def close(self) -> None:
+        """Destroy the replica's group (the process's default group)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,160 @@
+"""FSDP2 inside a replica: the sharded model, and the sharded gradient accumulator + ledger.
+
+Contract (the sharded form of core/accumulator.py's, same interface):
+- `shard_model(model, mesh)` wraps each layer, then the root, with `fully_shard`
+  over the replica's 1-D mesh, and sets every FSDP module to reduce-scatter
+  gradients as a plain SUM. FSDP2 averages over its group by default; here the
+  replica's S ranks each take a part of one microbatch's rows and scale their loss
+  by their share of its rows (`microbatch_part`), so the parts' gradients *sum* to
+  the microbatch's gradient, exactly, even when S does not divide the batch.
+- `ShardedAccumulator(model)` is one flat fp32 tensor holding this rank's shard of
+  the replica's gradient sum, then one slot for this rank's part of the loss sum.
+  Each parameter's `.grad` is a DTensor whose local tensor is a view into it, and
+  FSDP2 adds each backward's reduce-scattered shard into an existing `.grad` in
+  place, so a microbatch is folded with no copy, as in `GradAccumulator`.
+- `fold(id, part_loss)` records `id` in the ledger (all ranks of a replica fold
+  the same ids: the replica's ledger); `pack()` returns a fresh
+  [local shard ..., loss part] buffer for the cross-replica all-reduce of this
+  rank's position, which therefore never touches the accumulator; `load_mean(reduced,
+  M)` sets every local shard to reduced/M (M global) and returns the iteration's
+  mean microbatch loss, summing the loss parts of the replica's ranks over the
+  replica's group (the one collective here; it runs once per step, after the
+  cross-replica reduction succeeded); `clear()` empties both.
+- `weights_digest()`/`weights_fingerprint()` name this rank's local shards: equal
+  for the ranks at one position of all replicas, not across positions.
+- Dropout: every part of microbatch `id` reseeds from (seed, id) as a one-rank
+  replica does, but draws masks only for its own rows, so with dropout > 0 an
+  HSDP run matches a one-rank replica in distribution, not bit for bit.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from ..accumulator import _bits
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, layers: Iterable[nn.Module] | None = None) -> nn.Module:
+    """`fully_shard` each of `layers` (default: `model.blocks`), then `model`; SUM reductions. Returns model."""
+    if layers is None:
+        layers = getattr(model, "blocks", ())
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            # A divide factor of 1 with sum-only comms: FSDP2 then issues a SUM
+            # reduce-scatter and divides by nothing (gloo has no PREMUL_SUM, so the
+            # factor alone would not do).
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def microbatch_part(x: torch.Tensor, y: torch.Tensor, local_rank: int, parts: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Rank `local_rank`'s rows of one microbatch, and their share of its rows (the loss scale).
+
+    Rows are split as `tensor_split` does (the first B % S parts get one row more);
+    the mean loss over a part times its share, summed over the parts, is the mean
+    over the microbatch (every row has the same number of tokens).
+    """
+    rows = x.shape[0]
+    if rows < parts:
+        raise ValueError(f"a microbatch of {rows} rows cannot be split over {parts} ranks")
+    xs, ys = torch.tensor_split(x, parts), torch.tensor_split(y, parts)
+    return xs[local_rank], ys[local_rank], xs[local_rank].shape[0] / rows
+
+
+class ShardedAccumulator:
+    """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger."""
+
+    def __init__(self, model: nn.Module, group=None):
+        self.group = group  # the replica's group, for the loss; None: the default group (the replica)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("no trainable parameters")
+        if not all(isinstance(p, DTensor) for p in self.params):
+            raise TypeError("every parameter must be a DTensor: wrap the model with shard_model() first")
+        for p in self.params:
+            if p.dtype != torch.float32:
+                raise TypeError(f"parameters must be fp32 (got {p.dtype}); keep a fp32 master copy")
+        locals_ = [p.to_local() for p in self.params]
+        self.buffer = torch.zeros(sum(t.numel() for t in locals_) + 1, dtype=torch.float32,
+                                  device=locals_[0].device)
+        self._views: list[torch.Tensor] = []
+        offset = 0
+        for p, t in zip(self.params, locals_):
+            view = self.buffer[offset: offset + t.numel()].view(t.shape)
+            self._views.append(view)
+            offset += t.numel()
+        self.reattach()
+        self.ledger: list[int] = []
+
+    def fold(self, mb_id: int, loss: float) -> None:
+        """Record that microbatch `mb_id`'s backward is in the accumulator; `loss` is this rank's part of its loss."""
+        if mb_id in self.ledger:
+            raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
+        self.buffer[-1] += float(loss)
+        self.ledger.append(mb_id)
+
+    @property
+    def loss_sum(self) -> float:
+        """This rank's part of the folded microbatches' loss sum."""
+        return float(self.buffer[-1])
+
+    def pack(self) -> torch.Tensor:
+        """A fresh communication buffer: [local gradient shard sum ..., loss part]."""
+        return self.buffer.clone()
+
+    def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
+        """Set every local .grad shard to reduced/M; return the iteration's mean microbatch loss."""
+        self.buffer.copy_(reduced)
+        self.buffer.div_(microbatches)
+        loss = self.buffer[-1:].clone()
+        torch.distributed.all_reduce(loss, group=self.group)  # the parts of the replica's ranks
+        return float(loss)
+
+    def clear(self) -> None:
+        """Empty the accumulator and the ledger (the next iteration starts)."""
+        self.buffer.zero_()
+        self.ledger.clear()
+
+    def reattach(self) -> None:
+        """Point each .grad at its view of the buffer (at start, or after code replaced .grad)."""
+        for p, view in zip(self.params, self._views):
+            g = p.grad
+            if g is None or not isinstance(g, DTensor) or g.to_local().data_ptr() != view.data_ptr():
+                p.grad = DTensor.from_local(view, p.device_mesh, p.placements, run_check=False,
+                                            shape=p.shape, stride=p.stride())
+
+    def detached(self) -> list[int]:
+        """Indices (in `params`) of the parameters whose local .grad no longer views the buffer."""
+        out = []
+        for i, (p, view) in enumerate(zip(self.params, self._views)):
+            g = p.grad
+            if not view.numel():
+                continue
+            if g is None or not isinstance(g, DTensor) or g.to_local().data_ptr() != view.data_ptr():
+                out.append(i)
+        return out
+
+    def weights_digest(self) -> str:
+        """sha256 of this rank's local shards, in order: equal digests, equal shards."""
+        h = hashlib.sha256()
+        with torch.no_grad():
+            for p in self.params:
+                h.update(p.to_local().detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def weights_fingerprint(self) -> str:
+        """The cheap on-device digest of this rank's local shards (as GradAccumulator's)."""
+        with torch.no_grad():
+            sums = torch.stack([_bits(p.to_local().detach()).sum(dtype=torch.int64) for p in self.params])
+        return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()
