@@ -64,7 +64,10 @@ class TrainConfig:
 
     system: str = _f("plain", "training system: plain (failure-free reference), recover, or a baseline")
     model: str = _f("tiny", f"model size: {', '.join(MODEL_CONFIGS)}")
-    replicas: int = _f(4, "data-parallel replicas R (one worker process each)")
+    replicas: int = _f(4, "data-parallel replicas R (the failure domain: --shard ranks each)")
+    shard: int = _f(1, "ranks per replica S: FSDP2 shards the model over them (HSDP); 1 = plain data parallel. "
+                       "recover only; R x S worker processes in all. A replica of many ranks that is declared "
+                       "dead exits (it does not rejoin yet)")
     microbatches: int = _f(8, "microbatches M per iteration (the global batch), M >= R")
     steps: int = _f(20, "iterations (optimizer steps) to run")
     seed: int = _f(0, "seed for initial weights, data order and per-microbatch randomness")
@@ -196,6 +199,21 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
+        if self.shard < 1:
+            raise ConfigError("--shard", f"must be >= 1, got {self.shard}")
+        if self.shard > 1:
+            # What a replica of many ranks does not do yet: say so before anything starts.
+            if self.system != "recover":
+                raise ConfigError("--shard", f"only the recover system runs replicas of many ranks, not {self.system!r}")
+            if self.replace_after >= 0:
+                raise ConfigError("--shard", "a replica of many ranks is not healed yet: run it without "
+                                             "--replace-after (a lost replica stays lost)")
+            if self.checkpoint_every:
+                raise ConfigError("--shard", "checkpoints of a sharded replica are not written yet: "
+                                             "leave --checkpoint-every at 0")
+            if self.batch_size < self.shard:
+                raise ConfigError("--shard", f"each rank takes rows of a microbatch: --batch-size {self.batch_size} "
+                                             f"is less than --shard {self.shard}")
         if self.microbatches < self.replicas:
             raise ConfigError(
                 "--microbatches",

@@ -64,6 +64,7 @@ from . import forkserver
 from .end_policy import CoordinatorEnds, EndPolicy, JobView
 from .exit_notices import ExitNotices
 from .forkserver import ForkedProcess
+from .replica_processes import ReplicaProcesses
 from .startup import JOIN_TOKEN_ENV, new_join_token
 
 _PR_SET_PDEATHSIG = 1
@@ -151,6 +152,7 @@ class Launcher:
         fork_workers: bool | None = None,
         coordinator_restarts: int = 0,
         coordinator_timeout: float | None = None,
+        ranks_per_replica: int = 1,
     ):
         self.out = Path(out_dir)
         self.coordinator_argv = list(coordinator_argv)
@@ -181,6 +183,7 @@ class Launcher:
         self.coordinator_restarts = coordinator_restarts  # restarts left (see the contract)
         self.coordinator_timeout = coordinator_timeout  # None: a silent coordinator is never killed
         self._coordinator_info: dict = {}
+        self.ranks_per_replica = ranks_per_replica  # > 1: each replica is that many processes, ended together
 
     # ---- process start -------------------------------------------------------------
     def _start_coordinator(self, timeout: float = 60.0, argv: Sequence[str] | None = None) -> dict:
@@ -230,10 +233,17 @@ class Launcher:
         threading.Thread(target=drain, daemon=True).start()
         return info
 
-    def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
+    def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess | ReplicaProcesses:
+        if self.ranks_per_replica == 1:
+            return self._start_rank(replica, 0, env)
+        # the replica's ranks, leader first; any one of them dying ends the others (core/replica_processes.py)
+        return ReplicaProcesses([self._start_rank(replica, i, env) for i in range(self.ranks_per_replica)])
+
+    def _start_rank(self, replica: int, rank: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
         argv = list(self.worker_argv(replica))
-        env = {**env, "RECOVER_REPLICA": str(replica), "RECOVER_WORKER_STARTED": repr(time.time())}
-        log_path = self.out / "logs" / f"replica{replica}.log"
+        env = {**env, "RECOVER_REPLICA": str(replica), "RECOVER_WORKER_STARTED": repr(time.time()),
+               "RECOVER_LOCAL_RANK": str(rank)}
+        log_path = self.out / "logs" / (f"replica{replica}.log" if rank == 0 else f"replica{replica}_rank{rank}.log")
         if self.fork_workers and forkserver.forkable(argv):
             # Same process, group, output and parent-death contract as below, without
             # a fresh `import torch` (core/forkserver.py).
@@ -281,7 +291,7 @@ class Launcher:
 
     def _announce_pids(self, t0: float) -> None:
         """pids.json and the hooks' on_start: the current process of every replica."""
-        pids = {r: [p.pid] for r, p in self.workers.items()}
+        pids = {r: list(getattr(p, "pids", [p.pid])) for r, p in self.workers.items()}
         (self.out / "pids.json").write_text(
             json.dumps({"coordinator": self.coordinator.pid, "replicas": pids}, indent=1)
         )
@@ -426,7 +436,7 @@ class Launcher:
             # another line of its own code (a frozen-for-good worker stays fenced).
             for sig in (signal.SIGTERM, signal.SIGCONT):
                 try:
-                    os.kill(p.pid, sig)
+                    p.send_signal(sig)  # every rank of a replica of many
                 except ProcessLookupError:
                     pass
         end = time.monotonic() + 2.0
@@ -435,7 +445,7 @@ class Launcher:
                 p.wait(max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
                 try:
-                    os.kill(p.pid, signal.SIGKILL)
+                    p.kill()
                 except ProcessLookupError:
                     pass
                 p.wait()

@@ -73,6 +73,15 @@ Contract:
   The last `commit()` returns once the coordinator says `done` (the step is
   recorded), so a coordinator killed right after sending the last commit still
   has every worker to rebuild from; that wait never raises into the caller.
+- A replica of many ranks (HSDP, `link` given: core/parallel/replica_link.py):
+  this object runs on the replica's leader rank (local rank 0), the only one
+  that talks to the coordinator; each of its decisions (the ids of `quota()`,
+  reduce or recover, the commit, the run's end) is relayed to the other ranks,
+  which run `core.parallel.follower.ReplicaFollower` in the same loop. The
+  all-reduce runs per position ("pos<i>/" communicators), the vote carries the
+  replica's whole loss sum and goes only if every rank's all-reduce succeeded. Such
+  a replica does not rejoin once declared dead (it exits, fenced) and is never a
+  donor or a newcomer: healing a sharded replica is not built yet.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit).
@@ -152,8 +161,11 @@ class Replica:
         rejoin: bool | None = None,
         coordinator_timeout: float | None = None,
         reconnect_timeout: float | None = None,
+        link=None,
     ):
-        self.acc = params if isinstance(params, GradAccumulator) else GradAccumulator(params)
+        # an accumulator (GradAccumulator, or core.parallel's ShardedAccumulator), or parameters
+        self.acc = params if hasattr(params, "pack") else GradAccumulator(params)
+        self.link = link  # a replica of many ranks: this is its leader (see the contract)
         self.optimizer = optimizer
         self.replica = replica
         self.backend = backend
@@ -171,6 +183,8 @@ class Replica:
         # abandoned in a shared client would hold the next one up to its timeout).
         self._open_store()
         self.rejoin = os.environ.get(REJOIN_ENV, "1") != "0" if rejoin is None else rejoin
+        if link is not None:
+            self.rejoin = False  # not for a replica of many ranks yet (see the contract)
         self.control_addr = control_addr
         self.heartbeat_interval = heartbeat_interval
         # None: the launcher's, from the environment (`recover launch` sets them)
@@ -209,6 +223,10 @@ class Replica:
             self._wait_generation(0)
         except _Fenced:  # admitted into a running job, then declared dead during the transfer
             self._rejoin()
+        except RunEnded as e:
+            self._relay_end(e)
+            raise
+        self._relay({"t": "start", **self._where()})
 
     @classmethod
     def from_env(cls, model_or_params, optimizer, **kw) -> "Replica":
@@ -238,18 +256,48 @@ class Replica:
         """
         gen = self.generation
         first = True
+        self._relay({"t": "quota", **self._where()})
         for i in self._quota:
             if i in self.acc.ledger:
                 continue
             try:
                 if not first and (self._abort is not None or self._poll_abort(gen)):
+                    self._relay({"t": "stop"})
                     return
             except _Fenced:
                 self._rejoin()
                 self._rejoined = True  # the commit() that follows returns False: the loop asks again
                 return
+            except RunEnded as e:
+                self._relay_end(e)
+                raise
             first = False
+            self._relay({"t": "id", "id": i})
             yield i
+        self._relay({"t": "stop"})
+
+    # ---- a replica of many ranks: the leader's relay ------------------------------------------
+    def _where(self) -> dict:
+        return {"gen": self.generation, "step": self.step, "steps": self.steps, "microbatches": self.microbatches}
+
+    def _relay(self, msg: dict) -> None:
+        """Tell the replica's other ranks what this leader decided (nothing for a one-rank replica)."""
+        if self.link is not None:
+            self.link.share(msg)
+
+    def _relay_end(self, e: "RunEnded") -> None:
+        if self.link is not None:
+            try:
+                self.link.share({"t": "end", "reason": e.reason, "fenced": e.fenced})
+            except Exception:  # noqa: BLE001 - a rank already gone: the launcher ends the replica anyway
+                pass
+
+    def _abort_reason(self, g: int) -> str | None:
+        """Has the coordinator aborted generation g? A leader also tells its ranks' collectives."""
+        reason = self.control.abort_reason(g)
+        if reason is not None and self.link is not None:
+            self.link.publish_abort(g, reason)
+        return reason
 
     def _still_to_fold(self) -> list[int]:
         folded = set(self.acc.ledger)
@@ -276,15 +324,19 @@ class Replica:
         except _Fenced:
             self._rejoin()
             return False
+        except RunEnded as e:
+            self._relay_end(e)
+            raise
 
     def _commit(self) -> bool:
         if (msg := self._abort or self._pending_abort()) is not None:
+            self._relay({"t": "recover"})
             return self._recover(msg)  # what was folded so far is kept
         if missing := self._still_to_fold():
             raise RuntimeError(f"commit() before folding the whole quota; still to fold: {missing}")
         self._check_attached("commit")
         g, step = self.generation, self.step
-        should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
+        should_abort = lambda: self._abort_reason(g)  # noqa: E731
         # Readiness (core/protocol.py): the all-reduce starts once every member folded its
         # quota, so its deadline times the collective alone, however long the peers' quotas
         # take; the wait has no deadline of its own (a peer that dies is seen by the
@@ -292,26 +344,40 @@ class Replica:
         self.control.send({"t": "ready", "gen": g, "step": step})
         go = self._wait_for({"go", "abort"}, min_gen=g, forever=True)
         if go["t"] == "abort":
+            self._relay({"t": "recover"})
             return self._recover(go)
+        rank = self.members.index(self.replica)
+        self._relay({"t": "reduce", "gen": g, "rank": rank, "size": len(self.members)})
+        buf = self.acc.pack()
+        failure: CollectiveError | None = None
         try:
             if self.comm is None or self.comm.generation != g:
-                rank = self.members.index(self.replica)
                 self.comm = Communicator.build(self._open_store, g, rank, len(self.members), self.backend,
-                                               self.timeout, should_abort)
-            buf = self.acc.pack()
+                                               self.timeout, should_abort,
+                                               namespace="" if self.link is None else "pos0/")
             self.comm.allreduce(buf, self.timeout, should_abort,
                                 while_in_flight=lambda: self.hooks.at(step, "allreduce"))
         except CollectiveError as e:
             self._abandon_comm()  # never reuse a communicator that failed
             self._log(f"step {step}: {e}")
+            failure = e
+        loss_sum = float(buf[-1])
+        if self.link is not None:
+            # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss
+            ok, loss_sum = self.link.combine(failure is None, loss_sum, while_waiting=lambda: self._abort_reason(g))
+            if ok is False and failure is None:
+                failure = CollectiveError(g, "the all-reduce of another rank of this replica failed")
+        if failure is not None:
             if self.control.abort_reason(g) is None:
-                self.control.send({"t": "fail", "gen": g, "step": step, "reason": e.reason})
-            return self._recover(self._wait_for({"abort"}))
+                self.control.send({"t": "fail", "gen": g, "step": step, "reason": failure.reason})
+            abort = self._wait_for({"abort"})
+            self._relay({"t": "recover"})
+            return self._recover(abort)
         self.hooks.at(step, "vote")
         n = len(self.acc.ledger)
         vote = {
             "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
-            "loss_sum": float(buf[-1]), "mb_seconds": self._work_seconds / n if n else 0.0,
+            "loss_sum": loss_sum, "mb_seconds": self._work_seconds / n if n else 0.0,
             "lr": self.stepper.lr(step),
         }
         if (self.digest_every and step % self.digest_every == 0) or self._digest_next_vote:
@@ -325,7 +391,9 @@ class Replica:
         self.hooks.at(step, "commit")
         msg = self._wait_for({"commit", "abort"})
         if msg["t"] == "abort":
+            self._relay({"t": "recover"})
             return self._recover(msg)
+        self._relay({"t": "commit", "microbatches": self.microbatches})
         self._committed_vote = self._last_vote
         self.hooks.at(step, "optimizer_step")
         self.acc.load_mean(buf, self.microbatches)

@@ -18,6 +18,12 @@ DIR/checkpoints.jsonl (step, path, writer, the training thread's stall).
 With `resume_from` set (`recover train --resume`), every replica loads that
 checkpoint before its hello, so all start from its weights at its step.
 
+A replica of many ranks (`--shard S`, HSDP): the launcher starts S processes per
+replica, with RECOVER_LOCAL_RANK; rank 0 is the leader (`Replica`, the only one
+talking to the coordinator), the others run `ReplicaFollower` in the same loop, and
+FSDP2 shards the model over them (core/parallel/). Only the leader writes the
+replica's final file; checkpoints are refused for it by the config, for now.
+
 Run as `python -m recover.core.resilient --config DIR/config.json --replica r`
 with RECOVER_STORE_ADDR and RECOVER_CONTROL_ADDR set by the launcher.
 """
@@ -80,11 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "resilient (recover) worker")
     # `kill -USR1 <pid>` writes every thread's stack to the replica's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    cfg, hooks = begin(args.config, args.replica)
-    work = Workload(cfg, cfg.resolved_device())
+    local_rank = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
+    cfg, hooks = begin(args.config, args.replica, rank=local_rank)
+    ctx = link = None
+    if cfg.shard > 1:
+        ctx, link = _replica_of_many_ranks(cfg, args.replica, local_rank)
+    work = Workload(cfg, cfg.resolved_device(), ctx=ctx)
     if cfg.resume_from:
         # before the hello: its weights digest must be the checkpoint's on every replica
         load_checkpoint(TrainingState.of(work), Path(cfg.resume_from))
+    if link is not None and not link.leader:
+        return _follow(cfg, args.replica, local_rank, work, link, hooks)
     replica = Replica(
         work.acc, work.optimizer, replica=args.replica,
         control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"),
@@ -93,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         lr_schedule=work.schedule,
         tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
         rejoin=cfg.rejoin, coordinator_timeout=cfg.coordinator_timeout, reconnect_timeout=cfg.reconnect_timeout,
+        link=link,
     )
     if not replica.healed:  # a newcomer already holds its donor's committed count, newer than any checkpoint
         replica.stepper.load_state_dict(work.stepper.state_dict())  # the committed count the checkpoint holds
@@ -114,6 +127,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if replica.done else 1
     finally:
         replica.close()
+    return 0
+
+
+def _replica_of_many_ranks(cfg, replica: int, local_rank: int):
+    """This rank's groups inside its replica (HSDP), and the leader's relay to the other ranks."""
+    from .parallel.args import ParallelismArgs
+    from .parallel.context import ParallelContext
+    from .parallel.replica_link import LINK_TIMEOUT, ReplicaLink
+    from .startup import connect_store
+
+    ctx = ParallelContext(connect_store(), replica, local_rank, ParallelismArgs(cfg.replicas, cfg.shard),
+                          backend="gloo", timeout=LINK_TIMEOUT.total_seconds())
+    return ctx, ReplicaLink(local_rank, cfg.shard, open_store=connect_store)
+
+
+def _follow(cfg, replica_id: int, local_rank: int, work: Workload, link, hooks) -> int:
+    """A rank of a replica that is not its leader: the same loop, fed by the leader."""
+    from .parallel.follower import FollowerRunEnded, ReplicaFollower
+    from .startup import connect_store
+
+    replica = ReplicaFollower(work.acc, work.optimizer, replica=replica_id, local_rank=local_rank, link=link,
+                              open_store=connect_store, backend=cfg.resolved_backend(),
+                              collective_timeout=cfg.collective_timeout, grad_clip=cfg.grad_clip,
+                              lr_schedule=work.schedule, hooks=hooks)
+    try:
+        while not replica.done:
+            fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
+                       first=len(replica.ledger), after=replica.fold)
+            replica.commit()
+        work.state_checksum()  # a collective of the replica's ranks: the leader writes the result
+    except FollowerRunEnded as e:
+        print(f"replica {replica_id} rank {local_rank}: {e.reason}", file=sys.stderr, flush=True)
+        return EXIT_FENCED if e.fenced else 1
     return 0
 
 

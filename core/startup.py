@@ -71,8 +71,9 @@ def run_start_time() -> float:
     return float(os.environ.get("RECOVER_T0", time.time()))
 
 
-def begin(config_path: str, replica: int, pin_device: bool = True) -> tuple["TrainConfig", "WorkerHooks"]:
-    """Load DIR/config.json, set torch's threads, pin replica's GPU (`pin_device`), build its hooks."""
+def begin(config_path: str, replica: int, pin_device: bool = True, rank: int = 0) -> tuple["TrainConfig", "WorkerHooks"]:
+    """Load DIR/config.json, set torch's threads, pin replica's GPU (`pin_device`), build the hooks of
+    its rank `rank` (0 for a replica of one process)."""
     import torch
 
     from .config import TrainConfig
@@ -80,7 +81,7 @@ def begin(config_path: str, replica: int, pin_device: bool = True) -> tuple["Tra
 
     cfg = TrainConfig.load(config_path)
     torch.set_num_threads(cfg.threads)
-    hooks = load_hooks(cfg.hooks, cfg, replica)
+    hooks = load_hooks(cfg.hooks, cfg, replica, rank)
     if pin_device and cfg.resolved_device() == "cuda":
         torch.cuda.set_device(replica % torch.cuda.device_count())
     return cfg, hooks

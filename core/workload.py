@@ -13,6 +13,11 @@ Contract:
 - With `--dtype bf16` the forward pass (and so the backward's matmuls) runs under
   bf16 autocast; weights, gradients, the accumulator and the reduction stay fp32.
 - Every replica built from the same config holds identical weights at step 0.
+- In a replica of many ranks (`ctx`, a core.parallel ParallelContext: HSDP), the
+  model is sharded with FSDP2 over the replica's ranks, the accumulator is the
+  sharded one (core/parallel/fsdp.py), and each rank folds its rows of every
+  microbatch, its loss scaled by its share of the rows: the ranks' gradients sum
+  to the microbatch's, and `fold` returns this rank's part of its loss.
 """
 from __future__ import annotations
 
@@ -29,8 +34,9 @@ from .recipe import CommittedStep, build_adamw
 class Workload:
     """The model replica and its in-iteration state (accumulator + ledger)."""
 
-    def __init__(self, cfg: TrainConfig, device: str = "cpu"):
+    def __init__(self, cfg: TrainConfig, device: str = "cpu", ctx=None):
         self.cfg = cfg
+        self.ctx = ctx
         self.device = torch.device(device)
         gcfg = cfg.gpt_config()
         tokens = load_tokens(cfg.data, cfg.corpus_bytes)
@@ -43,7 +49,12 @@ class Workload:
         torch.manual_seed(cfg.seed)
         self.model = GPT(gcfg).to(self.device)
         self.model.train()
-        self.acc = GradAccumulator(self.model.parameters())
+        if ctx is None:
+            self.acc = GradAccumulator(self.model.parameters())
+        else:
+            from .parallel.fsdp import ShardedAccumulator, shard_model
+            shard_model(self.model, ctx.mesh)
+            self.acc = ShardedAccumulator(self.model)
         self.schedule = cfg.lr_schedule()
         self.optimizer = build_adamw(self.acc.params, self.schedule(0), cfg.weight_decay)
         self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip)
@@ -71,6 +82,10 @@ class Workload:
         """Forward+backward of microbatch `mb_id` into the gradients, without the ledger entry."""
         k = len(self.acc.ledger)
         x, y = self.source.get(mb_id)
+        share = 1.0
+        if self.ctx is not None:  # this rank's rows of the microbatch (see the contract)
+            from .parallel.fsdp import microbatch_part
+            x, y, share = microbatch_part(x, y, self.ctx.local_rank, self.ctx.args.shard)
         x, y = x.to(self.device), y.to(self.device)
         # Per-microbatch randomness (dropout) is a function of (seed, id) only.
         torch.manual_seed(microbatch_seed(self.cfg.seed, mb_id))
@@ -80,6 +95,8 @@ class Workload:
             _, loss = self.model(x, y)
         if hook:
             hook("backward", k)
+        if share != 1.0:
+            loss = loss * share
         loss.backward()
         return float(loss.detach())
 
@@ -101,4 +118,10 @@ class Workload:
     def state_checksum(self) -> float:
         """A cheap fingerprint of the weights, for tests comparing replicas."""
         with torch.no_grad():
-            return float(sum(p.double().sum() for p in self.model.parameters()))
+            if self.ctx is None:
+                return float(sum(p.double().sum() for p in self.model.parameters()))
+            # the replica's ranks each hold a shard: sum the local parts over the replica (all ranks call this)
+            local = torch.tensor([float(sum(p.to_local().double().sum() for p in self.model.parameters()))],
+                                 dtype=torch.float64)
+            torch.distributed.all_reduce(local)
+            return float(local)

@@ -1,0 +1,151 @@
+"""The training API on a rank of a replica that is not its leader: what `Replica` offers, fed by the leader.
+
+    replica = ReplicaFollower(acc, optimizer, link=link, ...)   # local rank >= 1
+    while not replica.done:
+        for mb in replica.quota():          # the ids the leader hands out, one by one
+            ...forward/backward of this rank's part of mb...
+            replica.fold(mb, loss_part)
+        replica.commit()
+
+Contract:
+- The same loop as a one-rank replica's (core/replica.py): a user's code does not
+  change with the rank it runs on. Every answer comes from the leader through the
+  replica link (core/parallel/replica_link.py), in the leader's order: `quota()`
+  yields exactly the ids the leader yields, stopping where it stops (an abort
+  between microbatches); `commit()` reduces when the leader reduces, votes
+  nothing (the leader votes for the replica), and steps or recovers as the leader
+  was told, returning what the leader's `commit()` returns.
+- The cross-replica all-reduce of this rank's shard runs on its position's
+  communicator of the generation ("pos<i>/gen<g>/"), started only after the
+  leader heard `go` (so its deadline times the collective alone); its abort check
+  is the link's (the coordinator's abort, published by any leader). A failed
+  all-reduce never touches the accumulator (it reduces a copy), so after a
+  recovery this rank keeps its folded shard exactly as the leader keeps its ledger.
+- The run ending for the leader (stop, fenced, the coordinator gone) ends it here
+  with `RunEnded`; a leader that dies takes this process with it (the launcher
+  kills a replica's ranks together).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..comm import CollectiveError, Communicator, Graveyard
+from ..hooks import WorkerHooks
+from ..recipe import CommittedStep, LRSchedule
+from .replica_link import ReplicaLink
+
+
+class FollowerRunEnded(RuntimeError):
+    """The leader's run ended (the same reasons as core.replica.RunEnded)."""
+
+    def __init__(self, reason: str, fenced: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.fenced = fenced
+
+
+class ReplicaFollower:
+    """A non-leader rank's handle on the resilient job (quota, fold, commit), fed by its leader."""
+
+    def __init__(self, acc, optimizer: torch.optim.Optimizer, *, replica: int, local_rank: int, link: ReplicaLink,
+                 open_store, backend: str = "gloo", collective_timeout: float = 30.0, grad_clip: float = 0.0,
+                 lr_schedule: LRSchedule | None = None, hooks: WorkerHooks | None = None):
+        if link.leader:
+            raise ValueError("the leader rank runs core.replica.Replica, not a follower")
+        self.acc = acc
+        self.optimizer = optimizer
+        self.replica = replica
+        self.local_rank = local_rank
+        self.link = link
+        self._open_store = open_store
+        self.backend = backend
+        self.timeout = collective_timeout
+        self.hooks = hooks or WorkerHooks()
+        self.stepper = CommittedStep(optimizer, acc.params, lr_schedule, grad_clip)
+        self.healed = False  # a replica of many ranks is never admitted into a running job (yet)
+        self.comm: Communicator | None = None
+        self.graveyard = Graveyard()
+        self.generation = -1
+        self.step = 0
+        self.steps = 0
+        self.microbatches = 0
+        self._take(self._next("start"))  # the leader's generation 0
+
+    # ---- the relay ----------------------------------------------------------------------------------
+    def _next(self, *kinds: str) -> dict:
+        msg = self.link.share()
+        if msg.get("t") == "end":
+            raise FollowerRunEnded(msg.get("reason", "the run ended"), bool(msg.get("fenced")))
+        if msg.get("t") not in kinds:
+            # ranks of one replica run the same loop: anything else is a bug, never a fault
+            raise RuntimeError(f"replica {self.replica} rank {self.local_rank}: the leader said {msg} "
+                               f"where one of {kinds} belongs")
+        return msg
+
+    def _take(self, msg: dict) -> None:
+        self.generation, self.step = msg["gen"], msg["step"]
+        self.steps, self.microbatches = msg["steps"], msg["microbatches"]
+
+    # ---- the loop's view ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.step >= self.steps
+
+    @property
+    def ledger(self) -> list[int]:
+        return self.acc.ledger
+
+    def quota(self) -> Iterator[int]:
+        self._take(self._next("quota"))
+        while True:
+            msg = self._next("id", "stop")
+            if msg["t"] == "stop":
+                return
+            yield msg["id"]
+
+    def fold(self, mb_id: int, loss: float) -> None:
+        self.acc.fold(mb_id, loss)
+
+    def commit(self) -> bool:
+        msg = self._next("recover", "reduce")
+        if msg["t"] == "recover":
+            return self._recover()
+        g, step = msg["gen"], self.step
+        should_abort = self.link.abort_check(g)
+        buf = self.acc.pack()
+        ok = True
+        try:
+            if self.comm is None or self.comm.generation != g:
+                self._abandon_comm()
+                self.comm = Communicator.build(self._open_store, g, msg["rank"], msg["size"], self.backend,
+                                               self.timeout, should_abort, namespace=f"pos{self.local_rank}/")
+            self.comm.allreduce(buf, self.timeout, should_abort,
+                                while_in_flight=lambda: self.hooks.at(step, "allreduce"))
+        except CollectiveError as e:
+            self._abandon_comm()
+            print(f"[replica {self.replica} rank {self.local_rank}] step {step}: {e}", flush=True)
+            ok = False
+        self.link.combine(ok, float(buf[-1]))
+        self.hooks.at(step, "vote")
+        msg = self._next("recover", "commit")
+        if msg["t"] == "recover":
+            return self._recover()
+        self.hooks.at(step, "optimizer_step")
+        self.acc.load_mean(buf, msg["microbatches"])
+        self.stepper(step)
+        self.acc.clear()
+        self.step = step + 1
+        return True
+
+    def _recover(self) -> bool:
+        self._abandon_comm()  # the leader rejoins the next generation; the folded shard is kept
+        return False
+
+    def _abandon_comm(self) -> None:
+        self.graveyard.bury(self.comm)
+        self.comm = None
+
+    def close(self) -> None:
+        pass

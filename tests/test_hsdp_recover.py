@@ -1,0 +1,72 @@
+"""Replicas of many ranks under recover (issue 14): `recover train --shard S`, real processes.
+
+HSDP: FSDP2 shards the model over a replica's S ranks, the replicas all-reduce per
+position. A rank killed by its PID takes its whole replica out; the other replicas
+redo its ids. Evidence from the workers' own reports: the ledgers in metrics.jsonl,
+the faults each process recorded, the launcher's exits.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import assert_every_planned_fault_fired, load_run, run_recover
+
+from recover.core.data import iteration_ids
+from recover.core.results import read_jsonl, reported_ids
+
+pytestmark = pytest.mark.procs
+
+
+def _train(out, *args: str, timeout: float = 300):
+    proc = run_recover("train", *args, "--out", str(out), "--no-progress", timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, read_jsonl(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_hsdp_failure_free_equals_plain_data_parallel(tmp_path, replicas):
+    common = ["--replicas", str(replicas), "--microbatches", str(2 * replicas), "--steps", "3"]
+    _, plain = _train(tmp_path / "plain", "--system", "plain", *common)
+    _, hsdp = _train(tmp_path / "hsdp", "--system", "recover", "--shard", "2", *common)
+    assert [m["step"] for m in hsdp] == [0, 1, 2]
+    for m, ref in zip(hsdp, plain):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert reported_ids(m) == iteration_ids(m["step"], 2 * replicas)
+    pids = json.loads((tmp_path / "hsdp" / "pids.json").read_text())["replicas"]
+    assert all(len(p) == 2 for p in pids.values())  # two processes per replica
+    logs = {p.name for p in (tmp_path / "hsdp" / "logs").iterdir()}
+    assert {f"replica{r}_rank1.log" for r in range(replicas)} <= logs
+
+
+@pytest.fixture(scope="module")
+def failure_free_3x2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ff") / "run"
+    _, metrics = _train(out, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6",
+                        "--steps", "5")
+    return [m["loss"] for m in metrics]
+
+
+def test_a_rank_killed_mid_step_takes_its_replica_and_the_others_redo_its_ids(tmp_path, out_dir, failure_free_3x2):
+    plan = tmp_path / "plan.json"
+    # rank 1 (not the leader) of replica 1, in the backward of its second microbatch of step 2
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "crash", "replica": 1, "rank": 1, "step": 2, "phase": "backward", "microbatch": 1}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6", "--steps", "5",
+           "--faults", str(plan))
+    [fired] = assert_every_planned_fault_fired(out_dir)
+    pids = json.loads((out_dir / "pids.json").read_text())["replicas"]
+    assert fired["pid"] == pids["1"][1]  # the rank itself recorded it, by its own PID
+    _, metrics, summary = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(5))
+    assert all(reported_ids(m) == iteration_ids(m["step"], 6) for m in metrics)  # the ledgers, each id once
+    assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 2]] * 3
+    [rec] = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
+    assert rec["step"] == 2 and rec["survivors"] == [0, 2] and rec["redone"]  # the lost replica's ids, redone
+    # the whole replica went: both of its processes, the killed rank first
+    gone = {e["pid"]: e for e in summary["processes"] if e["role"] == "worker" and e["replica"] == 1}
+    assert gone[pids["1"][0]]["how"] == "killed by SIGKILL", summary["processes"]
+    for m, ref in zip(metrics, failure_free_3x2):
+        assert m["loss"] == pytest.approx(ref, rel=1e-5)
+
