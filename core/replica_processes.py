@@ -11,7 +11,7 @@ Contract:
   replica's collectives; the leader's closed control connection is how the
   coordinator learns that the replica is gone). `poll()` returns the replica's
   code only once every rank is reaped: the code of the first rank that failed (a
-  SIGKILLed rank's -9), else 0.
+  SIGKILLed rank's -9; of failures first seen together, a death by signal), else 0.
 - `pids` lists every rank's PID, rank order (pids.json, and the fault injector's
   launcher-side faults, which address `rank` within `replica`); `pid` is the leader's.
 """
@@ -43,9 +43,12 @@ class ReplicaProcesses:
         if self.returncode is not None:
             return self.returncode
         codes = [p.poll() for p in self.procs]
-        for code in codes:
-            if code not in (None, 0) and self._first_failure is None:
-                self._first_failure = code
+        if self._first_failure is None:
+            # among failures first seen together, a death by signal is the cause and the others its
+            # consequence (a rank killed, its leader then exiting on the lost rank): as the launcher's _reap
+            failed = sorted((c for c in codes if c not in (None, 0)), key=lambda c: c >= 0)
+            if failed:
+                self._first_failure = failed[0]
         if any(c is not None for c in codes) and any(c is None for c in codes) and not self._killed:
             if self._first_failure is not None:  # a rank died: the replica dies with it
                 self._kill_running()

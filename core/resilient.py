@@ -5,7 +5,8 @@ through the public `Replica` API, so every iteration folds exactly the M ids of
 the failure-free run and commits the same gradient up to summation order,
 whatever replicas die. Exit codes: 0 when the run completes, 1 when it is stopped
 (no replica left, coordinator gone), 3 when this replica was fenced out (with
---no-rejoin, or fenced on evidence; by default a fenced replica rejoins).
+--no-rejoin, or fenced on evidence; by default a fenced replica rejoins), 4 when a
+replica of many ranks lost one of its ranks (frozen or gone: core/parallel/rank_beats.py).
 
 Checkpoints (`--checkpoint-every K`): after the commit of every step s-1 with s a
 multiple of K (and s < --steps), the lowest-numbered member of the generation that
@@ -44,6 +45,7 @@ from .startup import begin, env_addr, worker_args
 from .workload import Workload
 
 EXIT_FENCED = 3
+EXIT_RANK_LOST = 4  # a replica of many ranks lost one of its ranks (frozen or gone): the replica is out
 
 
 class _Checkpointer:
@@ -95,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.resume_from:
         # before the hello: its weights digest must be the checkpoint's on every replica
         load_checkpoint(TrainingState.of(work), Path(cfg.resume_from))
+    committed = {"any": False}  # the leader's first commit: the ranks' silence is judged tighter after it
+    beats = _watch_ranks(cfg, args.replica, local_rank, committed) if link is not None else None
     if link is not None and not link.leader:
-        return _follow(cfg, args.replica, local_rank, work, link, hooks)
+        return _follow(cfg, args.replica, local_rank, work, link, hooks, committed, beats)
     replica = Replica(
         work.acc, work.optimizer, replica=args.replica,
         control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"),
@@ -115,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
             # k counts on from what this replica folded before a recovery handed it more
             fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
                        first=len(replica.ledger), after=replica.fold)
-            if replica.commit() and saver is not None:
-                saver.after_commit(replica)
+            if replica.commit():
+                committed["any"] = True
+                if saver is not None:
+                    saver.after_commit(replica)
+        if beats is not None:
+            beats.stop()  # the loop is over: ranks ending in any order now are not losses
         if saver is not None:
             saver.finish()
         write_final(cfg.out, args.replica, replica.step, work.state_checksum())
@@ -142,7 +150,32 @@ def _replica_of_many_ranks(cfg, replica: int, local_rank: int):
     return ctx, ReplicaLink(local_rank, cfg.shard, open_store=connect_store)
 
 
-def _follow(cfg, replica_id: int, local_rank: int, work: Workload, link, hooks) -> int:
+def _watch_ranks(cfg, replica: int, local_rank: int, committed: dict):
+    """Every rank beats to its leader; a silent rank (frozen) or a gone leader ends the replica."""
+    from .parallel.rank_beats import RankBeats, local_address
+    from .startup import connect_store
+
+    def lost(rank: int, silent: float) -> None:
+        print(f"[replica {replica}] rank {rank} silent for {silent:.1f}s (frozen or gone): this replica is lost; "
+              f"exiting so that its ranks end together", file=sys.stderr, flush=True)
+        os._exit(EXIT_RANK_LOST)
+
+    def leader_gone() -> None:
+        print(f"[replica {replica} rank {local_rank}] the leader is gone: this replica is lost", file=sys.stderr,
+              flush=True)
+        os._exit(EXIT_RANK_LOST)
+
+    # until the first commit a rank pays one-time costs holding the GIL: the collective timeout then
+    cold = max(cfg.heartbeat_timeout, cfg.collective_timeout)
+    store_host = os.environ["RECOVER_STORE_ADDR"].rsplit(":", 1)[0]
+    beats = RankBeats(connect_store(), replica, local_rank, cfg.shard, cfg.heartbeat_interval,
+                      limit=lambda: cfg.heartbeat_timeout if committed["any"] else cold,
+                      on_silent=lost, on_leader_gone=leader_gone, host=local_address(store_host))
+    beats.start()
+    return beats
+
+
+def _follow(cfg, replica_id: int, local_rank: int, work: Workload, link, hooks, committed: dict, beats) -> int:
     """A rank of a replica that is not its leader: the same loop, fed by the leader."""
     from .parallel.follower import FollowerRunEnded, ReplicaFollower
     from .startup import connect_store
@@ -155,7 +188,9 @@ def _follow(cfg, replica_id: int, local_rank: int, work: Workload, link, hooks) 
         while not replica.done:
             fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
                        first=len(replica.ledger), after=replica.fold)
-            replica.commit()
+            if replica.commit():
+                committed["any"] = True
+        beats.stop()
         work.state_checksum()  # a collective of the replica's ranks: the leader writes the result
     except FollowerRunEnded as e:
         print(f"replica {replica_id} rank {local_rank}: {e.reason}", file=sys.stderr, flush=True)

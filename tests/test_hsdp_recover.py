@@ -70,3 +70,27 @@ def test_a_rank_killed_mid_step_takes_its_replica_and_the_others_redo_its_ids(tm
     for m, ref in zip(metrics, failure_free_3x2):
         assert m["loss"] == pytest.approx(ref, rel=1e-5)
 
+
+def test_a_rank_frozen_for_good_takes_its_replica_out_past_the_heartbeat_deadline(tmp_path, out_dir,
+                                                                                 failure_free_3x2):
+    plan = tmp_path / "plan.json"
+    # rank 1 of replica 2 SIGSTOPs itself in step 2; its leader's own heartbeat to the coordinator goes on,
+    # so only the rank's silence to its leader (core/parallel/rank_beats.py) can tell
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "hang", "replica": 2, "rank": 1, "step": 2, "phase": "forward", "microbatch": 0}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6", "--steps", "5",
+           "--heartbeat-timeout", "2", "--faults", str(plan))
+    [fired] = assert_every_planned_fault_fired(out_dir)
+    _, metrics, summary = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(5))
+    assert all(reported_ids(m) == iteration_ids(m["step"], 6) for m in metrics)
+    assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 1]] * 3
+    [rec] = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
+    assert rec["step"] == 2 and rec["survivors"] == [0, 1]
+    # not before the deadline: 2 s of silence, counted from the rank's last beat (up to one
+    # interval, 0.1 s, before the fault fired; 0.5 s of room for the two clocks' reads)
+    assert rec["detected_at"] - fired["wall_time"] >= 2 - 0.5
+    log = (out_dir / "logs" / "replica2.log").read_text()
+    assert "rank 1 silent for" in log, log
+    for m, ref in zip(metrics, failure_free_3x2):
+        assert m["loss"] == pytest.approx(ref, rel=1e-5)
