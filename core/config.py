@@ -23,6 +23,7 @@ from typing import Any
 
 from .checkpoint_dir import CheckpointDir
 from .fields import doc_field as _f
+from .nonfinite import ON_NONFINITE
 from .schedule import WarmupCosine
 from .shapes import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
 
@@ -125,6 +126,10 @@ class TrainConfig:
     )
     reconnect_timeout: float = _f(
         60.0, "recover: seconds a worker keeps trying to reach a restarted coordinator before it exits (code 1)"
+    )
+    on_nonfinite: str = _f(
+        "stop", "recover: a step whose loss is not finite (NaN, inf): stop the run at once, naming the step, the "
+        "replicas and the microbatch ids (exit 1), or skip the step (no optimizer step) and go on"
     )
     coordinator_restarts: int = _f(
         3, "recover: times the launcher restarts a coordinator killed by a signal or frozen; the new one rebuilds "
@@ -245,6 +250,9 @@ class TrainConfig:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
             raise ConfigError("--heartbeat-timeout", "must exceed twice --heartbeat-interval")
+        if self.on_nonfinite not in ON_NONFINITE:
+            raise ConfigError("--on-nonfinite", f"unknown action {self.on_nonfinite!r}; choose from "
+                              f"{', '.join(ON_NONFINITE)}")
         if self.coordinator_restarts < 0:
             raise ConfigError("--coordinator-restarts", f"must be >= 0 (0: never), got {self.coordinator_restarts}")
         if not 1 <= self.min_replicas <= self.replicas:

@@ -60,6 +60,16 @@ Invariants it keeps:
   that misses it (a training thread blocked in a user's schedule or a device
   sync, while its heartbeat thread beats on) is declared dead and its share
   redone, like any lost replica.
+- A non-finite loss is an event. Once every member voted for the step (after the
+  digest check: corrupt weights are fenced first), a vote with a null loss sum
+  means the step's loss is not finite; the votes name the replicas and their ids
+  whose loss was not (`nonfinite`). Nothing of the step is committed. With
+  `on_nonfinite` "stop" (the default) the run stops at once, exit 1, naming the
+  step, the replicas and the ids, in a "nonfinite" record and the run_end reason;
+  with "skip" the step is dropped (a commit message saying `skipped`: every member
+  clears its accumulator, no optimizer step), a "nonfinite" record with action
+  "skip" is written (no metrics line), and the run goes on with the next step's
+  own ids.
 - A restarted coordinator (`rebuild`) takes the workers as the truth. Each one's
   hello reports its step, generation, ledger, what it waits for and its last vote.
   Members at the highest step T form the next generation with their ledgers kept;
@@ -77,12 +87,14 @@ Invariants it keeps:
 Messages, coordinator -> worker ("t" is the type):
   gen    {gen, step, members, split|quota, microbatches, steps[, digest]}  a generation starts; fold
                                            your quota (digest: the first vote carries the weights digest)
-  commit {gen, step, loss, split|quota[, next]}  step committed; the quota is for step+1, or with `next`:
+  commit {gen, step, loss, split|quota[, next, skipped]}  step committed; the quota is for step+1, or with `next`:
                                            step+1 is generation `next`'s (its gen message follows)
                                            A quota comes as `split` (the ids all members share at equal
                                            speeds: one message for all, each takes its policy.equal_share)
                                            or as `quota` (this member's own ids, while speeds differ);
-                                           policy.quota_of reads either
+                                           policy.quota_of reads either. skipped (loss null): the step's loss
+                                           was not finite and --on-nonfinite is skip: clear the accumulator,
+                                           no optimizer step, the schedule moves on (core/nonfinite.py)
   gen ... heal {donor, joining}            (an admitting generation) the donor sends its state to `joining`
   pending {step}                           answer to a newcomer's hello: admitted at the next commit
   abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
@@ -92,7 +104,9 @@ Messages, coordinator -> worker ("t" is the type):
   go     {gen, step}                       every member of gen is ready for step's all-reduce: start it
   done   {}                                the last step is committed and recorded; exit 0 (a worker
                                            waits for it after its last commit)
-  stop   {reason}                          the run cannot go on; exit non-zero
+  stop   {reason[, committed]}             the run cannot go on; exit non-zero. committed (a non-finite
+                                           stop): every member holds the state after this many steps,
+                                           untouched; a worker that writes checkpoints may save it
   fenced {reason}                          (the service, before closing) declared dead: rejoin or exit
   refused {reason}                         (the service, before closing) this hello is refused: exit
   rebuilt {heartbeat_interval}             (a restarted service) answer to a hello: the report is taken
@@ -105,9 +119,11 @@ worker -> coordinator:
   join   {gen, step, ledger[, healed]}     rejoin after an abort (healed false: a newcomer without the state)
   healed {gen, step, donor, bytes, seconds, weights_digest}   a newcomer's state arrived
   ready  {gen, step}                       my quota of step is folded: I can start the all-reduce
-  vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr[, weights_digest]}   lr: the rate the step
-                                           will use; weights_digest (every K steps): the weights'
-                                           digest; a member off the majority is fenced
+  vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr[, weights_digest, nonfinite]}   lr: the rate
+                                           the step will use; weights_digest (every K steps): the weights'
+                                           digest; a member off the majority is fenced. loss_sum null: the
+                                           reduced loss sum is not finite; nonfinite: the ids of the voter's
+                                           ledger whose own loss was not (core/nonfinite.py)
   fail   {gen, step, reason}               my collective failed
   hb     {}                                heartbeat (handled by the service)
 launcher -> coordinator (the service's `launcher` connection):
@@ -121,6 +137,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import idranges
+from .nonfinite import ON_NONFINITE, describe
 from .policy import assign_quota_ranges
 from .speeds import SpeedTable, measure, slowest_of
 from .vote_tally import VoteTally
@@ -163,8 +180,13 @@ class Membership:
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
-                 heartbeat_interval: float | None = None, start_step: int = 0, min_replicas: int = 1):
+                 heartbeat_interval: float | None = None, start_step: int = 0, min_replicas: int = 1,
+                 on_nonfinite: str = "stop"):
         self.R, self.M, self.S = replicas, microbatches, steps
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+        self.on_nonfinite = on_nonfinite  # a step whose loss is not finite: "stop" the run, or "skip" the step
+        self.skipped: list[int] = []  # the steps skipped for a non-finite loss (--on-nonfinite skip)
         # Below this many members, the next step waits at the boundary for newcomers
         # (up to the start-up timeout: a newcomer's start is a start-up).
         self.min_replicas = min_replicas
@@ -217,6 +239,8 @@ class Membership:
         self.ready = set()
         self.go_at = None
         self.vote_deadline = None
+        self.loss_not_finite = False  # a vote of (gen, step) said its loss sum is not finite
+        self.nonfinite_named: dict[int, idranges.Ranges] = {}  # replica -> its ids whose loss was not finite
         return VoteTally(self.keys)
 
     # ---- inputs --------------------------------------------------------------------
@@ -322,16 +346,51 @@ class Membership:
         except ValueError as e:
             raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
         self.unhealed.discard(r)  # it votes only with the state (core/replica.py)
+        if msg.get("loss_sum") is None or "nonfinite" in msg:  # (core/nonfinite.py) rare: O(1) when not
+            self._note_nonfinite(r, msg)
         # votes holds members only (checked above), so a count says whether all have voted
         if held == len(self.members):
             if self.votes.digested and (fenced := self._fence_corrupt_weights(now)) is not None:
-                return fenced
+                return fenced  # corrupt weights first: their loss is not the data's fault
+            if self.loss_not_finite:
+                return self._nonfinite(now)
             return self._commit(now)
         if held == len(self.members) - 1:
             # the others' all-reduce completed, so the last member's did too: its vote is bounded
             took = now - self.go_at if self.go_at is not None else 0.0
             self.vote_deadline = now + self.join_timeout + 4 * took
         return []
+
+    def _note_nonfinite(self, r: int, msg: dict) -> None:
+        """Member r's vote says the step's loss is not finite (null loss_sum), naming its own ids if any."""
+        self.loss_not_finite = True
+        if msg.get("nonfinite"):
+            try:
+                self.nonfinite_named[r] = idranges.check(msg["nonfinite"])
+            except ValueError as e:
+                raise ProtocolError(f"replica {r} sent malformed nonfinite ids: {e}") from None
+
+    def _nonfinite(self, now: float) -> list[Out]:
+        """Every member voted for the step and its loss is not finite: stop the run, or skip the step.
+
+        Nothing of the step is committed either way: the reduced gradient holds the same
+        non-finite values wherever the loss was not finite, and an optimizer step with it
+        would ruin every weight. Stop: the run ends at once (exit 1), every step before
+        this one committed (and recorded) already; the stop message says so (`committed`),
+        so a worker that writes checkpoints can save that state. Skip: see `_advance`."""
+        named = {r: self.nonfinite_named[r] for r in sorted(self.nonfinite_named)}
+        text = describe(self.step, self.gen, named)
+        rec = {"kind": "nonfinite", "step": self.step, "generation": self.gen, "members": list(self.members),
+               "nonfinite": {self.keys[r]: ids for r, ids in named.items()},
+               "microbatch_ids": sorted({i for ids in named.values() for i in idranges.to_ids(ids)}),
+               "action": self.on_nonfinite, "at": now}
+        if self.on_nonfinite == "stop":
+            reason = (f"{text}; the run stops (--on-nonfinite stop): steps before {self.step} are committed and kept")
+            return [Out("event", msg=rec, reason=reason)] + self._finish(1, reason, now, committed=self.step)
+        self.skipped.append(self.step)
+        records = [Out("event", msg=rec, reason=f"{text}; step {self.step} skipped (--on-nonfinite skip): no "
+                                                   f"optimizer step, the run goes on with step {self.step + 1}")]
+        return self._advance(now, None, records, skipped=True)
 
     def on_fail(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state == "forming" and msg.get("gen") == self.gen and r in self.expected and r not in self.reporters:
@@ -646,11 +705,24 @@ class Membership:
                                      len(self.pending), lr, folded,
                                      # the slowest microbatch a member reported (seconds): what a rejoin waits out
                                      slowest_microbatch_seconds=slowest)]
+        return self._advance(now, loss, records)
+
+    def _advance(self, now: float, loss: float | None, records: list[Out], skipped: bool = False) -> list[Out]:
+        """Step `self.step` is settled (committed, or skipped for a non-finite loss): the members hear
+        it with the next step's quota (or the boundary), and the run moves to the next step.
+
+        A skipped step's commit message says `skipped` (loss null): every member clears its
+        accumulator without an optimizer step, and its schedule moves on (core/nonfinite.py says
+        why). The recoveries of the step end there too (their records say `skipped`); newcomers
+        that took part are recorded at their first real commit (it shows their weights digest)."""
         for rec in self.pending:
             rec["committed_at"] = now
             rec["recovery_seconds"] = now - rec["detected_at"]
+            if skipped:
+                rec["skipped"] = True
             records.append(Out("recovery", msg=rec))
-        records += self._first_commits(now)
+        if not skipped:
+            records += self._first_commits(now)
         self.pending = []
         self.failed_since_commit = 0  # progress: the same failures later are a new story
         self.implicated_streak = {}
@@ -658,11 +730,12 @@ class Membership:
         self.step += 1
         self.votes = self._tally()
         last = self.step >= self.S
+        skip = {"skipped": True} if skipped else {}
         if not last and (self.newcomers or self._short()):
             # Step `committed` is the boundary: the members hear the commit with `next`,
             # and generation gen+1 (with the newcomers) follows, now or once enough arrived.
             sends = [Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": [],
-                                     "next": self.gen + 1}) for r in self.members]
+                                     "next": self.gen + 1, **skip}) for r in self.members]
             if not self._short():
                 return sends + self._admit(now) + records
             self.state, self.deadline = "waiting", now + self.startup_wait
@@ -673,10 +746,12 @@ class Membership:
                            f"of at least {self.min_replicas} replicas")] + records
         # The commit messages go out before the records are written: the workers
         # are waiting on them, the files are not.
-        sends = self._deal({"t": "commit", "gen": self.gen, "step": committed, "loss": loss},
+        sends = self._deal({"t": "commit", "gen": self.gen, "step": committed, "loss": loss, **skip},
                            [] if last else [[self.step * self.M, (self.step + 1) * self.M]])
         if last:
-            return sends + records + self._finish(0, "all steps committed", now)
+            done = "all steps committed" if not self.skipped else (
+                f"all steps done; step(s) {self.skipped} skipped for a non-finite loss (--on-nonfinite skip)")
+            return sends + records + self._finish(0, done, now)
         return sends + records
 
     def _first_commits(self, now: float) -> list[Out]:
@@ -820,12 +895,11 @@ class Membership:
             # the old coordinator sent top-1's commit and died before writing its line: to those
             # behind (they voted and wait), or to everyone (those ahead report it as committed)
             out.append(line)
-        loss = None
         for r, rep in sorted(behind.items()):
-            loss = rep["vote"]["loss_sum"] / self.M
-            # It steps with the gradient it holds and waits for generation next_gen, ledger empty.
-            out.append(Out("send", r, {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1, "loss": loss,
-                                       "quota": [], "next": self.next_gen}))
+            # It steps with the gradient it holds (or skips, if the step was) and waits for generation
+            # next_gen, ledger empty.
+            out.append(Out("send", r, {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1,
+                                       **self._missed_commit(rep["vote"]), "quota": [], "next": self.next_gen}))
             self.joins[r] = []
         for r, rep in sorted(ahead.items()):
             if rep.get("wait") == "gen" and rep.get("awaiting") is not None and rep["awaiting"] <= self.next_gen:
@@ -859,8 +933,15 @@ class Membership:
         for r, rep in sorted(behind.items()):
             # the last commit: it steps with the gradient it holds, with nothing more to fold
             out.append(Out("send", r, {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1,
-                                       "loss": rep["vote"]["loss_sum"] / self.M, "quota": []}))
+                                       **self._missed_commit(rep["vote"]), "quota": []}))
         return out + self._finish(0, "all steps committed", now)
+
+    def _missed_commit(self, vote: dict) -> dict[str, Any]:
+        """What a commit that a member missed says of its loss: the mean, or, for a vote whose loss
+        was not finite (members past that step exist, so it was skipped, never committed), `skipped`."""
+        if vote.get("loss_sum") is None:
+            return {"loss": None, "skipped": True}
+        return {"loss": vote["loss_sum"] / self.M}
 
     def _rebuilt_commit_record(self, step: int, reports: dict[int, dict], now: float) -> Out | None:
         """The metrics line of a commit the old coordinator sent but never wrote, from the votes reported
@@ -879,6 +960,8 @@ class Membership:
         except ValueError as e:
             raise ProtocolError(f"step {step}: the reported votes' ledgers overlap: {e}") from None
         first = votes[min(votes)]
+        if first.get("loss_sum") is None:
+            return None  # a step skipped for a non-finite loss: it has no metrics line
         lo, hi = step * self.M, (step + 1) * self.M
         return self._commit_line(step, first["loss_sum"] / self.M, got, ledgers, first.get("gen"), sorted(votes), 0,
                                  first.get("lr"), {k: idranges.count(v) for k, v in ledgers.items()},
@@ -959,7 +1042,12 @@ class Membership:
         return Out("event", r, msg={"kind": "fenced", "replica": r, "reason": reason, "step": self.step, "at": now,
                                     **evidence}, reason=reason)
 
-    def _finish(self, code: int, reason: str, now: float) -> list[Out]:
+    def _finish(self, code: int, reason: str, now: float, committed: int | None = None) -> list[Out]:
+        """The run ends: `done` (code 0) or `stop` to every live replica, then the verdict.
+        `committed`: every member holds the state after exactly this many steps, untouched
+        (a non-finite stop), so a worker that writes checkpoints may save it."""
         self.state = "finished"
         msg = {"t": "done"} if code == 0 else {"t": "stop", "reason": reason}
+        if committed is not None:
+            msg["committed"] = committed
         return [Out("send", r, msg) for r in sorted(self.alive)] + [Out("finish", code=code, reason=reason)]

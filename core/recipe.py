@@ -12,12 +12,14 @@ Contract:
   already the mean over the iteration's M microbatches, so every replica clips
   the same tensor the same way), `optimizer.step()`, then the scheduler's own
   `step()`. Nothing advances the schedule but a commit: a step that is redone
-  never reaches it.
+  never reaches it. `skip(s)` settles step s without an optimizer step (a loss
+  that was not finite, --on-nonfinite skip): the schedule moves on all the same.
 - `lr(s)` is the rate step s will use (what the workers report in metrics.jsonl);
   `state_dict()` is what a checkpoint keeps of the schedule.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Iterable, Union
 
 import torch
@@ -72,6 +74,18 @@ class CommittedStep:
         self.optimizer.step()
         if isinstance(self.schedule, LRScheduler):
             self.schedule.step()
+        self.committed = step + 1
+        return lr
+
+    def skip(self, step: int) -> float:
+        """Step `step` is skipped (its loss was not finite, --on-nonfinite skip): no optimizer step,
+        but the schedule moves on as if it had run, so step+1 uses its own rate (core/nonfinite.py
+        says why). Returns the rate the skipped step would have used."""
+        lr = self.lr(step)
+        if isinstance(self.schedule, LRScheduler):
+            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": on purpose here
+                warnings.simplefilter("ignore", UserWarning)
+                self.schedule.step()
         self.committed = step + 1
         return lr
 

@@ -84,7 +84,15 @@ Contract:
   donor or a newcomer: healing a sharded replica is not built yet.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
-  declared dead - fenced - and must exit).
+  declared dead - fenced - and must exit). Its `code` is the worker's exit code
+  (core/worker_exit.py: 0 complete, 1 stopped, 3 fenced, 4 coordinator gone); a
+  `RunEnded` the loop does not catch ends the process with one line saying why and
+  that code, never a traceback.
+- A loss that is not finite (NaN, inf) is reported, not sent as a malformed vote:
+  `fold()` notes the ids, the vote says `loss_sum: null` with them
+  (core/nonfinite.py), and the coordinator stops the run naming them, or with
+  `--on-nonfinite skip` drops the step: `commit()` then clears the accumulator
+  without an optimizer step, moves the schedule on, and returns True.
 """
 from __future__ import annotations
 
@@ -97,11 +105,12 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from . import idranges
+from . import idranges, worker_exit
 from .accumulator import GradAccumulator
 from .comm import CollectiveError, Communicator, Graveyard
 from .control import ControlClient
 from .hooks import WorkerHooks
+from .nonfinite import NonfiniteLosses, vote_fields
 from .policy import quota_of
 from .recipe import CommittedStep, LRSchedule
 from .startup import JOIN_TOKEN_ENV, env_addr, run_start_time
@@ -122,12 +131,17 @@ RECONNECT_ANSWER_SECONDS = 10.0
 
 
 class RunEnded(RuntimeError):
-    """The job ended for this replica: the run failed, or this replica was fenced out."""
+    """The job ended for this replica: the run failed, or this replica was fenced out.
 
-    def __init__(self, reason: str, fenced: bool = False):
+    `code`: the worker's exit code for it (core/worker_exit.py); `committed` (a stop for a
+    non-finite loss): this replica holds the state after exactly that many steps, untouched."""
+
+    def __init__(self, reason: str, fenced: bool = False, code: int | None = None, committed: int | None = None):
         super().__init__(reason)
         self.reason = reason
         self.fenced = fenced
+        self.code = code if code is not None else (worker_exit.EXIT_FENCED if fenced else worker_exit.EXIT_STOPPED)
+        self.committed = committed
 
 
 class _Fenced(Exception):
@@ -163,9 +177,11 @@ class Replica:
         reconnect_timeout: float | None = None,
         link=None,
     ):
+        worker_exit.install(f"replica {replica}")  # an uncaught RunEnded: one line and its exit code
         # an accumulator (GradAccumulator, or core.parallel's ShardedAccumulator), or parameters
         self.acc = params if hasattr(params, "pack") else GradAccumulator(params)
         self.link = link  # a replica of many ranks: this is its leader (see the contract)
+        self._nonfinite = NonfiniteLosses()  # the ids folded with a loss that was not finite
         self.optimizer = optimizer
         self.replica = replica
         self.backend = backend
@@ -312,6 +328,7 @@ class Replica:
                              f"(quota() lists them again)")
         self._check_attached("fold")
         self.acc.fold(mb_id, loss)
+        self._nonfinite.record(mb_id, loss)
         self._work_seconds = time.perf_counter() - self._work_started
 
     def commit(self) -> bool:
@@ -377,9 +394,11 @@ class Replica:
         n = len(self.acc.ledger)
         vote = {
             "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
-            "loss_sum": loss_sum, "mb_seconds": self._work_seconds / n if n else 0.0,
-            "lr": self.stepper.lr(step),
+            **vote_fields(loss_sum, self.acc.ledger, self._nonfinite),
+            "mb_seconds": self._work_seconds / n if n else 0.0, "lr": self.stepper.lr(step),
         }
+        if "nonfinite" in vote:
+            self._log(f"step {step}: non-finite loss at microbatch(es) {idranges.to_ids(vote['nonfinite'])}")
         if (self.digest_every and step % self.digest_every == 0) or self._digest_next_vote:
             # the weights this step's gradient came from: a replica off the majority is corrupt
             # (and after an admission: the newcomer's weights are the members')
@@ -393,11 +412,15 @@ class Replica:
         if msg["t"] == "abort":
             self._relay({"t": "recover"})
             return self._recover(msg)
-        self._relay({"t": "commit", "microbatches": self.microbatches})
+        self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(msg.get("skipped"))})
         self._committed_vote = self._last_vote
         self.hooks.at(step, "optimizer_step")
-        self.acc.load_mean(buf, self.microbatches)
-        self.stepper(step)
+        if msg.get("skipped"):  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
+            self._log(f"step {step} skipped: its loss was not finite")
+            self.stepper.skip(step)
+        else:
+            self.acc.load_mean(buf, self.microbatches)
+            self.stepper(step)
         self.acc.clear()
         self.step = step + 1
         if self.done:
@@ -418,8 +441,8 @@ class Replica:
         try:
             self._wait_for(set())
         except RunEnded as e:
-            if e.reason != "run complete":
-                self._log(f"after the last commit: {e.reason}")
+            self._log("run complete: every step is committed and recorded" if e.reason == "run complete"
+                      else f"after the last commit: {e.reason}")
         except _Fenced:  # a coordinator that no longer counts it: nothing is left to rejoin
             self._log("after the last commit: the coordinator closed this replica's connection")
 
@@ -443,9 +466,10 @@ class Replica:
         while True:
             try:
                 return self._connect(connect_timeout=max(0.1, min(60.0, deadline - time.monotonic())))
-            except OSError:
+            except OSError as e:
                 if time.monotonic() >= deadline:
-                    raise
+                    raise RunEnded(f"the coordinator is gone: cannot reach it at start-up within "
+                                   f"{self.reconnect_timeout:g}s ({e})", code=worker_exit.EXIT_COORDINATOR_GONE) from None
                 time.sleep(0.2)
 
     def _report(self) -> dict:
@@ -557,7 +581,11 @@ class Replica:
                 self.control.put_back({"t": "pending", "step": self.step})
             else:
                 self.control.close()
-                self.control = self._connect()
+                try:
+                    self.control = self._connect()
+                except OSError as e:
+                    raise RunEnded(f"the coordinator is gone: cannot reach it to rejoin ({e})",
+                                   code=worker_exit.EXIT_COORDINATOR_GONE) from None
                 self._hello(time.time() - run_start_time(), rejoin=True)
             try:
                 self._wait_generation(0)
@@ -645,9 +673,9 @@ class Replica:
         kind = msg["t"]
         if kind == "done":
             self.step = max(self.step, self.steps)
-            raise RunEnded("run complete")
+            raise RunEnded("run complete", code=worker_exit.EXIT_COMPLETE)
         if kind == "stop":
-            raise RunEnded(f"run stopped by the coordinator: {msg['reason']}")
+            raise RunEnded(f"run stopped by the coordinator: {msg['reason']}", committed=msg.get("committed"))
         if kind == "fenced":  # declared dead (a freeze, a long pause): the coordinator said so, then closed
             if self.rejoin and self.generation >= 0:
                 raise _Fenced()
@@ -657,7 +685,8 @@ class Replica:
         if kind == "closed":  # closed without a word: the coordinator died (or froze); reach its restart
             answer = self._reconnect()
             if answer is None:
-                raise RunEnded(f"the coordinator is gone: no answer within {self.reconnect_timeout:g}s of reconnecting")
+                raise RunEnded(f"the coordinator is gone: no answer within {self.reconnect_timeout:g}s of reconnecting",
+                               code=worker_exit.EXIT_COORDINATOR_GONE)
             if answer["t"] == "rebuilt":
                 if answer.get("heartbeat_interval"):
                     self.control.heartbeat_interval = float(answer["heartbeat_interval"])
@@ -688,7 +717,7 @@ class Replica:
         while True:
             msg = self.control.recv(None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
             if msg is None:
-                raise RunEnded("no word from the coordinator")
+                raise RunEnded("no word from the coordinator", code=worker_exit.EXIT_COORDINATOR_GONE)
             if self._terminal(msg):
                 continue
             if msg["t"] == "pending":

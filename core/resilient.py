@@ -3,10 +3,14 @@
 Contract: the same workload, data and optimizer as the plain trainer, driven
 through the public `Replica` API, so every iteration folds exactly the M ids of
 the failure-free run and commits the same gradient up to summation order,
-whatever replicas die. Exit codes: 0 when the run completes, 1 when it is stopped
-(no replica left, coordinator gone), 3 when this replica was fenced out (with
---no-rejoin, or fenced on evidence; by default a fenced replica rejoins), 4 when a
-replica of many ranks lost one of its ranks (frozen or gone: core/parallel/rank_beats.py).
+whatever replicas die. Exit codes (core/worker_exit.py): 0 when the run completes,
+1 when the coordinator stops it (no replica left, no progress, a non-finite loss),
+3 when this replica was fenced out (with --no-rejoin, or fenced on evidence; by
+default a fenced replica rejoins), 4 when the coordinator is gone, 5 when a replica
+of many ranks lost one of its ranks (frozen or gone: core/parallel/rank_beats.py).
+Every ending is one line in the replica's log and an `os._exit` after flushing (the
+module says why): no traceback, no C++ terminate at teardown. An exception that is
+a bug still prints its traceback, then exits 1 the same way.
 
 Checkpoints (`--checkpoint-every K`): after the commit of every step s-1 with s a
 multiple of K (and s < --steps), the lowest-numbered member of the generation that
@@ -16,6 +20,12 @@ after a commit, so one copy is the whole state, and no other replica waits). A
 writer that dies mid-save leaves only a temp dir; the next multiple of K is written
 by whoever is then the lowest member. Each completed save is a line of
 DIR/checkpoints.jsonl (step, path, writer, the training thread's stall).
+A run stopped for a non-finite loss at step t (--on-nonfinite stop) keeps what it
+committed: the stop says every member still holds the state before t, untouched,
+and the lowest member writes it as the checkpoint of step t (synchronously, before
+it exits) unless one is there already, so the checkpoint directory ends with the
+last committed state, not the last multiple of K. Any save in flight is awaited
+before a worker exits, whatever ended the run.
 With `resume_from` set (`recover train --resume`), every replica loads that
 checkpoint before its hello, so all start from its weights at its step.
 
@@ -37,6 +47,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import worker_exit
 from .checkpoint import CheckpointDir, CheckpointSaver, TrainingState, load_checkpoint
 from .fold import fold_quota
 from .replica import Replica, RunEnded
@@ -44,8 +55,8 @@ from .results import JsonlWriter, write_final
 from .startup import begin, env_addr, worker_args
 from .workload import Workload
 
-EXIT_FENCED = 3
-EXIT_RANK_LOST = 4  # a replica of many ranks lost one of its ranks (frozen or gone): the replica is out
+EXIT_FENCED = worker_exit.EXIT_FENCED
+EXIT_RANK_LOST = worker_exit.EXIT_RANK_LOST
 
 
 class _Checkpointer:
@@ -73,6 +84,20 @@ class _Checkpointer:
 
     def finish(self) -> None:
         self.saver.wait()
+
+    def save_stopped(self, replica: Replica, committed: int | None) -> None:
+        """A stop that says every member holds the state after `committed` steps (a non-finite
+        loss): the lowest member writes it as step `committed`'s checkpoint, and waits for it."""
+        self.saver.wait()  # a save in flight first (its step is older)
+        if committed is None or committed != replica.step or committed >= self.steps or committed <= 0 \
+                or replica.generation < 0 or replica.replica != min(replica.members):
+            return
+        t = time.perf_counter()
+        self.started[committed] = (t, 0.0)
+        if self.saver.save(committed, fault_step=committed - 1):
+            self.saver.wait()
+        else:
+            del self.started[committed]  # the checkpoint of that step is there already
 
     def _record(self, step: int) -> None:
         """checkpoints.jsonl: one line per checkpoint renamed into place (the background thread's)."""
@@ -129,12 +154,16 @@ def main(argv: list[str] | None = None) -> int:
             saver.finish()
         write_final(cfg.out, args.replica, replica.step, work.state_checksum())
     except RunEnded as e:
-        print(f"replica {args.replica}: {e.reason}", file=sys.stderr, flush=True)
-        if e.fenced:
-            return EXIT_FENCED
-        return 0 if replica.done else 1
+        if saver is not None:
+            saver.save_stopped(replica, e.committed)
+        code = worker_exit.EXIT_COMPLETE if replica.done and not e.fenced else e.code
+        print(worker_exit.line_of(f"replica {args.replica}", e) if code == e.code
+              else f"replica {args.replica} exits with code {code}: every step committed ({e.reason})",
+              file=sys.stderr, flush=True)
+        return code
     finally:
         replica.close()
+    print(f"replica {args.replica} exits with code 0: run complete", file=sys.stderr, flush=True)
     return 0
 
 
@@ -156,14 +185,12 @@ def _watch_ranks(cfg, replica: int, local_rank: int, committed: dict):
     from .startup import connect_store
 
     def lost(rank: int, silent: float) -> None:
-        print(f"[replica {replica}] rank {rank} silent for {silent:.1f}s (frozen or gone): this replica is lost; "
-              f"exiting so that its ranks end together", file=sys.stderr, flush=True)
-        os._exit(EXIT_RANK_LOST)
+        worker_exit.exit_now(EXIT_RANK_LOST, f"[replica {replica}] rank {rank} silent for {silent:.1f}s (frozen or "
+                             f"gone): this replica is lost; exiting so that its ranks end together")
 
     def leader_gone() -> None:
-        print(f"[replica {replica} rank {local_rank}] the leader is gone: this replica is lost", file=sys.stderr,
-              flush=True)
-        os._exit(EXIT_RANK_LOST)
+        worker_exit.exit_now(EXIT_RANK_LOST, f"[replica {replica} rank {local_rank}] the leader is gone: this "
+                                             f"replica is lost")
 
     # until the first commit a rank pays one-time costs holding the GIL: the collective timeout then
     cold = max(cfg.heartbeat_timeout, cfg.collective_timeout)
@@ -199,7 +226,12 @@ def _follow(cfg, replica_id: int, local_rank: int, work: Workload, link, hooks, 
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # backend threads of abandoned communicators must not hold the process
+    try:
+        code = main()
+    except RunEnded as e:  # raised before the loop (the constructor: the coordinator is gone)
+        worker_exit.exit_now(e.code, worker_exit.line_of("replica", e))
+    except Exception:  # a bug: its traceback is the thing to read, then the same explicit end
+        import traceback
+        traceback.print_exc()
+        worker_exit.exit_now(worker_exit.EXIT_STOPPED)
+    worker_exit.exit_now(code)  # after flushing: see core/worker_exit.py for why os._exit

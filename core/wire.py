@@ -61,7 +61,8 @@ _REPORT_KIND = "report object (see wire._REPORT)"
 # Every field is required; `awaiting` and `vote` may be null.
 _REPORT: dict[str, str] = {"member": _BOOL, "step": _INT, "gen": _INT, "ledger": _IDS, "wait": _STR}
 _REPORT_NULLABLE: dict[str, str] = {"awaiting": _INT}
-_REPORT_VOTE: dict[str, str] = {"gen": _INT, "step": _INT, "ledger": _IDS, "loss_sum": _NUM}
+_REPORT_VOTE: dict[str, str] = {"gen": _INT, "step": _INT, "ledger": _IDS}
+_REPORT_VOTE_NULLABLE: dict[str, str] = {"loss_sum": _NUM}  # null: the step's loss was not finite
 
 # type -> required fields and their kinds; optional fields are checked when present
 _REQUIRED: dict[str, dict[str, str]] = {
@@ -81,7 +82,8 @@ _OPTIONAL: dict[str, dict[str, str]] = {
               "started_at": _NUM, "report": _REPORT_KIND},
     "join": {"healed": _BOOL},
     "healed": {"donor": _INT, "bytes": _INT, "seconds": _NUM, "weights_digest": _STR},
-    "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR},
+    # loss_sum null: not finite (core/nonfinite.py); nonfinite: the voter's ids whose loss was not
+    "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR, "nonfinite": _IDS},
     "fail": {"reason": _STR},
 }
 
@@ -98,7 +100,8 @@ def _report_ok(v: Any) -> bool:
     if not _fields_ok(v, _REPORT, _REPORT_NULLABLE):
         return False
     # `vote`: the last vote sent; `committed_vote` (absent from older workers): the last committed one
-    return all(vote is None or (_fields_ok(vote, _REPORT_VOTE) and (vote.get("lr") is None or _is(_NUM, vote["lr"])))
+    return all(vote is None or (_fields_ok(vote, _REPORT_VOTE, _REPORT_VOTE_NULLABLE) and "loss_sum" in vote
+                                and (vote.get("lr") is None or _is(_NUM, vote["lr"])))
                for vote in (v.get("vote"), v.get("committed_vote")))
 
 
@@ -139,7 +142,8 @@ def _vote_ok(msg: dict[str, Any]) -> bool:
     return (type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int and p[0] < p[1]
             and type(get("loss_sum")) in _NUM_OR_NONE and type(get("mb_seconds")) in _NUM_OR_NONE
             and type(get("lr")) in _NUM_OR_NONE
-            and type(get("reason")) in _STR_OR_NONE and type(get("weights_digest")) in _STR_OR_NONE)
+            and type(get("reason")) in _STR_OR_NONE and type(get("weights_digest")) in _STR_OR_NONE
+            and get("nonfinite") is None)  # a vote naming non-finite losses (rare) goes through the tables
 
 
 def _join_ok(msg: dict[str, Any]) -> bool:

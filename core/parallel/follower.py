@@ -133,8 +133,11 @@ class ReplicaFollower:
         if msg["t"] == "recover":
             return self._recover()
         self.hooks.at(step, "optimizer_step")
-        self.acc.load_mean(buf, msg["microbatches"])
-        self.stepper(step)
+        if msg.get("skipped"):  # a non-finite loss and --on-nonfinite skip: no update, the schedule moves on
+            self.stepper.skip(step)
+        else:
+            self.acc.load_mean(buf, msg["microbatches"])
+            self.stepper(step)
         self.acc.clear()
         self.step = step + 1
         return True

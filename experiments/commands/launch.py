@@ -24,7 +24,7 @@ from . import fail
 # the TrainConfig fields a user's job is run with
 LAUNCH_FIELDS = ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
                  "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas",
-                 "rejoin", "coordinator_timeout", "reconnect_timeout", "coordinator_restarts")
+                 "rejoin", "coordinator_timeout", "reconnect_timeout", "coordinator_restarts", "on_nonfinite")
 
 
 def add_parser(sub) -> None:
