@@ -304,7 +304,7 @@ class Replica:
     def _relay_end(self, e: "RunEnded") -> None:
         if self.link is not None:
             try:
-                self.link.share({"t": "end", "reason": e.reason, "fenced": e.fenced})
+                self.link.share({"t": "end", "reason": e.reason, "fenced": e.fenced, "code": e.code})
             except Exception:  # noqa: BLE001 - a rank already gone: the launcher ends the replica anyway
                 pass
 
@@ -447,6 +447,8 @@ class Replica:
             self._log("after the last commit: the coordinator closed this replica's connection")
 
     def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
         self.control.close()
 
     def _hello(self, started_at: float, rejoin: bool, report: dict | None = None) -> None:

@@ -56,7 +56,6 @@ from .startup import begin, env_addr, worker_args
 from .workload import Workload
 
 EXIT_FENCED = worker_exit.EXIT_FENCED
-EXIT_RANK_LOST = worker_exit.EXIT_RANK_LOST
 
 
 class _Checkpointer:
@@ -115,27 +114,25 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     local_rank = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
     cfg, hooks = begin(args.config, args.replica, rank=local_rank)
-    ctx = link = None
-    if cfg.shard > 1:
-        ctx, link = _replica_of_many_ranks(cfg, args.replica, local_rank)
-    work = Workload(cfg, cfg.resolved_device(), ctx=ctx)
+    rctx = None
+    if cfg.shard > 1:  # a replica of many ranks: its groups, the leader's relay, the ranks' beats
+        from .parallel.join import ReplicaContext
+        rctx = ReplicaContext.from_env(cfg.collective_timeout, cfg.heartbeat_interval, cfg.heartbeat_timeout)
+    work = Workload(cfg, cfg.resolved_device(), ctx=None if rctx is None else rctx.parallel)
     if cfg.resume_from:
         # before the hello: its weights digest must be the checkpoint's on every replica
         load_checkpoint(TrainingState.of(work), Path(cfg.resume_from))
-    committed = {"any": False}  # the leader's first commit: the ranks' silence is judged tighter after it
-    beats = _watch_ranks(cfg, args.replica, local_rank, committed) if link is not None else None
-    if link is not None and not link.leader:
-        return _follow(cfg, args.replica, local_rank, work, link, hooks, committed, beats)
-    replica = Replica(
-        work.acc, work.optimizer, replica=args.replica,
-        control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"),
-        backend=cfg.resolved_backend(), collective_timeout=cfg.collective_timeout,
-        heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip,
-        lr_schedule=work.schedule,
-        tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
-        rejoin=cfg.rejoin, coordinator_timeout=cfg.coordinator_timeout, reconnect_timeout=cfg.reconnect_timeout,
-        link=link,
-    )
+    kw = dict(backend=cfg.resolved_backend(), collective_timeout=cfg.collective_timeout,
+              heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip, lr_schedule=work.schedule,
+              tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
+              rejoin=cfg.rejoin, coordinator_timeout=cfg.coordinator_timeout, reconnect_timeout=cfg.reconnect_timeout)
+    if rctx is None:
+        replica = Replica(work.acc, work.optimizer, replica=args.replica, control_addr=env_addr("RECOVER_CONTROL_ADDR"),
+                          store_addr=env_addr("RECOVER_STORE_ADDR"), **kw)
+    else:  # the same loop on every rank: Replica on the leader, ReplicaFollower on the others
+        replica = rctx.join(work.acc, work.optimizer, **kw)
+    leader = rctx is None or rctx.leader
+    who = f"replica {args.replica}" + ("" if leader else f" rank {local_rank}")
     if not replica.healed:  # a newcomer already holds its donor's committed count, newer than any checkpoint
         replica.stepper.load_state_dict(work.stepper.state_dict())  # the committed count the checkpoint holds
     saver = _Checkpointer(cfg, TrainingState.of(work, replica.stepper), hooks, args.replica) if cfg.checkpoint_every else None
@@ -144,84 +141,26 @@ def main(argv: list[str] | None = None) -> int:
             # k counts on from what this replica folded before a recovery handed it more
             fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
                        first=len(replica.ledger), after=replica.fold)
-            if replica.commit():
-                committed["any"] = True
-                if saver is not None:
-                    saver.after_commit(replica)
-        if beats is not None:
-            beats.stop()  # the loop is over: ranks ending in any order now are not losses
+            if replica.commit() and saver is not None:
+                saver.after_commit(replica)
+        if rctx is not None:
+            rctx.link.close()  # the loop is over: the ranks may now end in any order
         if saver is not None:
             saver.finish()
-        write_final(cfg.out, args.replica, replica.step, work.state_checksum())
+        checksum = work.state_checksum()  # (a collective of a replica's ranks when it has many)
+        if leader:
+            write_final(cfg.out, args.replica, replica.step, checksum)
     except RunEnded as e:
         if saver is not None:
             saver.save_stopped(replica, e.committed)
         code = worker_exit.EXIT_COMPLETE if replica.done and not e.fenced else e.code
-        print(worker_exit.line_of(f"replica {args.replica}", e) if code == e.code
-              else f"replica {args.replica} exits with code {code}: every step committed ({e.reason})",
+        print(worker_exit.line_of(who, e) if code == e.code
+              else f"{who} exits with code {code}: every step committed ({e.reason})",
               file=sys.stderr, flush=True)
         return code
     finally:
         replica.close()
-    print(f"replica {args.replica} exits with code 0: run complete", file=sys.stderr, flush=True)
-    return 0
-
-
-def _replica_of_many_ranks(cfg, replica: int, local_rank: int):
-    """This rank's groups inside its replica (HSDP), and the leader's relay to the other ranks."""
-    from .parallel.args import ParallelismArgs
-    from .parallel.context import ParallelContext
-    from .parallel.replica_link import LINK_TIMEOUT, ReplicaLink
-    from .startup import connect_store
-
-    ctx = ParallelContext(connect_store(), replica, local_rank, ParallelismArgs(cfg.replicas, cfg.shard),
-                          backend="gloo", timeout=LINK_TIMEOUT.total_seconds())
-    return ctx, ReplicaLink(local_rank, cfg.shard, open_store=connect_store)
-
-
-def _watch_ranks(cfg, replica: int, local_rank: int, committed: dict):
-    """Every rank beats to its leader; a silent rank (frozen) or a gone leader ends the replica."""
-    from .parallel.rank_beats import RankBeats, local_address
-    from .startup import connect_store
-
-    def lost(rank: int, silent: float) -> None:
-        worker_exit.exit_now(EXIT_RANK_LOST, f"[replica {replica}] rank {rank} silent for {silent:.1f}s (frozen or "
-                             f"gone): this replica is lost; exiting so that its ranks end together")
-
-    def leader_gone() -> None:
-        worker_exit.exit_now(EXIT_RANK_LOST, f"[replica {replica} rank {local_rank}] the leader is gone: this "
-                                             f"replica is lost")
-
-    # until the first commit a rank pays one-time costs holding the GIL: the collective timeout then
-    cold = max(cfg.heartbeat_timeout, cfg.collective_timeout)
-    store_host = os.environ["RECOVER_STORE_ADDR"].rsplit(":", 1)[0]
-    beats = RankBeats(connect_store(), replica, local_rank, cfg.shard, cfg.heartbeat_interval,
-                      limit=lambda: cfg.heartbeat_timeout if committed["any"] else cold,
-                      on_silent=lost, on_leader_gone=leader_gone, host=local_address(store_host))
-    beats.start()
-    return beats
-
-
-def _follow(cfg, replica_id: int, local_rank: int, work: Workload, link, hooks, committed: dict, beats) -> int:
-    """A rank of a replica that is not its leader: the same loop, fed by the leader."""
-    from .parallel.follower import FollowerRunEnded, ReplicaFollower
-    from .startup import connect_store
-
-    replica = ReplicaFollower(work.acc, work.optimizer, replica=replica_id, local_rank=local_rank, link=link,
-                              open_store=connect_store, backend=cfg.resolved_backend(),
-                              collective_timeout=cfg.collective_timeout, grad_clip=cfg.grad_clip,
-                              lr_schedule=work.schedule, hooks=hooks)
-    try:
-        while not replica.done:
-            fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
-                       first=len(replica.ledger), after=replica.fold)
-            if replica.commit():
-                committed["any"] = True
-        beats.stop()
-        work.state_checksum()  # a collective of the replica's ranks: the leader writes the result
-    except FollowerRunEnded as e:
-        print(f"replica {replica_id} rank {local_rank}: {e.reason}", file=sys.stderr, flush=True)
-        return EXIT_FENCED if e.fenced else 1
+    print(f"{who} exits with code 0: run complete", file=sys.stderr, flush=True)
     return 0
 
 

@@ -114,11 +114,11 @@ def assert_every_planned_fault_fired(out: Path) -> list[dict]:
 
 
 def run_recover_killing(args: list[str], out: Path, replica: int, after_commits: int,
-                        timeout: float = 180) -> tuple[subprocess.CompletedProcess, int]:
+                        timeout: float = 180, rank: int = 0) -> tuple[subprocess.CompletedProcess, int]:
     """`recover ARGS...` in the background; once `after_commits` steps are in
-    out/metrics.jsonl, SIGKILL replica `replica`'s worker by its PID (pids.json;
-    replica -1: the coordinator's); wait for the run to end. Returns the finished
-    process and the victim's PID."""
+    out/metrics.jsonl, SIGKILL replica `replica`'s worker (its rank `rank`, for a
+    replica of many) by its PID (pids.json; replica -1: the coordinator's); wait
+    for the run to end. Returns the finished process and the victim's PID."""
     from recover.core.results import read_jsonl
 
     proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", *args],
@@ -130,7 +130,7 @@ def run_recover_killing(args: list[str], out: Path, replica: int, after_commits:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.02)
         pids = json.loads((out / "pids.json").read_text())
-        victim = pids["coordinator"] if replica < 0 else pids["replicas"][str(replica)][0]
+        victim = pids["coordinator"] if replica < 0 else pids["replicas"][str(replica)][rank]
         os.kill(victim, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:

@@ -22,7 +22,7 @@ Contract:
   all-reduce never touches the accumulator (it reduces a copy), so after a
   recovery this rank keeps its folded shard exactly as the leader keeps its ledger.
 - The run ending for the leader (stop, fenced, the coordinator gone) ends it here
-  with `RunEnded`; a leader that dies takes this process with it (the launcher
+  with `core.replica.RunEnded` (the leader's reason and exit code); a leader that dies takes this process with it (the launcher
   kills a replica's ranks together).
 """
 from __future__ import annotations
@@ -34,16 +34,8 @@ import torch
 from ..comm import CollectiveError, Communicator, Graveyard
 from ..hooks import WorkerHooks
 from ..recipe import CommittedStep, LRSchedule
+from ..replica import RunEnded
 from .replica_link import ReplicaLink
-
-
-class FollowerRunEnded(RuntimeError):
-    """The leader's run ended (the same reasons as core.replica.RunEnded)."""
-
-    def __init__(self, reason: str, fenced: bool = False):
-        super().__init__(reason)
-        self.reason = reason
-        self.fenced = fenced
 
 
 class ReplicaFollower:
@@ -77,7 +69,7 @@ class ReplicaFollower:
     def _next(self, *kinds: str) -> dict:
         msg = self.link.share()
         if msg.get("t") == "end":
-            raise FollowerRunEnded(msg.get("reason", "the run ended"), bool(msg.get("fenced")))
+            raise RunEnded(msg.get("reason", "the run ended"), bool(msg.get("fenced")), msg.get("code"))
         if msg.get("t") not in kinds:
             # ranks of one replica run the same loop: anything else is a bug, never a fault
             raise RuntimeError(f"replica {self.replica} rank {self.local_rank}: the leader said {msg} "
@@ -151,4 +143,4 @@ class ReplicaFollower:
         self.comm = None
 
     def close(self) -> None:
-        pass
+        self.link.close()

@@ -57,6 +57,8 @@ class ReplicaLink:
         self._open_store = open_store
         self._store: dist.Store | None = None  # opened on first use: a leader without faults never needs it
         self._published: set[int] = set()
+        self.committed_once = False  # a commit went through this link (the ranks' beats are judged tighter after)
+        self.beats = None  # the ranks' beats to the leader (core/parallel/rank_beats.py), stopped by close()
 
     # ---- the relay ---------------------------------------------------------------------------
     def share(self, obj: Any = None) -> Any:
@@ -78,7 +80,15 @@ class ReplicaLink:
             body = bytes(head[4:].numpy()) + bytes(rest.numpy())
         else:
             body = bytes(head[4:4 + length].numpy())
-        return obj if self.leader else json.loads(body)
+        msg = obj if self.leader else json.loads(body)
+        if isinstance(msg, dict) and msg.get("t") == "commit":
+            self.committed_once = True
+        return msg
+
+    def close(self) -> None:
+        """The loop is over: the ranks' beats say goodbye (they may now exit in any order)."""
+        if self.beats is not None:
+            self.beats.stop()
 
     def combine(self, ok: bool, loss_part: float, while_waiting: Callable[[], Any] | None = None) -> tuple[bool, float]:
         """(every rank's all-reduce succeeded, the replica's loss sum), on every rank."""

@@ -3,7 +3,9 @@
 Contract: starts the coordinator (store + membership) and one process per replica
 running the given command, each with RECOVER_REPLICA, RECOVER_STORE_ADDR and
 RECOVER_CONTROL_ADDR set so that `recover.core.Replica.from_env(...)` joins the
-job. With --replace-after S, a replica whose process dies gets a new one in its
+job. With --shard S, S processes per replica (RECOVER_LOCAL_RANK, RECOVER_SHARD),
+which join through `recover.core.parallel.join.ReplicaContext.from_env()` (HSDP:
+examples/hsdp_loop.py); any of them dying ends the others of its replica. With --replace-after S, a replica whose process dies gets a new one in its
 slot S seconds later, which joins at the next commit with the live state. The results contract (config.json, metrics.jsonl, events.jsonl,
 summary.json, logs/) is written to --out exactly as for `recover train`.
 """
@@ -22,7 +24,7 @@ from . import fail
 
 
 # the TrainConfig fields a user's job is run with
-LAUNCH_FIELDS = ("replicas", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
+LAUNCH_FIELDS = ("replicas", "shard", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
                  "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas",
                  "rejoin", "coordinator_timeout", "reconnect_timeout", "coordinator_restarts", "on_nonfinite")
 
@@ -66,9 +68,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
         # RECOVER_REJOIN: Replica.from_env's default for rejoining after a false death
         lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0), "RECOVER_REJOIN": "1" if cfg.rejoin else "0",
                                          "RECOVER_COORDINATOR_TIMEOUT": repr(cfg.coordinator_timeout),
-                                         "RECOVER_RECONNECT_TIMEOUT": repr(cfg.reconnect_timeout)},
+                                         "RECOVER_RECONNECT_TIMEOUT": repr(cfg.reconnect_timeout),
+                                         # what a replica of many ranks reads (core/parallel/join.py)
+                                         "RECOVER_COLLECTIVE_TIMEOUT": repr(cfg.collective_timeout),
+                                         "RECOVER_HEARTBEAT_INTERVAL": repr(cfg.heartbeat_interval),
+                                         "RECOVER_HEARTBEAT_TIMEOUT": repr(cfg.heartbeat_timeout)},
         replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
         coordinator_restarts=cfg.coordinator_restarts, coordinator_timeout=cfg.coordinator_timeout,
+        ranks_per_replica=cfg.shard,
     )
     result = launcher.run()
     ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]

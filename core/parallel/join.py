@@ -1,0 +1,127 @@
+"""Your own FSDP2 training loop as a replica of many ranks (HSDP): the entry point.
+
+    ctx = ReplicaContext.from_env()                   # under `recover launch --shard S`
+    model = shard_model(build_model(), ctx.mesh)       # FSDP2 over this replica's ranks (sum reductions)
+    acc = ShardedAccumulator(model)                    # .grad views one flat buffer of this rank's shard
+    optimizer = torch.optim.AdamW(acc.params, lr=1e-3)
+    replica = ctx.join(acc, optimizer, grad_clip=1.0)  # the same API on every rank
+    while not replica.done:
+        for mb in replica.quota():                     # global microbatch ids, the same on every rank
+            x, y, share = ctx.part(*batch(mb))         # this rank's rows of the microbatch, their share
+            loss = loss_fn(model(x), y) * share
+            loss.backward()
+            replica.fold(mb, loss.item())
+        replica.commit()
+    replica.close()
+
+Contract:
+- `ReplicaContext.from_env()` reads what the launcher sets (RECOVER_REPLICA,
+  RECOVER_LOCAL_RANK, RECOVER_SHARD, RECOVER_STORE_ADDR; the deadlines from
+  RECOVER_COLLECTIVE_TIMEOUT, RECOVER_HEARTBEAT_INTERVAL and
+  RECOVER_HEARTBEAT_TIMEOUT when set) and builds, for this rank: its replica's
+  groups (`parallel`, a ParallelContext: the replica is the process's default
+  group, `mesh` the 1-D mesh FSDP2 shards over), the leader's relay (`link`) and
+  the ranks' beats to their leader (core/parallel/rank_beats.py: a rank frozen or
+  gone ends the replica, with exit code 5).
+- `join(acc, optimizer, **kw)` returns the replica handle: `core.replica.Replica`
+  on the leader (local rank 0, the only rank that talks to the coordinator; `kw`
+  are its keyword arguments), `ReplicaFollower` on the others (which use `grad_clip`,
+  `lr_schedule` and `hooks` of them). Both have `done`, `step`, `quota()`,
+  `fold()`, `commit()`, `close()`, and raise `core.replica.RunEnded` when the run
+  ends for them. `close()` after the loop says goodbye to the leader's watch, so the
+  ranks may then exit in any order.
+- `part(x, y)` is this rank's rows of a microbatch and their share of its rows:
+  scale the loss by the share, and the ranks' gradients sum to the microbatch's.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .. import worker_exit
+from ..startup import connect_store, env_addr
+from .args import ParallelismArgs
+from .context import ParallelContext
+from .fsdp import microbatch_part
+from .rank_beats import RankBeats, local_address
+from .replica_link import LINK_TIMEOUT, ReplicaLink
+
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ[name]) if os.environ.get(name) else default
+
+
+@dataclass
+class ReplicaContext:
+    """One rank's place in its replica, its relay and its beats (see the module docstring)."""
+
+    replica: int  # the replica id (the failure domain)
+    local_rank: int  # this rank inside the replica; 0 is the leader
+    shard: int  # ranks in the replica (S)
+    parallel: ParallelContext  # the replica's groups (the process's default group) and its mesh
+    link: ReplicaLink  # the leader's relay to the other ranks
+    beats: RankBeats  # every rank beats to the leader; a silent one ends the replica
+    collective_timeout: float  # seconds, from go, for a cross-replica all-reduce
+
+    @classmethod
+    def from_env(cls, collective_timeout: float | None = None, heartbeat_interval: float | None = None,
+                 heartbeat_timeout: float | None = None) -> "ReplicaContext":
+        """This rank's context in a job started by the launcher (`recover launch --shard S`); a
+        deadline not given comes from the environment, else its default (30 s, 0.1 s, 3 s)."""
+        r = int(os.environ["RECOVER_REPLICA"])
+        local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
+        shard = int(os.environ.get("RECOVER_SHARD", "1"))
+        replicas = int(os.environ.get("RECOVER_REPLICAS", r + 1))
+        collective = collective_timeout or _env_float("RECOVER_COLLECTIVE_TIMEOUT", 30.0)
+        interval = heartbeat_interval or _env_float("RECOVER_HEARTBEAT_INTERVAL", 0.1)
+        hb_timeout = heartbeat_timeout or _env_float("RECOVER_HEARTBEAT_TIMEOUT", 3.0)
+        parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard),
+                                   backend="gloo", timeout=LINK_TIMEOUT.total_seconds())
+        link = ReplicaLink(local, shard, open_store=connect_store)
+        # until the leader's first commit a rank pays one-time costs holding the GIL: the collective
+        # timeout then, as the coordinator allows its workers before their first vote
+        cold = max(hb_timeout, collective)
+
+        def lost(rank: int, silent: float) -> None:
+            worker_exit.exit_now(worker_exit.EXIT_RANK_LOST, f"[replica {r}] rank {rank} silent for {silent:.1f}s (frozen or "
+                                                 f"gone): this replica is lost; exiting so that its ranks end together")
+
+        def leader_gone() -> None:
+            worker_exit.exit_now(worker_exit.EXIT_RANK_LOST, f"[replica {r} rank {local}] the leader is gone: this replica "
+                                                 f"is lost")
+
+        store_host = env_addr("RECOVER_STORE_ADDR")[0]
+        beats = RankBeats(connect_store(), r, local, shard, interval,
+                          limit=lambda: hb_timeout if link.committed_once else cold,
+                          on_silent=lost, on_leader_gone=leader_gone, host=local_address(store_host))
+        link.beats = beats
+        beats.start()
+        return cls(r, local, shard, parallel, link, beats, collective)
+
+    @property
+    def leader(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def mesh(self):
+        return self.parallel.mesh
+
+    def part(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """This rank's rows of one microbatch, and their share of its rows (scale the loss by it)."""
+        return microbatch_part(x, y, self.local_rank, self.shard)
+
+    def join(self, acc, optimizer: torch.optim.Optimizer, **kw):
+        """The replica handle for this rank: `Replica` on the leader, `ReplicaFollower` elsewhere."""
+        kw.setdefault("collective_timeout", self.collective_timeout)
+        if self.leader:
+            from ..replica import Replica
+            return Replica(acc, optimizer, replica=self.replica, control_addr=env_addr("RECOVER_CONTROL_ADDR"),
+                           store_addr=env_addr("RECOVER_STORE_ADDR"), link=self.link, **kw)
+        from .follower import ReplicaFollower
+        return ReplicaFollower(acc, optimizer, replica=self.replica, local_rank=self.local_rank, link=self.link,
+                               open_store=connect_store, backend=kw.get("backend", "gloo"),
+                               collective_timeout=kw["collective_timeout"], grad_clip=kw.get("grad_clip", 0.0),
+                               lr_schedule=kw.get("lr_schedule"), hooks=kw.get("hooks"))
