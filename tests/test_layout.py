@@ -117,3 +117,22 @@ def test_bad_layout_flags_fail_with_one_line(argv, flag):
     proc = run_recover(*argv)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"recover: error: {flag}:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_validation_leaves_replicas_of_many_ranks_out_with_a_reason(tmp_path):
+    from test_sim_cli import write_fixture_run
+
+    from recover.experiments.sim.validation import compare
+
+    write_fixture_run(tmp_path / "one", "recover", [12.0, 12.06, 12.12], [True] * 3)
+    write_fixture_run(tmp_path / "hsdp", "recover", [12.0, 12.06, 12.12], [True] * 3)
+    cfg = json.loads((tmp_path / "hsdp" / "config.json").read_text())
+    cfg["train"]["shard"] = 2
+    (tmp_path / "hsdp" / "config.json").write_text(json.dumps(cfg))
+    v = compare([tmp_path / "one", tmp_path / "hsdp"], tmp_path / "no-bench")
+    assert [r["run"] for r in v["runs"]] == [str(tmp_path / "one")]
+    assert v["not_simulated"] == [{"run": str(tmp_path / "hsdp"), "system": "recover", "shard": 2,
+                                   "reason": v["not_simulated"][0]["reason"]}]
+    assert "replicas of one process" in v["not_simulated"][0]["reason"]
+    # without such runs the key is not there: validation.json reads as before
+    assert "not_simulated" not in compare([tmp_path / "one"], tmp_path / "no-bench")

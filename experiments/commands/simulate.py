@@ -193,6 +193,8 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
         verdict = ("  (timing reference)" if row["role"] != "validated" else
                    "" if row["within_tolerance"] else f"  (outside {100 * result['tolerance']:.0f}%)")
         print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}{verdict}")
+    for row in result.get("not_simulated", []):
+        print(f"  not simulated        {row['run']}: shard {row['shard']}, {row['reason']}")
     for name, d in result["pooled_by_system"].items():
         e = d["error"]
         print(f"  pooled {name:<13} {d['runs']} runs: error {'n/a' if e is None else f'{100 * e:+.1f}%'}")
