@@ -4,6 +4,8 @@ Contract:
 - Kills are real: seeded fault plans SIGKILL a replica at a random phase of a
   random step (the fault-injection harness), several kills per run, runs repeated
   until `--kills` kills have been measured. The same seed gives the same kills.
+  With `--shard S` > 1 each replica is S ranks and a kill strikes one of them,
+  drawn per kill (any rank dying takes the replica).
 - Per kill it records: the fault (step, phase, replica), the time from the kill
   to the next committed iteration, the recovery overhead (the duration of the
   iteration that absorbed the fault minus the median failure-free iteration's
@@ -12,8 +14,11 @@ Contract:
 - In the same invocation it runs the system and `--system plain` failure-free,
   interleaved, and reports the failure-free iteration-time overhead as a ratio
   measured side by side (these machines are noisy: only same-run ratios count).
+  plain runs the same layout where it can (`System.layout`), else one rank per
+  replica; the summary's `plain_shard` says which.
 - Writes results/bench/recovery_<system>.json (summary) and
-  recovery_<system>_kills.csv (one row per kill), and prints a table. Nothing here
+  recovery_<system>_kills.csv (one row per kill), and prints a table; with S > 1
+  the names end in _s<S> (recovery_recover_s2.json), beside the S = 1 figures. Nothing here
   is asserted on: it is a measurement, not a test.
 """
 from __future__ import annotations
@@ -32,7 +37,9 @@ from recover.core.config import TrainConfig
 from recover.core.results import read_jsonl
 from recover.fault_injection.injector import attach_plan
 
+from .layout import ReplicaLayout
 from .run import run_training
+from .systems import runs_layout
 
 KILL_PHASES = ("forward", "backward", "between_microbatches", "allreduce", "commit", "optimizer_step")
 
@@ -51,8 +58,10 @@ def percentile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def kill_plan(rng: random.Random, replicas: int, kills: int, steps: int, first: int, gap: int) -> list[dict]:
-    """`kills` crashes of distinct replicas at random phases, `gap` steps apart."""
+def kill_plan(rng: random.Random, replicas: int, kills: int, steps: int, first: int, gap: int,
+              shard: int = 1) -> list[dict]:
+    """`kills` crashes of distinct replicas at random phases, `gap` steps apart; with `shard` > 1
+    ranks per replica, each at a random rank of its replica (drawn only then: S = 1 plans are unchanged)."""
     victims = rng.sample(range(replicas), kills)
     faults = []
     for i, r in enumerate(victims):
@@ -60,6 +69,8 @@ def kill_plan(rng: random.Random, replicas: int, kills: int, steps: int, first: 
         f = {"kind": "crash", "replica": r, "step": first + i * gap, "phase": phase}
         if phase == "between_microbatches":
             f["microbatch"] = 1
+        if shard > 1:
+            f["rank"] = rng.randrange(shard)
         faults.append(f)
     assert faults[-1]["step"] < steps - 2
     return faults
@@ -107,7 +118,7 @@ def measure_run(out: Path, warmup: int = 2) -> dict:
         ev = next((e for e in events if e.get("detected_at", -1) >= kill - 1e-3), None)
         gap = (progress["wall_time"] - before[-1]["wall_time"]) if progress and before else None
         kills.append({
-            "replica": f["replica"], "fault_step": f["step"], "phase": f["phase"],
+            "replica": f["replica"], **({"rank": f["rank"]} if "rank" in f else {}), "fault_step": f["step"], "phase": f["phase"],
             "kill_to_next_commit_s": (nxt["wall_time"] - kill) if nxt else None,
             "kill_to_progress_s": (progress["wall_time"] - kill) if progress else None,
             "recovery_overhead_s": (gap - base) if gap is not None else None,
@@ -134,8 +145,11 @@ def bench_recovery(args: argparse.Namespace) -> int:
     """Measure what `--kills` kills cost args.system (arguments already checked); write and print the figures."""
     rng = random.Random(args.seed)
     work = Path(args.work or tempfile.mkdtemp(prefix="recover-bench-"))
+    shard = getattr(args, "shard", 1)
     base = dict(replicas=args.replicas, microbatches=args.microbatches, seed=args.seed, progress=False,
                 heartbeat_timeout=args.heartbeat_timeout)
+    # plain is the failure-free reference: at the same layout where it runs it
+    shards = {args.system: shard, "plain": shard if runs_layout("plain", ReplicaLayout(shard=shard)) else 1}
     per_run = min(args.replicas - 1, args.kills)
     gap = 5
     steps = 4 + per_run * gap + 3
@@ -144,8 +158,8 @@ def bench_recovery(args: argparse.Namespace) -> int:
     t_start = time.time()
     while len(kills) < args.kills:
         n = min(per_run, args.kills - len(kills))
-        plan = kill_plan(rng, args.replicas, n, steps, first=4, gap=gap)
-        cfg = TrainConfig(system=args.system, steps=steps, out=str(work / f"faulty{runs}"), **base)
+        plan = kill_plan(rng, args.replicas, n, steps, first=4, gap=gap, shard=shard)
+        cfg = TrainConfig(system=args.system, steps=steps, out=str(work / f"faulty{runs}"), shard=shard, **base)
         out = _train(cfg, plan)
         m = measure_run(out)
         kills += m["kills"]
@@ -156,7 +170,8 @@ def bench_recovery(args: argparse.Namespace) -> int:
     clean: dict[str, list[float]] = {args.system: [], "plain": []}
     for rep in range(args.repeats):
         for system in (args.system, "plain"):
-            cfg = TrainConfig(system=system, steps=args.clean_steps, out=str(work / f"clean_{system}{rep}"), **base)
+            cfg = TrainConfig(system=system, steps=args.clean_steps, out=str(work / f"clean_{system}{rep}"),
+                              shard=shards[system], **base)
             clean[system] += measure_run(_train(cfg, None))["clean_iterations"]
     med = {s: statistics.median(v) for s, v in clean.items()}
 
@@ -165,7 +180,8 @@ def bench_recovery(args: argparse.Namespace) -> int:
         return {"p50": percentile(xs, 0.5), "p95": percentile(xs, 0.95), "max": max(xs) if xs else None, "n": len(xs)}
 
     summary = {
-        "system": args.system, "replicas": args.replicas, "microbatches": args.microbatches, "seed": args.seed,
+        "system": args.system, "replicas": args.replicas, "shard": shard, "plain_shard": shards["plain"],
+        "microbatches": args.microbatches, "seed": args.seed,
         "kills": len(kills), "runs": runs,
         "recovery_overhead_s": stat("recovery_overhead_s"),
         "kill_to_next_commit_s": stat("kill_to_next_commit_s"),
@@ -179,13 +195,14 @@ def bench_recovery(args: argparse.Namespace) -> int:
     }
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / f"recovery_{args.system}.json").write_text(json.dumps(summary, indent=2))
-    with open(outdir / f"recovery_{args.system}_kills.csv", "w", newline="") as f:
+    stem = f"recovery_{args.system}" + (f"_s{shard}" if shard > 1 else "")
+    (outdir / f"{stem}.json").write_text(json.dumps(summary, indent=2))
+    with open(outdir / f"{stem}_kills.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(kills[0]))
         w.writeheader()
         w.writerows(kills)
     print_table(summary)
-    print(f"wrote {outdir / f'recovery_{args.system}.json'} and recovery_{args.system}_kills.csv")
+    print(f"wrote {outdir / f'{stem}.json'} and {stem}_kills.csv")
     return 0
 
 
@@ -193,12 +210,15 @@ def print_table(s: dict) -> None:
     def row(name: str, d: dict, unit: str = "s") -> str:
         return f"  {name:<28} p50 {d['p50']:8.3f}{unit}  p95 {d['p95']:8.3f}{unit}  (n={d['n']})"
 
-    print(f"{s['system']}: {s['kills']} kills over {s['runs']} runs, {s['replicas']} replicas, M={s['microbatches']}")
+    layout = f" of {s['shard']} ranks" if s.get("shard", 1) > 1 else ""
+    print(f"{s['system']}: {s['kills']} kills over {s['runs']} runs, {s['replicas']} replicas{layout}, "
+          f"M={s['microbatches']}")
     print(row("recovery overhead", s["recovery_overhead_s"]))
     print(row("kill -> next commit", s["kill_to_next_commit_s"]))
     print(row("kill -> interrupted step done", s["kill_to_progress_s"]))
     print(row("detection", s["detection_s"]))
     print(row("work lost (microbatches)", s["work_lost_microbatches"], ""))
     ff = s["failure_free_iteration_s"]
-    print(f"  failure-free iteration       {s['system']} {ff[s['system']] * 1e3:.1f} ms, plain {ff['plain'] * 1e3:.1f} ms "
+    plain = "plain" + (f" (shard {s['plain_shard']})" if s.get("plain_shard", 1) != s.get("shard", 1) else "")
+    print(f"  failure-free iteration       {s['system']} {ff[s['system']] * 1e3:.1f} ms, {plain} {ff['plain'] * 1e3:.1f} ms "
           f"-> overhead {100 * s['failure_free_overhead_vs_plain']:+.1f}%")

@@ -22,7 +22,9 @@ Contract:
   task); task 0 waits for the run to end and writes
   summary.json. Systems that restart or re-form their job with a supervisor of
   their own (checkpoint-restart, torchft, elastic) are skipped on Slurm with a note:
-  their supervisors start local processes.
+  their supervisors start local processes. So are runs whose replicas have many
+  ranks (shard > 1): one task per replica is all `slurm_task` starts today, and the
+  launcher that ends the rest of a replica when one of its ranks dies runs here only.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
   submitit job's stderr when the job itself died).
 """
@@ -274,6 +276,10 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             outcomes.append(Outcome(spec.name, "skipped",
                                     f"{spec.system} restarts its job from a supervisor that starts local processes; "
                                     "not launched on Slurm"))
+        elif spec.shard > 1:
+            outcomes.append(Outcome(spec.name, "skipped",
+                                    f"replicas of {spec.shard} ranks are not launched on Slurm yet (one task per "
+                                    "replica); run it with --executor local"))
         else:
             runnable.append(spec)
     groups: dict[tuple[int, int, int], list[RunSpec]] = {}

@@ -2,6 +2,9 @@
 
 Contract: each `System` names the worker module the launcher starts once per
 replica, the coordinator's mode, and whether one worker's failure ends the job.
+`layout` names the dimensions of a replica's layout (experiments/layout.py) the
+system runs above 1; `check_layout(system, layout)` refuses any other, naming the
+system, so a grid finds it before any job starts.
 Baselines register here too, which is why the registry lives in experiments/
 (it may import everything; core/ imports none of it).
 """
@@ -12,6 +15,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from recover.baselines.settings import BaselineConfig
+from recover.core.config import ConfigError
+
+from .layout import ReplicaLayout
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,7 @@ class System:
     # and returning a LaunchResult); '' = the plain Launcher.
     supervisor: str = ""
     settings: type | None = None  # dataclass of the system's own settings: CLI flags, config.json "baseline"
+    layout: tuple[str, ...] = ()  # ReplicaLayout dimensions it runs above 1 (() = replicas of one rank only)
 
     def load_supervisor(self) -> Callable | None:
         if not self.supervisor:
@@ -42,7 +49,8 @@ SYSTEMS: dict[str, System] = {
         System("plain", "recover.core.plain", "store", True,
                "plain data parallel: the failure-free reference; any fault ends the job"),
         System("recover", "recover.core.resilient", "recover", False,
-               "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept"),
+               "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept",
+               layout=("shard",)),
         System("ckpt-restart", "recover.baselines.ckpt_worker", "store", True,
                "checkpoint-and-restart: DCP checkpoints every K steps; any fault restarts the whole job "
                "from the last complete one", supervisor="recover.baselines.ckpt_restart:supervise",
@@ -57,3 +65,19 @@ SYSTEMS: dict[str, System] = {
                supervisor="recover.baselines.elastic:supervise", settings=BaselineConfig),
     ]
 }
+
+
+def runs_layout(system: str, layout: ReplicaLayout) -> bool:
+    """Whether `system` runs replicas of `layout`."""
+    return set(layout.non_trivial()) <= set(SYSTEMS[system].layout)
+
+
+def check_layout(system: str, layout: ReplicaLayout) -> None:
+    """ConfigError, naming the system and the flag, unless `system` runs replicas of `layout`."""
+    for dim, value in layout.non_trivial().items():
+        if dim not in SYSTEMS[system].layout:
+            able = [name for name, s in SYSTEMS.items() if dim in s.layout]
+            who = (f"only {' and '.join(able)} {'does' if len(able) == 1 else 'do'}" if able
+                   else "no system does yet")
+            raise ConfigError(f"--{dim}", f"system {system!r} does not run replicas with {dim} {value} "
+                              f"({layout.describe()}): {who}")

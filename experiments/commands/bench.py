@@ -11,7 +11,8 @@ with `--service`, the real membership service against N simulated replicas over 
 (experiments/bench_coordinator_restart.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
-survives, at least one kill, M >= R) before any run starts; the measurement
+survives, at least one kill, M >= R, a replica layout (`--shard`) the system
+runs) before any run starts; the measurement
 itself, and what it writes, is experiments/bench.py's `bench_recovery`,
 experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`,
 experiments/bench_digest.py's `bench_digest` and experiments/bench_coordinator.py's `bench_coordinator`
@@ -41,6 +42,9 @@ def add_parser(sub) -> None:
     r.add_argument("--kills", type=int, default=21, help="kills to measure (default: 21)")
     r.add_argument("--replicas", type=int, default=4, help="replicas per run (default: 4)")
     r.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
+    r.add_argument("--shard", type=int, default=1,
+                   help="ranks per replica S (HSDP; recover only): a kill strikes one rank and takes its replica; "
+                        "the failure-free comparison runs plain at S where plain runs it, else at 1 (default: 1)")
     r.add_argument("--seed", type=int, default=0, help="seed of the kill schedule and the runs (default: 0)")
     r.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
                    help="heartbeat timeout of the runs (default: the config's)")
@@ -165,6 +169,17 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
         return fail("--kills: must be >= 1")
     if args.microbatches < args.replicas:
         return fail("--microbatches: must be >= --replicas")
+    if args.shard < 1:
+        return fail(f"--shard: must be >= 1, got {args.shard}")
+    from ..layout import ReplicaLayout
+    from ..systems import check_layout
+
+    try:
+        check_layout(args.system, ReplicaLayout(shard=args.shard))
+        TrainConfig(system=args.system, replicas=args.replicas, microbatches=args.microbatches,
+                    shard=args.shard, seed=args.seed, heartbeat_timeout=args.heartbeat_timeout).validate(tuple(SYSTEMS))
+    except ConfigError as e:
+        return fail(str(e))
     from ..bench import bench_recovery
 
     return bench_recovery(args)

@@ -8,6 +8,9 @@ Contract:
   OUT/NAME/ into OUT/NAME.csv and OUT/NAME_summary.csv. It exits 1 if any run
   failed (each failure printed with its log path), 0 otherwise. `--dry-run`
   prints the grid (and, for slurm, nothing is submitted).
+- `--shard S` gives every run replicas of S ranks (HSDP; experiments/layout.py); a
+  system that does not run that layout is refused by the grid's validation, naming
+  it, before anything starts (keep such grids to `--systems recover`).
 """
 from __future__ import annotations
 
@@ -37,6 +40,9 @@ def add_parser(sub) -> None:
                    help="only these system labels (e.g. recover ckpt-restart); failure-free is always kept")
     p.add_argument("--replicas", type=int, default=None, help="replicas of trajectory/throughput runs (default: the scale's)")
     p.add_argument("--steps", type=int, default=None, help="steps of every run (default: the scale's)")
+    p.add_argument("--shard", type=int, default=None,
+                   help="ranks per replica S (HSDP: FSDP2 shards the model over them; recover only, so give "
+                        "--systems recover; default: the scale's, 1)")
     p.add_argument("--recovery-replicas", type=int, nargs="+", default=None,
                    help="replica counts of the recovery sweep (default: the scale's)")
     p.add_argument("--out", default="results", help="results folder (default: results)")
@@ -62,7 +68,7 @@ def add_parser(sub) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
 
-    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "parallel"):
+    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "parallel", "shard"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             return fail(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
@@ -71,10 +77,13 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         gpn = args.gpus_per_node or SCALES[args.scale].gpus_per_node
         if gpn < 1:
             return fail("--nodes: the scale is CPU-only; give --gpus-per-node too")
-        replicas = args.nodes * gpn
+        shard = args.shard or SCALES[args.scale].shard
+        if (args.nodes * gpn) % shard:
+            return fail(f"--nodes: {args.nodes} x {gpn} GPUs do not split into replicas of --shard {shard} ranks")
+        replicas = args.nodes * gpn // shard
     try:
         grid = build_grid(args.name, args.seeds, args.scale, args.systems, replicas, args.steps,
-                          tuple(args.recovery_replicas) if args.recovery_replicas else None)
+                          tuple(args.recovery_replicas) if args.recovery_replicas else None, shard=args.shard)
     except (KeyError, ValueError) as e:
         return fail(str(e).strip("'\""))
     for note in grid.notes:
@@ -83,7 +92,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.dry_run:
         for r in grid.runs:
             faults = len(r.plan["faults"]) if r.plan else 0
-            print(f"  {r.name:<40} {r.system:<14} seed {r.seed} R={r.replicas} M={r.microbatches} "
+            print(f"  {r.name:<40} {r.system:<14} seed {r.seed} R={r.replicas} S={r.shard} M={r.microbatches} "
                   f"steps={r.steps} faults={faults} nodes={r.nodes}")
         return 0
     if args.scale != "local" and args.executor != "slurm":

@@ -8,6 +8,13 @@ Contract:
 - DIR defaults to results/sim/SCENARIO (validate: results/sim).
 - Every flag is checked before anything runs; a bad one ends the command with one
   line, `recover: error: --flag: why`, and exit code 2 (the CLI's contract).
+- The cluster scenarios (paper-512, llama3-16k, 100k) take the replica's layout,
+  `--shard S --tp T --pp P` (experiments/layout.py): S x T x P GPUs per replica, one
+  per rank, replacing the scenario's own (paper-512: TP 8 x PP 4; Llama 3: TP 8 x
+  PP 16). Dimensions not given are 1. Only the product reaches the simulator's
+  model, so two layouts of one size give the same numbers; the summary's source of
+  gpus_per_replica names the layout. The local scenario, the sweeps and validate
+  refuse the flags (local's costs were measured on replicas of one process).
 - The simulator's own run time is printed and recorded (summary.json's
   simulation_runtime_seconds): the 100k scenario's is a benchmark figure, not a test.
 """
@@ -43,6 +50,13 @@ def add_parser(sub) -> None:
                    help="where `recover bench` wrote its results (local calibration; default: results/bench)")
     p.add_argument("--plan", default="", help="local: simulate this fault plan JSON instead of the default one")
     p.add_argument("--steps", type=int, default=20, help="local: iterations to run (default: 20)")
+    lay = p.add_argument_group("replica layout (paper-512, llama3-16k, 100k; default: the scenario's)")
+    lay.add_argument("--shard", type=int, default=None, help="FSDP shard ranks S per replica (default: 1 when a "
+                     "layout is given)")
+    lay.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks per replica (default: 1 when a "
+                     "layout is given)")
+    lay.add_argument("--pp", type=int, default=None, help="pipeline stages per replica (default: 1 when a layout "
+                     "is given)")
     p.add_argument("--real", nargs="*", default=None,
                    help="validate: run directories, or folders to search for them (default: results/ and "
                    "results/sim/real)")
@@ -80,6 +94,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             return fail(f"--plan: not a fault plan ({e})")
     if args.real is not None and args.scenario != "validate":
         return fail("--real: only validate takes real runs")
+    layout = None
+    given = {d: getattr(args, d) for d in ("shard", "tp", "pp") if getattr(args, d) is not None}
+    if given:
+        from recover.experiments.layout import ReplicaLayout
+
+        if args.scenario not in scenarios.LAYOUT_SCENARIOS:
+            return fail(f"--{next(iter(given))}: only {', '.join(scenarios.LAYOUT_SCENARIOS)} take a replica layout "
+                        "(local's costs were measured on replicas of one process)")
+        for d, v in given.items():
+            if v < 1:
+                return fail(f"--{d}: must be >= 1, got {v}")
+        layout = ReplicaLayout(**given)
     out = Path(args.out or ("results/sim" if args.scenario == "validate" else f"results/sim/{args.scenario}"))
 
     t0 = time.perf_counter()
@@ -107,7 +133,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     kw = {"seed": args.seed, "bench": args.bench}
     if args.scenario == "local":
         kw.update(plan=plan, steps=args.steps)
-    sc = replace(scenarios.SCENARIOS[args.scenario](**kw), systems=systems)
+    if layout is not None:
+        kw["layout"] = layout
+    try:
+        sc = replace(scenarios.SCENARIOS[args.scenario](**kw), systems=systems)
+    except ValueError as e:  # a layout the scenario cannot hold
+        return fail(f"--{'/--'.join(given)}: {e}")
     res = scenario.run_scenario(sc)
     summary = report.write_result(res, out)
     _print_summary(summary)
@@ -162,6 +193,8 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
         verdict = ("  (timing reference)" if row["role"] != "validated" else
                    "" if row["within_tolerance"] else f"  (outside {100 * result['tolerance']:.0f}%)")
         print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}{verdict}")
+    for row in result.get("not_simulated", []):
+        print(f"  not simulated        {row['run']}: shard {row['shard']}, {row['reason']}")
     for name, d in result["pooled_by_system"].items():
         e = d["error"]
         print(f"  pooled {name:<13} {d['runs']} runs: error {'n/a' if e is None else f'{100 * e:+.1f}%'}")

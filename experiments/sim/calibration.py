@@ -94,6 +94,8 @@ class Calibration:
         rows = []
         for obj in (self.job, self.costs):
             for f in fields(obj):
+                if f.metadata.get("table") is False:  # not a value (JobModel.layout)
+                    continue
                 rows.append({"name": f.name, "value": getattr(obj, f.name), "doc": f.metadata.get("help", ""),
                              "source": (self.sources or {}).get(f.name, "assumed (no source recorded)")})
         return rows

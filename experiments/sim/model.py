@@ -4,6 +4,7 @@ Contract: `JobModel` is a pure description of the job (no state); every time it
 returns is a closed-form function of its fields and of `r`, the number of replicas
 that take part. The formulas (all times in seconds):
 
+    gpus_per_replica = shard x tp x pp                    the replica's layout, one GPU per rank
     R0            = n_gpus // gpus_per_replica           replicas at the start
     t_mb(r)       = microbatch_seconds * max(1, r / cpu_slots)   (cpu_slots = 0: no sharing)
     compute(m, r) = ceil(m / r) * t_mb(r)
@@ -14,6 +15,13 @@ that take part. The formulas (all times in seconds):
 Why each piece:
 - A replica is the failure domain: the GPUs of one model copy (a node with HSDP, a
   TP x PP grid in 3D parallelism). Any of its GPUs failing takes the replica out.
+- The replica's size is its layout (experiments/layout.py, `ReplicaLayout`): S shard
+  x TP x PP ranks, one GPU per rank, is gpus_per_replica. `JobModel.of_layout(layout,
+  ...)` builds a job from one and keeps it in `layout`; a job given both checks that
+  they agree (ValueError). Only the product enters the formulas below: the model
+  charges a replica by its size, not by how it splits (what FSDP shards, TP slices
+  and PP stages cost inside one microbatch is in microbatch_seconds). A job built
+  from a bare gpus_per_replica has layout None: the size is all it says.
 - compute: with equal speeds the quota policy (core/policy.py) gives every replica
   floor(m/r) or ceil(m/r) microbatches, so the iteration waits for a ceil(m/r)
   replica. `microbatch_seconds` is the time one replica takes for one microbatch's
@@ -32,6 +40,8 @@ from dataclasses import dataclass
 
 from recover.core.fields import doc_field as _f
 
+from ..layout import ReplicaLayout
+
 
 @dataclass(frozen=True)
 class JobModel:
@@ -46,14 +56,29 @@ class JobModel:
     link_bandwidth: float = _f(25e9, "bytes/s one GPU sends on the data-parallel ring")
     link_latency: float = _f(10e-6, "seconds per ring step")
     cpu_slots: int = _f(0, "local machine only: CPU cores the replicas share (0 = no sharing)")
+    # Not a calibration value (the table in summary.json leaves it out): the source of
+    # gpus_per_replica says the layout in words.
+    layout: ReplicaLayout | None = _f(None, "the replica's rank grid, shard x tp x pp = gpus_per_replica "
+                                            "(None: only the size is known)", table=False)
 
     def __post_init__(self) -> None:
+        if self.layout is not None:
+            if not isinstance(self.layout, ReplicaLayout):
+                raise ValueError(f"layout must be a ReplicaLayout, got {type(self.layout).__name__}")
+            self.layout.check_size(self.gpus_per_replica)
         if self.gpus_per_replica < 1 or self.n_gpus < self.gpus_per_replica:
             raise ValueError(f"need n_gpus >= gpus_per_replica >= 1, got {self.n_gpus}, {self.gpus_per_replica}")
         if self.microbatches < self.replicas:
             raise ValueError(f"M={self.microbatches} < {self.replicas} replicas: every replica needs work")
         if self.microbatch_seconds <= 0 or self.link_bandwidth <= 0:
             raise ValueError("microbatch_seconds and link_bandwidth must be > 0")
+
+    @classmethod
+    def of_layout(cls, layout: ReplicaLayout, **fields) -> "JobModel":
+        """The job whose replicas have `layout`: gpus_per_replica = shard x tp x pp."""
+        if "gpus_per_replica" in fields:
+            layout.check_size(fields.pop("gpus_per_replica"))
+        return cls(gpus_per_replica=layout.gpus, layout=layout, **fields)
 
     @property
     def replicas(self) -> int:

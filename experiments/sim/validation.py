@@ -29,6 +29,10 @@ Contract:
   failure-free runs as recover); `compare(paths)` pairs both and states the error.
   A checkpointing run without baseline.ckpt_every falls back to the local
   scenario's interval, and the row says so.
+- Runs whose replicas have many ranks (config.json's train.shard > 1, HSDP) are
+  not simulated: the local calibration measured replicas of one process, and on
+  this machine R x S processes share its cores. `compare` lists them under
+  "not_simulated" with that reason (the key is there only when there are some).
 """
 from __future__ import annotations
 
@@ -50,6 +54,9 @@ SIMULATED_AS_PLAIN = "recover"
 """plain has no fault tolerance: its (failure-free) runs are simulated as recover without faults."""
 
 TOLERANCE = 0.10
+
+LOCAL_ONE_RANK = ("replicas of many ranks: the local calibration measured replicas of one process, and here "
+                  "R x S processes share the machine's cores")
 
 
 @dataclass
@@ -216,7 +223,17 @@ def _err(sim: float | None, real: float | None) -> float | None:
 def compare(paths: list[str | Path], bench: str | None = None, tolerance: float = TOLERANCE) -> dict[str, Any]:
     """One row per real run: measured vs simulated effective throughput, and the relative error."""
     rows = []
-    loaded = [load_run(p) for p in paths]
+    kept, loaded, not_simulated = [], [], []
+    for p in paths:
+        run = load_run(p)
+        shard = int(_train(run).get("shard", 1) or 1)
+        if shard > 1:
+            not_simulated.append({"run": str(p), "system": _train(run).get("system"), "shard": shard,
+                                  "reason": LOCAL_ONE_RANK})
+        else:
+            kept.append(p)
+            loaded.append(run)
+    paths = kept
     # Failure-free runs measured in the same batch calibrate the iteration time and the launch of the
     # runs with the same shape (replicas, M): this machine is shared and its speed drifts between sessions.
     def shape(run: RealRun) -> tuple:
@@ -290,7 +307,9 @@ def compare(paths: list[str | Path], bench: str | None = None, tolerance: float 
             return sum(x * w for x, w in parts) / window if window > 0 else None
         err = _err(rate("sim"), rate("real"))
         pooled[name] = {"runs": len(rs), "error": err, "within_tolerance": err is not None and abs(err) <= tolerance}
+    extra = {"not_simulated": not_simulated} if not_simulated else {}
     return {
+        **extra,
         "tolerance": tolerance,
         "metric": "effective throughput after the first committed step (tokens/s), simulated vs measured",
         "runs": rows,

@@ -1,0 +1,192 @@
+"""Experiment grids with the replica layout (issue 14): a cell carries shard S to its TrainConfig,
+a system that does not run the layout is refused when the grid is validated, the runs CSVs
+carry the layout as a column, and `recover bench recovery --shard` is checked the same way.
+
+All pure (grid expansion and validation, fixture results) but for the last test, which runs
+one tiny grid of recover with 2 replicas x 2 ranks (marked procs).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import random
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+from conftest import assert_every_planned_fault_fired, run_recover
+
+from recover.core.config import ConfigError
+from recover.experiments import grids as E
+from recover.experiments.aggregate import REL_TOL, SUMMARY_FIELDS, STEP_FIELDS, aggregate
+from recover.experiments.bench import kill_plan
+from recover.experiments.commands.bench import cmd_bench_recovery
+from recover.experiments.launch_submitit import SlurmOptions, _submit_slurm
+from recover.experiments.layout import ReplicaLayout
+from recover.experiments.systems import SYSTEMS, check_layout, runs_layout
+
+BASELINES = [name for name in SYSTEMS if name not in ("recover", "plain")]
+
+
+# ---- grids --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(E.EXPERIMENTS))
+def test_a_recover_grid_with_shard_2_validates_and_passes_s_to_its_config(name):
+    grid = E.build_grid(name, seeds=[0], systems=["recover"], shard=2)
+    rec = [r for r in grid.runs if r.system == "recover"]
+    assert rec
+    for r in rec:
+        r.validate()
+        assert r.shard == 2 and r.layout() == ReplicaLayout(shard=2)
+        cfg = r.train_config("results")
+        assert cfg.shard == 2 and cfg.batch_size >= 2
+        assert r.nodes == 1  # local scale: CPU only
+        faults = (r.plan or {}).get("faults", [])
+        assert faults  # every recover cell has faults, addressed inside a replica of 2 ranks
+        assert all(f.get("rank", 0) < 2 for f in faults)
+        if name == "recovery":
+            assert all(f["rank"] == 1 for f in faults)  # the last rank, behind the leader
+    refs = [r for r in grid.runs if r.label == "failure-free"]
+    if name == "recovery":
+        assert not refs  # no failure-free reference in that experiment
+    else:
+        # plain runs one rank per replica: the reference keeps S = 1, and a note says so
+        assert refs and all(r.shard == 1 and r.train_config("results").shard == 1 for r in refs)
+        assert any("failure-free reference runs with shard 1, not 2" in n for n in grid.notes)
+        same = {(r.batch_size, r.microbatches) for r in (x.train_config("x") for x in grid.runs)}
+        assert len(same) == 1  # the same microbatches of the same rows: the same trajectory
+
+
+def test_throughput_failures_are_per_gpu_so_a_replica_of_2_fails_twice_as_often():
+    plan = next(r.plan for r in E.build_grid("throughput", seeds=[0], systems=["recover"], shard=2).runs
+                if r.plan)
+    assert plan["generator"]["gpus_per_replica"] == 2
+
+
+@pytest.mark.parametrize("name", list(E.EXPERIMENTS))
+def test_shard_1_is_the_grid_as_before(name):
+    plain = E.build_grid(name, seeds=[0])
+    one = E.build_grid(name, seeds=[0], shard=1)
+    assert [r.to_dict() for r in plain.runs] == [r.to_dict() for r in one.runs]
+    assert plain.notes == one.notes
+    for r in plain.runs:
+        assert r.shard == 1 and r.train_config("x").shard == 1
+        assert all("rank" not in f for f in (r.plan or {}).get("faults", []))  # plans unchanged
+
+
+@pytest.mark.parametrize("system", BASELINES + ["plain"])
+def test_a_shard_2_cell_of_another_system_is_refused_naming_it(system):
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"])
+    spec = next(r for r in grid.runs if r.system == "recover")
+    spec.system, spec.settings, spec.shard = system, {}, 2
+    if system == "plain":
+        spec.plan = None
+    with pytest.raises(ConfigError, match=rf"--shard: system '{system}' does not run replicas with shard 2 "
+                                          r"\(shard 2\): only recover does"):
+        spec.validate()
+
+
+def test_a_grid_asking_baselines_for_shard_2_fails_before_anything_starts():
+    with pytest.raises(ValueError, match=r"trajectory/\S+: --shard: system '(elastic|torchft|ckpt-restart)' "
+                                         r"does not run replicas with shard 2"):
+        E.build_grid("trajectory", seeds=[0], shard=2)
+    with pytest.raises(ValueError, match="layout shard: must be an integer >= 1"):
+        E.build_grid("trajectory", seeds=[0], systems=["recover"], shard=0)
+
+
+def test_the_registry_says_which_system_runs_which_layout():
+    assert SYSTEMS["recover"].layout == ("shard",)
+    assert runs_layout("recover", ReplicaLayout(shard=4)) and not runs_layout("recover", ReplicaLayout(tp=2))
+    assert all(runs_layout(s, ReplicaLayout()) for s in SYSTEMS)
+    with pytest.raises(ConfigError, match="--tp: system 'recover' does not run replicas with tp 2 .*no system does"):
+        check_layout("recover", ReplicaLayout(shard=2, tp=2))
+
+
+def test_slurm_skips_replicas_of_many_ranks_with_a_reason(tmp_path):
+    spec = next(r for r in E.build_grid("trajectory", seeds=[0], systems=["recover"], shard=2).runs
+                if r.system == "recover")
+    out = _submit_slurm([spec], str(tmp_path), tmp_path / "submitit", SlurmOptions(), wait=False, echo=print)
+    assert [(o.status, "not launched on Slurm yet" in o.detail) for o in out] == [("skipped", True)]
+
+
+# ---- aggregation --------------------------------------------------------------------------
+def _run(root: Path, name: str, system: str, shard: int | None, faults: list[float] = ()) -> None:
+    d = root / "exp" / name
+    d.mkdir(parents=True)
+    train = {"system": system, "seed": 0, "replicas": 2, "steps": 4}
+    if shard is not None:  # runs written before the layout have no shard
+        train["shard"] = shard
+    (d / "config.json").write_text(json.dumps({"train": train}))
+    (d / "spec.json").write_text(json.dumps({"label": "failure-free" if system == "plain" else system,
+                                             "reference": "" if system == "plain" else "ff"}))
+    with open(d / "metrics.jsonl", "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"step": i, "loss": 5.0 - i, "tokens": 10, "microbatch_ids": [2 * i, 2 * i + 1],
+                                "generation": 0, "members": [0, 1] if i < 2 else [0], "wall_time": i + 1.0}) + "\n")
+    with open(d / "faults.jsonl", "w") as f:
+        for t in faults:
+            f.write(json.dumps({"kind": "replica_loss", "replica": 1, "step": 1, "wall_time": t}) + "\n")
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "steps": 4}))
+
+
+def test_runs_csvs_carry_the_layout_and_charge_every_rank(tmp_path):
+    _run(tmp_path, "ff", "plain", None)
+    _run(tmp_path, "recover", "recover", 2, faults=[1.5])
+    assert STEP_FIELDS.index("shard") == STEP_FIELDS.index("replicas") + 1
+    assert SUMMARY_FIELDS.index("shard") == SUMMARY_FIELDS.index("replicas") + 1
+    p_steps, p_summary, _ = aggregate(tmp_path, "exp")
+    steps = list(csv.DictReader(open(p_steps)))
+    assert {(r["run"], r["shard"]) for r in steps} == {("ff", "1"), ("recover", "2")}
+    assert all(r["on_trajectory"] == "True" for r in steps if r["run"] == "recover")
+    s = {r["run"]: r for r in csv.DictReader(open(p_summary))}
+    assert s["ff"]["shard"] == "1" and s["recover"]["shard"] == "2"
+    # 2 replicas of 2 ranks until step 1's commit at 2 s (both its members: the loss at 1.5 s
+    # is charged from then on), then 1 replica of 2 ranks to the last commit at 4 s
+    assert float(s["recover"]["process_hours"]) * 3600 == pytest.approx(2 * (2 * 2 + 2 * 1))
+    assert float(s["ff"]["process_hours"]) * 3600 == pytest.approx(4 * 2)
+
+
+# ---- bench recovery -----------------------------------------------------------------------
+def test_kill_plans_strike_a_rank_only_when_replicas_have_many():
+    one = kill_plan(random.Random(3), 4, 3, 30, first=4, gap=5)
+    assert kill_plan(random.Random(3), 4, 3, 30, first=4, gap=5, shard=1) == one
+    assert all("rank" not in f for f in one)
+    two = kill_plan(random.Random(3), 4, 3, 30, first=4, gap=5, shard=2)
+    assert all(0 <= f["rank"] < 2 for f in two)
+
+
+def _bench_args(**kw) -> Namespace:
+    base = dict(system="recover", kills=1, replicas=2, microbatches=4, seed=0, heartbeat_timeout=3.0,
+                clean_steps=3, repeats=1, out="x", work="", shard=2)
+    return Namespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"system": "torchft"}, "recover: error: --shard: system 'torchft' does not run replicas with shard 2"),
+    ({"shard": 0}, "recover: error: --shard: must be >= 1, got 0"),
+    ({"shard": 8}, "recover: error: --shard: each rank takes rows of a microbatch"),
+])
+def test_bench_recovery_checks_the_layout_before_any_run(kw, message, capsys, monkeypatch):
+    import recover.experiments.bench as bench
+
+    monkeypatch.setattr(bench, "bench_recovery", lambda a: pytest.fail("a run started"))
+    assert cmd_bench_recovery(_bench_args(**kw)) == 2
+    assert capsys.readouterr().err.startswith(message)
+
+
+# ---- one tiny real grid -------------------------------------------------------------------
+@pytest.mark.procs
+def test_a_tiny_recover_grid_of_2_replicas_x_2_ranks_runs_and_aggregates(tmp_path):
+    args = ["experiment", "trajectory", "--executor", "local", "--seeds", "0", "--systems", "recover",
+            "--replicas", "2", "--shard", "2", "--steps", "3", "--out", str(tmp_path / "results"),
+            "--logs", str(tmp_path / "logs"), "--folder", str(tmp_path / "submitit")]
+    proc = run_recover(*args, timeout=400)
+    assert proc.returncode == 0 and "2 ok" in proc.stdout, proc.stdout + proc.stderr
+    assert "failure-free reference runs with shard 1" in proc.stdout
+    runs = tmp_path / "results" / "trajectory"
+    assert json.loads((runs / "recover_s0" / "config.json").read_text())["train"]["shard"] == 2
+    assert json.loads((runs / "recover_s0" / "spec.json").read_text())["shard"] == 2
+    assert_every_planned_fault_fired(runs / "recover_s0")
+    rows = [r for r in csv.DictReader(open(tmp_path / "results" / "trajectory.csv")) if r["label"] == "recover"]
+    assert len(rows) == 3 and {r["shard"] for r in rows} == {"2"}
+    assert all(r["ids_match"] == "True" for r in rows)
+    assert max(float(r["rel_loss_diff"]) for r in rows) <= REL_TOL
