@@ -67,7 +67,7 @@ class TrainConfig:
     model: str = _f("tiny", f"model size: {', '.join(MODEL_CONFIGS)}")
     replicas: int = _f(4, "data-parallel replicas R (the failure domain: --shard ranks each)")
     shard: int = _f(1, "ranks per replica S: FSDP2 shards the model over them (HSDP); 1 = plain data parallel. "
-                       "recover only; R x S worker processes in all. A replica of many ranks that is declared "
+                       "recover and plain only; R x S worker processes in all. A replica of many ranks that is declared "
                        "dead exits (it does not rejoin yet)")
     microbatches: int = _f(8, "microbatches M per iteration (the global batch), M >= R")
     steps: int = _f(20, "iterations (optimizer steps) to run")
@@ -208,8 +208,9 @@ class TrainConfig:
             raise ConfigError("--shard", f"must be >= 1, got {self.shard}")
         if self.shard > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
-            if self.system != "recover":
-                raise ConfigError("--shard", f"only the recover system runs replicas of many ranks, not {self.system!r}")
+            if self.system not in ("recover", "plain"):
+                raise ConfigError("--shard", f"only recover (and plain, its failure-free reference) run replicas of "
+                                             f"many ranks, not {self.system!r}")
             if self.replace_after >= 0:
                 raise ConfigError("--shard", "a replica of many ranks is not healed yet: run it without "
                                              "--replace-after (a lost replica stays lost)")

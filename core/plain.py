@@ -9,6 +9,11 @@ Contract:
   fail-fast). Replica 0 writes metrics.jsonl.
 - It is run as one process per replica: `python -m recover.core.plain --config
   DIR/config.json --replica r`, with RECOVER_STORE_ADDR naming the store.
+- With `--shard S` (HSDP, the failure-free reference of recover's replicas of many
+  ranks) a replica is S processes (RECOVER_LOCAL_RANK): FSDP2 shards the model over
+  them (core/parallel/), each folds its rows of every microbatch, and the ranks at
+  one position of every replica all-reduce their shards ("plain/pos<i>/"). Rank 0
+  of replica 0 writes metrics.jsonl.
 """
 from __future__ import annotations
 
@@ -27,14 +32,21 @@ from .workload import Workload
 
 def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "plain data-parallel worker")
-    cfg, hooks = begin(args.config, args.replica)
+    local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
+    cfg, hooks = begin(args.config, args.replica, rank=local)
     t0 = run_start_time()
     replica, R, M = args.replica, cfg.replicas, cfg.microbatches
-    work = Workload(cfg, cfg.resolved_device())
+    ctx = None
+    if cfg.shard > 1:  # HSDP: the replica's ranks and the mesh FSDP2 shards over
+        from .parallel.args import ParallelismArgs
+        from .parallel.context import ParallelContext
+        ctx = ParallelContext(connect_store(), replica, local, ParallelismArgs(R, cfg.shard),
+                              backend="gloo", timeout=cfg.collective_timeout)
+    work = Workload(cfg, cfg.resolved_device(), ctx=ctx)
     hooks.attach_weights(work.acc)  # a bitflip fault corrupts these (and nothing here notices)
     comm = Communicator.build(connect_store, 0, replica, R, cfg.resolved_backend(), cfg.collective_timeout,
-                              namespace="plain/")
-    metrics = JsonlWriter(Path(cfg.out) / "metrics.jsonl") if replica == 0 else None
+                              namespace="plain/" if ctx is None else f"plain/pos{local}/")
+    metrics = JsonlWriter(Path(cfg.out) / "metrics.jsonl") if replica == 0 and local == 0 else None
     members = list(range(R))
     for step in range(cfg.steps):
         quota = assign_quotas(iteration_ids(step, M), members)[replica]
@@ -52,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     if metrics is not None:
         metrics.close()
-    write_final(cfg.out, replica, cfg.steps, work.state_checksum())
+    checksum = work.state_checksum()  # (a collective of a replica's ranks when it has many)
+    if local == 0:
+        write_final(cfg.out, replica, cfg.steps, checksum)
     return 0
 
 

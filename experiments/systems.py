@@ -47,7 +47,7 @@ SYSTEMS: dict[str, System] = {
     s.name: s
     for s in [
         System("plain", "recover.core.plain", "store", True,
-               "plain data parallel: the failure-free reference; any fault ends the job"),
+               "plain data parallel: the failure-free reference; any fault ends the job", layout=("shard",)),
         System("recover", "recover.core.resilient", "recover", False,
                "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept",
                layout=("shard",)),

@@ -34,6 +34,10 @@ def test_hsdp_failure_free_equals_plain_data_parallel(tmp_path, replicas):
     for m, ref in zip(hsdp, plain):
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
         assert reported_ids(m) == iteration_ids(m["step"], 2 * replicas)
+    if replicas == 2:  # plain runs the same layout too (recover's failure-free reference at S = 2)
+        _, plain_hsdp = _train(tmp_path / "plain_hsdp", "--system", "plain", "--shard", "2", *common)
+        for m, ref in zip(plain_hsdp, plain):
+            assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
     pids = json.loads((tmp_path / "hsdp" / "pids.json").read_text())["replicas"]
     assert all(len(p) == 2 for p in pids.values())  # two processes per replica
     logs = {p.name for p in (tmp_path / "hsdp" / "logs").iterdir()}

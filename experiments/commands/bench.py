@@ -3,6 +3,7 @@
 `recover bench checkpoint-stall`: recover's async checkpoint stall against an iteration (experiments/bench_checkpoint_stall.py);
 `recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py);
 `recover bench digest`: the votes' weights digest against an iteration (experiments/bench_digest.py);
+`recover bench iteration`: failure-free iteration of recover against plain (experiments/bench_iteration.py);
 `recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py);
 with `--service`, the real membership service against N simulated replicas over loopback
 (experiments/bench_coordinator_service.py);
@@ -23,6 +24,7 @@ process) would otherwise pay for at start-up.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from recover.core.config import ConfigError, TrainConfig
 
@@ -84,6 +86,24 @@ def add_parser(sub) -> None:
                    microbatches_help="microbatches per iteration, M/R of a run (the tests' 8 over 4 replicas)",
                    iters=5, repeats=3)
     w.set_defaults(func=cmd_bench_digest)
+    it = bsub.add_parser("iteration", help="failure-free iteration time of recover against plain, per model and layout",
+                         description="Real recover train runs, failure-free, interleaved over rounds: recover / plain "
+                                     "per model and replica layout (and against another checkout with "
+                                     "--baseline-tree), written to iteration.json.")
+    it.add_argument("--models", nargs="+", default=["tiny", "small"], help="models (default: tiny small)")
+    it.add_argument("--layouts", nargs="+", default=["2x1"],
+                    help="replica layouts RxS: R replicas of S ranks (default: 2x1)")
+    it.add_argument("--systems", nargs="+", default=["recover", "plain"], help="systems (default: recover plain)")
+    it.add_argument("--microbatches-per-replica", type=int, default=2,
+                    help="M / R of every run (default: 2)")
+    it.add_argument("--steps", type=int, default=12, help="steps per run; the first two are not timed (default: 12)")
+    it.add_argument("--repeats", type=int, default=3, help="rounds (default: 3)")
+    it.add_argument("--baseline-tree", default="",
+                    help="a checkout of another commit to run interleaved with this one (before/after)")
+    it.add_argument("--name", default="iteration.json", help="file name under --out (default: iteration.json)")
+    it.add_argument("--out", default="results/bench", help="where to write it (default: results/bench)")
+    it.add_argument("--work", default="", help="directory for the runs (default: a temp dir)")
+    it.set_defaults(func=cmd_bench_iteration)
     t = bsub.add_parser("transfer", help="live state transfer (a newcomer healed by a donor) against a plain "
                         "broadcast of the same bytes, per model", description="Two processes, one gloo group: "
                         "core.state_transfer against a bare broadcast, interleaved; writes state_transfer.json.")
@@ -238,6 +258,23 @@ def cmd_bench_digest(args: argparse.Namespace) -> int:
     from ..bench_digest import bench_digest
 
     return bench_digest(args)
+
+
+def cmd_bench_iteration(args: argparse.Namespace) -> int:
+    for spec in args.layouts:
+        r, _, s = spec.partition("x")
+        if not (r.isdigit() and int(r) >= 1 and (not s or (s.isdigit() and int(s) >= 1))):
+            return fail(f"--layouts: {spec!r} is not RxS (R replicas of S ranks, e.g. 3x2)")
+    for system in args.systems:
+        if system not in SYSTEMS:
+            return fail(f"--systems: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+    if args.steps < 4 or args.repeats < 1 or args.microbatches_per_replica < 1:
+        return fail("--steps must be >= 4 (two are not timed), --repeats and --microbatches-per-replica >= 1")
+    if args.baseline_tree and not (Path(args.baseline_tree) / "core").is_dir():
+        return fail(f"--baseline-tree: {args.baseline_tree} is not a checkout of this project (no core/)")
+    from ..bench_iteration import bench_iteration
+
+    return bench_iteration(args)
 
 
 def cmd_bench_coordinator(args: argparse.Namespace) -> int:

@@ -1,0 +1,113 @@
+"""The failure-free iteration benchmark (`recover bench iteration`): what recover costs over plain.
+
+Contract:
+- Runs real `recover train` jobs, failure-free, for every (model, layout, system)
+  asked, `--repeats` rounds, interleaved (every configuration once per round, in
+  turn), so a change in the machine's load touches all of them alike. A layout is
+  RxS: R replicas of S ranks (S > 1: HSDP).
+- A run's iteration time is the median of the gaps between consecutive commits'
+  `wall_time` in its metrics.jsonl, leaving out the first two steps (first calls,
+  allocations). A configuration's figure is the median over its rounds.
+- `--baseline-tree DIR`: a checkout of another commit of this project (e.g. a
+  worktree of main before a change). Each of its configurations runs interleaved
+  with this tree's, through a folder of links that maps `recover.*` onto DIR (put
+  first on PYTHONPATH), so "before" and "after" are measured in one run. Layouts
+  with S > 1 run on this tree only (the baseline may predate them).
+- Writes OUT/iteration.json: per configuration its median seconds, the runs' own
+  medians, and the ratios recover / plain of each (model, layout, tree), the
+  figures a note may quote. Nothing here is asserted on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FOLDERS = ("core", "baselines", "fault_injection", "experiments")
+
+
+def _shim(tree: Path, into: Path) -> Path:
+    """A folder whose recover/<folder> links point into `tree` (PYTHONPATH's first entry)."""
+    pkg = into / "recover"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in FOLDERS:
+        link = pkg / d
+        if not link.exists():
+            link.symlink_to(tree.resolve() / d)
+    return into
+
+
+def _iteration_seconds(metrics: Path) -> float:
+    walls = [json.loads(line)["wall_time"] for line in metrics.read_text().splitlines() if line.strip()]
+    gaps = [b - a for a, b in zip(walls[2:], walls[3:])]
+    if not gaps:
+        raise RuntimeError(f"{metrics}: too few steps to time (need at least 4)")
+    return statistics.median(gaps)
+
+
+def _run(work: Path, name: str, system: str, model: str, replicas: int, shard: int, steps: int,
+         microbatches: int, pythonpath: str | None) -> float:
+    out = work / name
+    argv = [sys.executable, "-m", "recover.experiments.cli", "train", "--system", system, "--model", model,
+            "--replicas", str(replicas), "--microbatches", str(microbatches), "--steps", str(steps),
+            "--out", str(out), "--no-progress"]
+    if shard > 1:
+        argv += ["--shard", str(shard)]
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return _iteration_seconds(out / "metrics.jsonl")
+
+
+def bench_iteration(args: argparse.Namespace) -> int:
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="recover-bench-iteration-"))
+    work.mkdir(parents=True, exist_ok=True)
+    trees: dict[str, str | None] = {"this": None}
+    if args.baseline_tree:
+        trees = {"baseline": str(_shim(Path(args.baseline_tree), work / "baseline-shim")), "this": None}
+    layouts = []
+    for spec in args.layouts:
+        r, _, s = spec.partition("x")
+        layouts.append((int(r), int(s or 1)))
+    configs = [(model, r, s, tree, system) for model in args.models for (r, s) in layouts
+               for tree in trees for system in args.systems if not (s > 1 and tree != "this")]
+    runs: dict[tuple, list[float]] = {c: [] for c in configs}
+    for k in range(args.repeats):
+        for c in configs:
+            model, r, s, tree, system = c
+            name = f"{model}-{r}x{s}-{tree}-{system}-{k}"
+            runs[c].append(_run(work, name, system, model, r, s, args.steps, args.microbatches_per_replica * r,
+                                trees[tree]))
+            print(f"round {k + 1}/{args.repeats} {name}: {1000 * runs[c][-1]:.1f} ms per iteration", flush=True)
+    rows = [{"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system,
+             "iteration_s": statistics.median(v), "runs_s": v} for (m, r, s, tree, system), v in runs.items()]
+    ratios = []
+    for m in args.models:
+        for r, s in layouts:
+            for tree in trees:
+                by = {row["system"]: row["iteration_s"] for row in rows
+                      if (row["model"], row["layout"], row["tree"]) == (m, f"{r}x{s}", tree)}
+                if "recover" in by and "plain" in by:
+                    ratios.append({"model": m, "layout": f"{r}x{s}", "tree": tree,
+                                   "recover_over_plain": by["recover"] / by["plain"]})
+    result = {"bench": "iteration", "command": " ".join(sys.argv), "machine": platform.platform(),
+              "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "baseline_tree": args.baseline_tree or None, "steps": args.steps, "repeats": args.repeats,
+              "rows": rows, "ratios": ratios}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / args.name).write_text(json.dumps(result, indent=1))
+    for x in ratios:
+        print(f"{x['model']:6s} {x['layout']:5s} {x['tree']:8s} recover/plain = {x['recover_over_plain']:.3f}")
+    print(f"-> {out / args.name}")
+    return 0
