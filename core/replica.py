@@ -35,6 +35,12 @@ Contract:
   `.grad`) and a refused `commit()` raise, and discard what this replica folded
   in the iteration (its accumulator is zeroed, `.grad` re-attached, and
   `quota()` lists those ids again): a stray backward can never be committed.
+- `after_step` (None, or a callable the loop sets) is called with the replica right
+  after each committed step's optimizer step (or skip), before anything of the
+  next generation happens (an admission, a state transfer that may fence this
+  replica, in which case `commit()` returns False though it stepped).
+  `committed_members` is the generation that committed the replica's last step:
+  `members` may already be the next one's. A checkpoint writer decides there.
 - Start-up waits as long as the coordinator says: its answer to the hello gives
   the time left before generation 0 forms with the replicas that are there.
 - The hello carries a digest of the initial weights; generation 0 forms only if
@@ -223,6 +229,8 @@ class Replica:
         self.graveyard = Graveyard()
         self.generation = -1
         self.members: list[int] = []
+        self.committed_members: list[int] = []  # the members of the generation that committed the last step
+        self.after_step = None  # called with this replica right after each step (see the contract)
         self.member_ranges: idranges.Ranges = []  # the same, as the gen message named them (quota_of reads them)
         self.step = 0
         self.microbatches = 0
@@ -423,6 +431,9 @@ class Replica:
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1
+        self.committed_members = list(self.members)  # generation g's: an admission switches `members` below
+        if self.after_step is not None:
+            self.after_step(self)
         if self.done:
             self._await_done()
         elif msg.get("next") is not None:  # step+1 belongs to an admitting generation
