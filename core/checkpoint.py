@@ -34,6 +34,11 @@ Contract:
   even if the training thread never reaches another `poll()`. `on_complete(step)`
   runs once each checkpoint is renamed into place. `last_stall_seconds` is how
   long the training thread was held by the last `save` (for async: the staging).
+- A save that fails (a full disk, a lost mount: the background write, the rename, or
+  the staging) raises its error from the `save`/`poll`/`wait` that sees it, once, and
+  leaves nothing behind: its temp dir is removed (the space it held is freed for the
+  next try), no checkpoint is pruned, and the saver is ready for the next save. The
+  caller decides what a failure means (core/resilient.py records it and goes on).
 - The "checkpoint_save" fault point fires on each writer after its data files are
   written and before the checkpoint is complete, i.e. truly mid-save.
 - A group's DCP collectives run on a process group of their own: an async save's
@@ -165,6 +170,7 @@ class _Pending:
     step: int
     future: Future
     renamed: threading.Event | None = None  # single writer: set once the background thread renamed it
+    error: BaseException | None = None  # single writer: the rename failed in the background thread
 
 
 class CheckpointSaver:
@@ -204,6 +210,15 @@ class CheckpointSaver:
         writer = _MidSaveWriter(tmp, lambda: self.on_mid_save(fault_step))
         sd = _state_dict(self.state, step)
         dist_kw = {"process_group": self.group} if self.group is not None else {"no_dist": True}
+        try:
+            self._start(step, sd, writer, dist_kw, started)
+        except BaseException:
+            self.pending = None
+            self._discard(step)
+            raise
+        return True
+
+    def _start(self, step: int, sd: dict, writer: "_MidSaveWriter", dist_kw: dict, started: float) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             if self.use_async:
@@ -216,7 +231,6 @@ class CheckpointSaver:
                 dcp.save(sd, storage_writer=writer, **dist_kw)
                 self.last_stall_seconds = time.perf_counter() - started
                 self._complete(step)
-        return True
 
     def poll(self) -> None:
         """Finish an async save if every writer's background write is done (collective with a group)."""
@@ -249,17 +263,34 @@ class CheckpointSaver:
         try:
             if pending.future.exception() is None:
                 self._complete(pending.step)
+        except BaseException as e:  # noqa: BLE001 - the training thread re-raises it (`_take_pending`)
+            pending.error = e
         finally:
             pending.renamed.set()
 
     def _take_pending(self) -> None:
         pending, self.pending = self.pending, None
-        pending.future.result()  # re-raises a failed background save
+        try:
+            pending.future.result()  # re-raises a failed background save
+            if pending.error is not None:
+                raise pending.error
+        except BaseException:
+            self._discard(pending.step)
+            raise
 
     def _finish_pending(self) -> None:
         pending, self.pending = self.pending, None
-        pending.future.result()  # re-raises a failed background save
-        self._complete(pending.step)
+        try:
+            pending.future.result()  # re-raises a failed background save
+            self._complete(pending.step)
+        except BaseException:
+            self._discard(pending.step)
+            raise
+
+    def _discard(self, step: int) -> None:
+        """A failed save's temp dir: removed (it is never loaded, and it holds space a full disk needs)."""
+        if self.rank == 0:
+            shutil.rmtree(self.ckpts.tmp_path(step), ignore_errors=True)
 
     def _complete(self, step: int) -> None:
         if self.group is not None:

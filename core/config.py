@@ -145,6 +145,9 @@ class TrainConfig:
     )
     checkpoint_dir: str = _f("", "recover: where checkpoints are written ('' = DIR/checkpoints)")
     checkpoint_keep: int = _f(2, "recover: complete checkpoints kept on disk (older ones deleted)")
+    checkpoint_failures: int = _f(
+        3, "recover: checkpoint saves failed in a row (a full disk, a lost mount) after which the run stops, exit 1"
+    )
     resume_from: str = _f("", "the complete checkpoint this run resumes from (set by --resume DIR)", cli=False)
     faults: str = _f("", "fault plan JSON file to inject (see README); '' = none")
     progress: bool = _f(True, "show a progress bar on the terminal")
@@ -200,7 +203,7 @@ class TrainConfig:
         if self.model not in MODEL_CONFIGS:
             raise ConfigError("--model", f"unknown model {self.model!r}; choose from {', '.join(MODEL_CONFIGS)}")
         positive = ["replicas", "microbatches", "steps", "batch_size", "threads", "corpus_bytes", "fence_after",
-                    "max_failed_generations", "checkpoint_keep"]
+                    "max_failed_generations", "checkpoint_keep", "checkpoint_failures"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")

@@ -15,7 +15,10 @@ Contract:
 
 The policies here:
 - `CoordinatorEnds` (the default): the job ends when the coordinator exits; its
-  code is the verdict. The recover system's coordinator decides the run.
+  code is the verdict. The recover system's coordinator decides the run, with one
+  exception the worker decides: a checkpoint writer whose saves kept failing exits
+  with code 6 (core/worker_exit.py, core/resilient.py), and the job ends at once
+  with 1 (the survivors would only hit the same storage, one writer at a time).
 - `FailFast`: a plain data-parallel job cannot outlive a worker, so the first
   worker to exit non-zero ends the job with 1; when every worker has exited 0
   the job is done (the coordinator is then a bare store host). A coordinator
@@ -26,6 +29,8 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
+
+from .worker_exit import EXIT_CHECKPOINTS_FAILED, EXIT_STOPPED
 
 
 class ExitRecord(Protocol):
@@ -81,6 +86,10 @@ class CoordinatorEnds:
     """The job ends with its coordinator, whose exit code is the verdict."""
 
     def decide(self, job: JobView) -> EndVerdict | None:
+        for e in job.worker_exits():
+            if e.returncode == EXIT_CHECKPOINTS_FAILED:
+                return EndVerdict(EXIT_STOPPED, f"replica {e.replica} (pid {e.pid}) stopped the run: its checkpoint "
+                                                f"saves failed --checkpoint-failures times in a row")
         return coordinator_verdict(job)
 
 

@@ -35,6 +35,12 @@ Contract:
   `.grad`) and a refused `commit()` raise, and discard what this replica folded
   in the iteration (its accumulator is zeroed, `.grad` re-attached, and
   `quota()` lists those ids again): a stray backward can never be committed.
+- `after_step` (None, or a callable the loop sets) is called with the replica right
+  after each committed step's optimizer step (or skip), before anything of the
+  next generation happens (an admission, a state transfer that may fence this
+  replica, in which case `commit()` returns False though it stepped).
+  `committed_members` is the generation that committed the replica's last step:
+  `members` may already be the next one's. A checkpoint writer decides there.
 - Start-up waits as long as the coordinator says: its answer to the hello gives
   the time left before generation 0 forms with the replicas that are there.
 - The hello carries a digest of the initial weights; generation 0 forms only if
@@ -223,11 +229,14 @@ class Replica:
         self.graveyard = Graveyard()
         self.generation = -1
         self.members: list[int] = []
+        self.committed_members: list[int] = []  # the members of the generation that committed the last step
+        self.after_step = None  # called with this replica right after each step (see the contract)
         self.member_ranges: idranges.Ranges = []  # the same, as the gen message named them (quota_of reads them)
         self.step = 0
         self.microbatches = 0
         self.steps = 0
         self._quota: list[int] = []
+        self._in_quota: set[int] = set()  # the same ids: O(1) membership (fold() checks each id)
         self._abort: dict | None = None  # an abort seen between microbatches, not yet acted on
         self._unhealed = False  # admitted as a newcomer and the state has not arrived: never fold or vote
         self.healed = False  # this replica joined a running job and holds a donor's state (core/state_transfer.py)
@@ -274,7 +283,7 @@ class Replica:
         first = True
         self._relay({"t": "quota", **self._where()})
         for i in self._quota:
-            if i in self.acc.ledger:
+            if self.acc.has(i):
                 continue
             try:
                 if not first and (self._abort is not None or self._poll_abort(gen)):
@@ -316,13 +325,12 @@ class Replica:
         return reason
 
     def _still_to_fold(self) -> list[int]:
-        folded = set(self.acc.ledger)
-        return [i for i in self._quota if i not in folded]
+        return [i for i in self._quota if not self.acc.has(i)]
 
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward (with loss `loss`) is in the gradients."""
-        if mb_id not in self._quota or mb_id in self.acc.ledger:
-            why = "folded twice" if mb_id in self.acc.ledger else f"not in this replica's quota {self._quota}"
+        if mb_id not in self._in_quota or self.acc.has(mb_id):
+            why = "folded twice" if self.acc.has(mb_id) else f"not in this replica's quota {self._quota}"
             self._discard_folded()  # its backward is in the accumulator already
             raise ValueError(f"microbatch {mb_id} is {why}; this iteration's folds were discarded "
                              f"(quota() lists them again)")
@@ -423,6 +431,9 @@ class Replica:
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1
+        self.committed_members = list(self.members)  # generation g's: an admission switches `members` below
+        if self.after_step is not None:
+            self.after_step(self)
         if self.done:
             self._await_done()
         elif msg.get("next") is not None:  # step+1 belongs to an admitting generation
@@ -528,10 +539,10 @@ class Replica:
     # ---- refusals --------------------------------------------------------------------
     def _discard_folded(self) -> None:
         """Zero the accumulator and re-attach .grad; the ids folded this iteration are owed again."""
-        owed = list(self.acc.ledger) + [i for i in self._quota if i not in self.acc.ledger]
+        owed = list(self.acc.ledger) + [i for i in self._quota if not self.acc.has(i)]
         self.acc.clear()
         self.acc.reattach()
-        self._quota = owed
+        self._quota, self._in_quota = owed, set(owed)
 
     def _check_attached(self, where: str) -> None:
         if not (detached := self.acc.detached()):
@@ -574,7 +585,7 @@ class Replica:
         self._abandon_comm()
         self.acc.clear()
         self._abort = None
-        self._quota = []
+        self._quota, self._in_quota = [], set()
         while True:
             self.generation = -1  # a member of nothing (its report says so)
             self._unhealed = False
@@ -652,6 +663,7 @@ class Replica:
 
     def _set_quota(self, quota: list[list[int]]) -> None:
         self._quota = idranges.to_ids(quota)  # on the wire as id ranges
+        self._in_quota = set(self._quota)
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
 

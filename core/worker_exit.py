@@ -10,6 +10,9 @@ Contract:
     4  the coordinator is gone: silent, or no answer within the reconnect timeout
     5  a replica of many ranks lost one of its ranks, frozen or gone
        (core/parallel/rank_beats.py): its other ranks end with it
+    6  this replica was the checkpoint writer and `--checkpoint-failures` saves in a
+       row failed (core/resilient.py); the launcher then stops the whole run, exit 1
+       (core/end_policy.py), with the error as its reason
   `code_of(run_ended)` is a `RunEnded`'s code (its `code` attribute).
 - `exit_now(code, line)` writes the line to stderr (the replica's log), flushes
   stdout and stderr, and ends the process with `os._exit(code)`.
@@ -43,6 +46,7 @@ EXIT_STOPPED = 1
 EXIT_FENCED = 3
 EXIT_COORDINATOR_GONE = 4
 EXIT_RANK_LOST = 5
+EXIT_CHECKPOINTS_FAILED = 6
 
 _installed = threading.Lock()
 _label = ["worker"]

@@ -40,7 +40,7 @@ def _one_model(model: str, args: argparse.Namespace, work: Path) -> dict:
     if summary["status"] != "ok":
         raise RuntimeError(f"{model}: the benchmark run failed: {summary['reason']}")
     metrics = read_jsonl(Path(cfg.out) / "metrics.jsonl")
-    saves = read_jsonl(Path(cfg.out) / "checkpoints.jsonl")
+    saves = [r for r in read_jsonl(Path(cfg.out) / "checkpoints.jsonl") if not r.get("failed")]
     wall = {m["step"]: m["wall_time"] for m in metrics}
     with_save, without = [], []
     for s in range(2, cfg.steps):

@@ -42,6 +42,7 @@ from recover.core.config import TrainConfig
 from recover.core.end_policy import CoordinatorEnds, FailFast
 from recover.core.launcher import Launcher, python_module_argv
 from recover.core.results import JsonlWriter, read_finals, read_jsonl, truncate_metrics, write_summary
+from recover.core.worker_exit import EXIT_CHECKPOINTS_FAILED
 from recover.fault_injection.injector import launcher_hooks
 from recover.fault_injection.plan import FaultPlan
 
@@ -145,6 +146,11 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]
     if status == "failed" and ends and ends[-1]["code"] != 0:
         result.reason = ends[-1]["reason"]  # the coordinator's own words beat its exit code
+    if status == "failed" and any(getattr(e, "returncode", None) == EXIT_CHECKPOINTS_FAILED for e in result.exits):
+        # a checkpoint writer stopped the run (core/end_policy.py): its reason names the error
+        stops = [c for c in read_jsonl(out / "checkpoints.jsonl") if c.get("stops_run")]
+        if stops:
+            result.reason = stops[-1]["reason"]
     done = len(read_jsonl(out / "metrics.jsonl"))
     if status == "ok" and done < cfg.steps:
         status, result.reason = "failed", f"only {done} of {cfg.steps} steps committed"

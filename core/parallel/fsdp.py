@@ -96,13 +96,19 @@ class ShardedAccumulator:
             offset += t.numel()
         self.reattach()
         self.ledger: list[int] = []
+        self._folded: set[int] = set()  # the ledger's ids, for O(1) membership (as GradAccumulator's)
+
+    def has(self, mb_id: int) -> bool:
+        """Whether `mb_id` is in the ledger (O(1))."""
+        return mb_id in self._folded
 
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward is in the accumulator; `loss` is this rank's part of its loss."""
-        if mb_id in self.ledger:
+        if mb_id in self._folded:
             raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
         self.buffer[-1] += float(loss)
         self.ledger.append(mb_id)
+        self._folded.add(mb_id)
 
     @property
     def loss_sum(self) -> float:
@@ -125,6 +131,7 @@ class ShardedAccumulator:
         """Empty the accumulator and the ledger (the next iteration starts)."""
         self.buffer.zero_()
         self.ledger.clear()
+        self._folded.clear()
 
     def reattach(self) -> None:
         """Point each .grad at its view of the buffer (at start, or after code replaced .grad)."""

@@ -1,0 +1,56 @@
+"""Who writes a checkpoint: the lowest member of the generation that committed the step (issue 41 item 2).
+
+`_Checkpointer.after_step` runs from `Replica.after_step`, right after the optimizer
+step and before an admitting generation switches `members`. A newcomer admitted at
+that step (not in the committing generation) never writes, even when it becomes the
+lowest member; the committing generation's lowest member does. Pure: a fake replica
+and a fake saver, no processes.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from recover.core.resilient import _Checkpointer
+
+
+class _Saver:
+    pending = None
+
+    def __init__(self):
+        self.saved: list[int] = []
+
+    def poll(self):
+        pass
+
+    def wait(self):
+        pass
+
+    def save(self, step, fault_step):
+        self.saved.append(step)
+        return True
+
+
+def _writer(replica_id: int) -> _Checkpointer:
+    c = object.__new__(_Checkpointer)
+    c.replica_id, c.every, c.steps, c.max_failures, c.failures, c.started = replica_id, 2, 10, 3, 0, {}
+    c.saver = _Saver()
+    return c
+
+
+def _after_step(replica_id: int, step: int, committed: list[int], members: list[int]) -> list[int]:
+    c = _writer(replica_id)
+    c.after_step(SimpleNamespace(replica=replica_id, step=step, committed_members=committed, members=members))
+    return c.saver.saved
+
+
+def test_the_lowest_member_of_the_committing_generation_writes_not_a_newcomer():
+    # step 3 committed by [1, 2]; newcomer 0 admitted for step 4 (members already switched)
+    assert _after_step(0, 4, committed=[1, 2], members=[0, 1, 2]) == []
+    assert _after_step(1, 4, committed=[1, 2], members=[0, 1, 2]) == [4]
+    assert _after_step(2, 4, committed=[1, 2], members=[0, 1, 2]) == []
+
+
+def test_only_due_steps_are_written_and_never_the_last():
+    assert _after_step(0, 3, committed=[0, 1], members=[0, 1]) == []
+    assert _after_step(0, 10, committed=[0, 1], members=[0, 1]) == []  # step 10 = --steps: the run is over
+    assert _after_step(0, 2, committed=[0, 1], members=[0, 1]) == [2]
