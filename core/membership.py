@@ -33,10 +33,22 @@ Contract:
 - A connection is a replica's only after a hello carrying the run's join token
   (RECOVER_JOIN_TOKEN, set by the launcher; generated here when unset). Any line
   that is malformed, oversized, of an unknown type, ill-typed (`wire.py`) or out
-  of protocol (a second hello, a message before the hello, a wrong token) is
-  dropped and recorded in events.jsonl as {"kind": "refused", "peer", "replica",
-  "what"}; a wrong token, or `wire.MAX_REFUSALS` refused lines, closes the
-  connection. Nothing a peer sends crashes the coordinator.
+  of protocol (a second hello, a message or heartbeat before the hello, a wrong token) is
+  dropped and counted; a wrong token, or `wire.MAX_REFUSALS` refused lines, closes the
+  connection. Refusals are written as one events.jsonl line per `REFUSAL_INTERVAL`
+  ({"kind": "refused", "count", "closed", "peers", "what": {reason: count}, "first",
+  "since", "until"}), never one line each. Nothing a peer sends crashes the coordinator
+  or ends the run: a member (a peer holding the token) whose line is refused, or whose
+  message the protocol cannot take (a vote without loss_sum, for another step, with a
+  ledger it was not dealt), is fenced ("fenced" record, `Membership.on_bad`).
+- Without the token a peer holds little (issue 41): a connection gets `HELLO_TIMEOUT`
+  seconds to say hello; at most `max_strangers` (a quarter of RLIMIT_NOFILE, at most
+  1,024) connections without a hello are held, a new one closing the oldest; a line
+  before the hello is bounded by `MAX_HELLO_BYTES` (then the connection closes), and
+  lines are kept in pieces, only new bytes searched for a newline; accept() out of
+  descriptors (EMFILE/ENFILE) stops polling the listener for `ACCEPT_BACKOFF` and
+  closes half the connections without a hello, instead of spinning. Only a replica's
+  registered connection speaks for it: the close of one it replaced is not a loss.
 - Start-up is visible: each hello is counted in the log ("replicas connected 3/4");
   a replica whose process exited before its hello (the launcher says so at once, on
   a connection of its own that shows the join token) and the forming of generation
@@ -58,8 +70,11 @@ Contract:
 """
 from __future__ import annotations
 
+import errno
 import hmac
 import os
+import re
+import resource
 import selectors
 import socket
 import sys
@@ -77,7 +92,10 @@ from .gc_pacing import pace, settle
 from .wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
-MAX_REFUSAL_RECORDS = 1000  # events.jsonl lines for refused messages; past it they are only counted
+HELLO_TIMEOUT = 10.0  # seconds a connection may stay open without a hello (a worker says it at once)
+MAX_HELLO_BYTES = 1 << 20  # a line before the hello: a hello with its report is a few KiB
+REFUSAL_INTERVAL = 5.0  # refusals are counted, and written as one summary line per interval
+ACCEPT_BACKOFF = 0.2  # seconds the listener is not polled after accept() ran out of descriptors
 _HEARTBEAT = b'{"t":"hb"}\n'
 TAIL_BYTES = 64 << 20  # of metrics.jsonl read by a restarted coordinator: a few lines even at R = 16,384
 
@@ -85,7 +103,10 @@ TAIL_BYTES = 64 << 20  # of metrics.jsonl read by a restarted coordinator: a few
 class _Conn:
     def __init__(self, sock: socket.socket, now: float, peer: str = "?"):
         self.sock = sock
-        self.buf = b""
+        self.parts: list[bytes] = []  # the unterminated line so far, in pieces (joined once, at its newline)
+        self.size = 0  # its bytes
+        self.accepted = now
+        self.closed = False
         self.replica: int | None = None
         self.last_seen = now
         self.peer = peer  # host:port, for the records of what it sent that was refused
@@ -113,6 +134,19 @@ class MembershipService:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ)
         self.by_replica: dict[int, _Conn] = {}
+        # Connections that have not said hello (or are not yet known to be a member or the
+        # launcher), oldest first: each gets `hello_timeout` seconds, and at most
+        # `max_strangers` are held (a new one past that closes the oldest), so a peer without
+        # the token holds a bounded number of descriptors for a bounded time.
+        self.strangers: dict[_Conn, None] = {}
+        self.hello_timeout = HELLO_TIMEOUT
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        room = soft if soft != resource.RLIM_INFINITY else 1 << 16
+        self.max_strangers = max(8, min(1024, room // 4))
+        self.accept_paused_until: float | None = None  # accept() ran out of descriptors: not polled until then
+        self.accept_backoffs = 0
+        # refusals of the current interval, written as one summary line (`_flush_refusals`)
+        self.refusal_window: dict[str, object] | None = None
         # the heartbeat interval the workers are told, and the silence that makes one dead
         self.heartbeat_interval, self.heartbeat_timeout = heartbeat_plan(
             cfg.replicas, cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.heartbeat_budget)
@@ -201,6 +235,7 @@ class MembershipService:
                         break
                 now = self.now()
                 pace(now)  # between steps too, garbage cycles are collected (core/gc_pacing.py)
+                self._guard(now)
                 if now >= self.next_beat:
                     self._beat(now)
                 if self.rebuilding:
@@ -219,13 +254,14 @@ class MembershipService:
         finally:
             if self.result is not None:
                 code, reason = self.result
+                self._flush_refusals(self.now(), force=True)
                 self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now(),
                                   "max_heartbeat_gap": self.max_gap, "refused": self.refused,
                                   "heartbeat_interval": self.heartbeat_interval,
                                   "heartbeat_timeout": self.heartbeat_timeout})
             self.metrics.close()
             self.events.close()
-            for conn in list(self.by_replica.values()):
+            for conn in list(self.by_replica.values()) + list(self.strangers):
                 conn.sock.close()
         code, reason = self.result
         self.log(f"finished: {reason}")
@@ -292,21 +328,67 @@ class MembershipService:
         except OSError:
             pass
 
+    def _guard(self, now: float) -> None:
+        """What bounds a peer without the token, once per loop: connections past their hello
+        deadline are closed, the listener is polled again after a back-off, and the interval's
+        refusals are written as one line. O(connections closed) + O(1)."""
+        while self.strangers:
+            conn = next(iter(self.strangers))
+            if now - conn.accepted < self.hello_timeout:
+                break
+            self._close_stranger(conn, f"no hello within {self.hello_timeout:g}s", now)
+        if self.accept_paused_until is not None and now >= self.accept_paused_until:
+            self.accept_paused_until = None
+            self.sel.register(self.listener, selectors.EVENT_READ)
+        self._flush_refusals(now)
+
+    def _close_stranger(self, conn: _Conn, what: str, now: float) -> None:
+        """Close a connection that is not a member's or the launcher's (counted, not one line each)."""
+        self._count_refusal(conn, what, now, closed=True)
+        conn.refusals = -1
+        self._drop(conn)
+
     def _accept(self) -> None:
+        now = self.now()
         try:
             sock, addr = self.listener.accept()
-        except OSError:  # the peer gave up between the poll and the accept
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):  # the peer gave up in between
             return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                return
+            # Out of descriptors: the listener stays readable, so polling it again at once would
+            # spin. Stop polling it for a moment, and free what strangers hold (the store, in this
+            # process, needs descriptors too: every rendezvous goes through it).
+            self.accept_backoffs += 1
+            self.sel.unregister(self.listener)
+            self.accept_paused_until = now + ACCEPT_BACKOFF
+            for conn in list(self.strangers)[:max(1, len(self.strangers) // 2)]:
+                self._close_stranger(conn, f"closed to free descriptors ({errno.errorcode[e.errno]})", now)
+            if self.accept_backoffs == 1 or self.accept_backoffs % 100 == 0:
+                self.log(f"accept: {e}: not accepting for {ACCEPT_BACKOFF:g}s ({self.accept_backoffs} time(s))")
+            return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # already reset by the peer
+            sock.close()
+            return
         sock.settimeout(SEND_TIMEOUT)
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        conn = _Conn(sock, self.now(), peer)
+        if len(self.strangers) >= self.max_strangers:  # the oldest goes: a worker's hello comes at once
+            self._close_stranger(next(iter(self.strangers)),
+                                 f"more than {self.max_strangers} connections without a hello", now)
+        conn = _Conn(sock, now, peer)
+        self.strangers[conn] = None
         self.sel.register(sock, selectors.EVENT_READ, conn)
         # A first beat at once: the peer then knows this coordinator beats, and judges its
         # silence from the start (one that froze before its first beat would never be judged).
         self._send_line(conn, _HEARTBEAT, self.now())
 
     def _drop(self, conn: _Conn) -> None:
+        conn.closed = True
+        self.strangers.pop(conn, None)
+        conn.parts, conn.size = [], 0
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -333,6 +415,8 @@ class MembershipService:
                 if now - c.last_seen > (hb if c.voted else cold)]
 
     def _read(self, conn: _Conn) -> None:
+        if conn.closed:  # dropped earlier in this select() batch: what it had is not read
+            return
         try:
             chunk = conn.sock.recv(65536)
         except OSError:
@@ -341,26 +425,18 @@ class MembershipService:
         if not chunk:
             reporter = conn.replica is not None and self.by_replica.get(conn.replica) is conn
             self._drop(conn)
+            # Only the replica's registered connection speaks for it: a connection it replaced
+            # (a reconnect's hello, read earlier) closing now says nothing about the replica.
             if self.rebuilding:  # gone before the rebuild: it is not a member of it
                 if reporter:
                     self.rebuild_hellos.pop(conn.replica, None)
-            elif conn.replica is not None:
+            elif reporter:
                 self._apply(self.proto.on_lost(conn.replica, "control connection closed (process gone)", now))
             return
         if conn.replica is not None:
             self.max_gap = max(self.max_gap, now - conn.last_seen)
         conn.last_seen = now
-        conn.buf += chunk
-        *lines, conn.buf = conn.buf.split(b"\n")
-        if conn.skipping and lines:  # the first line ends the oversized one being dropped
-            lines.pop(0)
-            conn.skipping = False
-        if conn.skipping:
-            conn.buf = b""
-        elif len(conn.buf) > MAX_LINE_BYTES:
-            lines.append(conn.buf)  # refused as oversized below; drop the rest of it as it comes
-            conn.buf, conn.skipping = b"", True
-        for line in lines:
+        for line in self._lines(conn, chunk, now):
             if not line.strip():
                 continue
             msg, why = parse_line(line)
@@ -368,31 +444,109 @@ class MembershipService:
                 self._refuse(conn, why, now)
             else:
                 self._dispatch(conn, msg, now)
-            if conn.refusals < 0 or self.result is not None:
-                return  # closed (refusals < 0), or the run ended
+            if conn.closed or self.result is not None:
+                return  # closed, or the run ended
+
+    def _lines(self, conn: _Conn, chunk: bytes, now: float) -> list[bytes]:
+        """The complete lines `chunk` ends (O(len(chunk)): only the new bytes are searched; a long
+        line is kept in pieces and joined once). A line past the limit (`MAX_LINE_BYTES`, or
+        `MAX_HELLO_BYTES` before the hello) is refused as it grows, and the rest of it dropped."""
+        limit = MAX_LINE_BYTES if conn.replica is not None or conn is self.launcher else MAX_HELLO_BYTES
+        i = chunk.find(b"\n")
+        if i < 0:
+            if not conn.skipping:
+                conn.parts.append(chunk)
+                conn.size += len(chunk)
+                if conn.size > limit:
+                    self._oversized(conn, conn.size, limit, now)
+            return []
+        lines: list[bytes] = []
+        if conn.skipping:  # the newline ends the oversized line being dropped
+            conn.skipping = False
+        elif conn.size + i > limit:
+            size, conn.parts, conn.size = conn.size + i, [], 0
+            self._refuse(conn, f"oversized line ({size} bytes > {limit})", now, close=conn in self.strangers)
+            if conn.closed:
+                return []
+        elif conn.parts:
+            conn.parts.append(chunk[:i])
+            lines.append(b"".join(conn.parts))
+        else:
+            lines.append(chunk[:i])
+        *more, rest = chunk[i + 1:].split(b"\n")
+        lines += more
+        conn.parts, conn.size = ([rest], len(rest)) if rest else ([], 0)
+        return lines
+
+    def _oversized(self, conn: _Conn, size: int, limit: int, now: float) -> None:
+        conn.parts, conn.size, conn.skipping = [], 0, True
+        self._refuse(conn, f"oversized line ({size} bytes > {limit})", now, close=conn in self.strangers)
 
     def _refuse(self, conn: _Conn, what: str, now: float, close: bool = False) -> None:
-        """Drop what `conn` sent, with a record naming the peer; close it if it keeps at it."""
-        self.refused += 1
+        """Drop what `conn` sent, counted in the interval's refusal line; close it if it keeps at
+        it. A member's connection (a peer holding the join token) is not refused line by line:
+        a message its replica cannot have meant fences it (`Membership.on_bad`), and the run
+        goes on without it."""
+        if conn.closed:
+            return
         conn.refusals += 1
+        member = conn.replica is not None and self.by_replica.get(conn.replica) is conn
+        if member and not self.rebuilding:
+            self._count_refusal(conn, what, now, closed=True)
+            conn.refusals = -1
+            self._apply(self.proto.on_bad(conn.replica, f"it sent a message that was refused: {what}", now))
+            if not conn.closed:  # (the protocol had already let it go)
+                self._send(conn, {"t": "fenced", "reason": what})
+                self._drop(conn)
+            return
         close = close or conn.refusals >= MAX_REFUSALS
-        if self.refused <= MAX_REFUSAL_RECORDS:
-            self.events.write({"kind": "refused", "peer": conn.peer, "replica": conn.replica, "what": what,
-                               "at": now, **({"closed": True} if close else {})})
+        self._count_refusal(conn, what, now, closed=close)
         if not close:
             return
-        self.log(f"closed the connection of {conn.peer}: {what}")
-        member = conn.replica is not None and self.by_replica.get(conn.replica) is conn
         conn.refusals = -1  # closed: read nothing more from it
         self._send(conn, {"t": "refused", "reason": what})  # so it does not take the close for a crash
         self._drop(conn)
         if member:
             self._apply(self.proto.on_lost(conn.replica, f"its connection was closed: {what}", now))
 
+    def _count_refusal(self, conn: _Conn, what: str, now: float, closed: bool = False) -> None:
+        """One refused message (or closed connection) into the interval's summary: events.jsonl gets
+        one "refused" line per `REFUSAL_INTERVAL` with refusals, whatever a peer sends."""
+        self.refused += 1
+        w = self.refusal_window
+        if w is None:
+            w = self.refusal_window = {"kind": "refused", "since": now, "count": 0, "closed": 0, "peers": set(),
+                                       "what": {}, "first": {"peer": conn.peer, "replica": conn.replica,
+                                                             "what": what}}
+        w["count"] += 1
+        w["closed"] += int(closed)
+        if len(w["peers"]) < 10_000:  # (a bound on the summary's own memory)
+            w["peers"].add(conn.peer)
+        whats = w["what"]
+        key = re.sub(r"\d+", "N", what)[:80]  # one key per kind of refusal, not per number in it
+        if key in whats or len(whats) < 32:
+            whats[key] = whats.get(key, 0) + 1
+        else:
+            whats["(other)"] = whats.get("(other)", 0) + 1
+        if closed and conn.replica is not None:
+            self.log(f"closed the connection of {conn.peer} (replica {conn.replica}): {what}")
+
+    def _flush_refusals(self, now: float, force: bool = False) -> None:
+        w = self.refusal_window
+        if w is None or (not force and now - w["since"] < REFUSAL_INTERVAL):
+            return
+        self.refusal_window = None
+        rec = {**w, "peers": len(w["peers"]), "until": now, "at": now}
+        self.events.write(rec)
+        self.log(f"refused {w['count']} message(s)/connection(s) from {len(w['peers'])} peer(s) "
+                 f"({w['closed']} closed) in {now - w['since']:.1f}s: {dict(list(w['what'].items())[:3])}")
+
     def _dispatch(self, conn: _Conn, msg: dict, now: float) -> None:
         kind = msg.get("t")
         self.messages += 1
         if kind == "hb":
+            if conn.replica is None and conn is not self.launcher:
+                return self._refuse(conn, "hb before a hello", now)
             self.heartbeats += 1
             return
         if kind in ("launcher", "exited"):
@@ -412,6 +566,7 @@ class MembershipService:
                     self.rebuild_hellos.pop(msg["replica"], None)
                 else:
                     self._apply(self.proto.on_lost(msg["replica"], "it reconnected: its old connection is gone", now))
+            self.strangers.pop(conn, None)  # said who it is: a member, a newcomer, or closed below
             if self.rebuilding:
                 return self._rebuild_hello(conn, msg, now)
             r = msg["replica"]
@@ -449,6 +604,7 @@ class MembershipService:
             if not self._token_ok(msg):
                 return self._refuse(conn, "launcher hello with a wrong join token", now, close=True)
             self.launcher = conn
+            self.strangers.pop(conn, None)
             return
         if conn is not self.launcher:
             return self._refuse(conn, "exited from a connection that is not the launcher's", now)

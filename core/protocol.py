@@ -138,7 +138,7 @@ from typing import Any
 
 from . import idranges
 from .nonfinite import ON_NONFINITE, describe
-from .policy import assign_quota_ranges
+from .policy import assign_quota_ranges, equal_share
 from .speeds import SpeedTable, measure, slowest_of
 from .vote_tally import VoteTally
 
@@ -233,6 +233,10 @@ class Membership:
         self.banned: dict[int, Any] = {}  # replica -> pid of its process fenced on evidence: never readmitted
         self.pids: dict[int, Any] = {}  # replica -> the pid its (latest) hello gave
         self.digest_next_gen = False  # the next gen message asks for digested first votes (after a rebuild)
+        # What the last gen/commit message dealt, (joins, ids, members, quotas or None): each member's
+        # ledger must be its join ledger plus its quota of `ids`. Read only when ledgers do not add up
+        # (`_expected`); None after a rebuild (the old coordinator dealt it).
+        self.dealt: tuple[dict[int, idranges.Ranges], idranges.Ranges, idranges.Ranges, Any] | None = None
 
     def _tally(self) -> VoteTally:
         """An empty tally for the votes of a new (generation, step); readiness starts over with it."""
@@ -297,15 +301,21 @@ class Membership:
             return []  # stale or fenced
         if msg.get("healed") is False:
             return self._unhealed_join(r, now)
-        self.unhealed.discard(r)
         if msg.get("step") != self.step:
-            raise ProtocolError(f"replica {r} rejoined at step {msg.get('step')}, run is at {self.step}")
-        return self._joined(r, _ledger(r, msg), now)
+            return self.on_bad(r, f"it rejoined at step {msg.get('step')}, the run is at {self.step}", now)
+        try:
+            ledger = idranges.check(msg.get("ledger", []))
+        except ValueError as e:
+            return self.on_bad(r, f"it rejoined with a malformed ledger: {e}", now)
+        if not self._within(ledger, self._expected(r)):
+            return self.on_bad(r, f"it rejoined with ledger {ledger}, which holds ids it was not dealt", now)
+        self.unhealed.discard(r)
+        return self._joined(r, ledger, now)
 
     def _unhealed_join(self, r: int, now: float) -> list[Out]:
         """A newcomer whose state transfer failed: it waits for the next commit again."""
         if r not in self.unhealed:
-            raise ProtocolError(f"replica {r} rejoined without the state but was a healed member")
+            return self.on_bad(r, "it rejoined saying it lacks the state, but it was a healed member", now)
         self.unhealed.discard(r)
         self.expected.discard(r)
         rec = self.joining.pop(r)
@@ -325,7 +335,7 @@ class Membership:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set or self.go_at is not None:
             return []  # stale, fenced, or a repeat after go
         if msg.get("step") != self.step:
-            raise ProtocolError(f"replica {r} is ready for step {msg.get('step')}, run is at {self.step}")
+            return self.on_bad(r, f"it is ready for step {msg.get('step')}, the run is at {self.step}", now)
         self.ready.add(r)
         if len(self.ready) < len(self.members):
             return []
@@ -337,16 +347,21 @@ class Membership:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []
         if msg.get("step") != self.step:
-            raise ProtocolError(f"replica {r} voted for step {msg.get('step')}, run is at {self.step}")
+            return self.on_bad(r, f"it voted for step {msg.get('step')}, the run is at {self.step}", now)
+        if "loss_sum" not in msg:  # (core/wire.py requires it; a caller that skipped the wire)
+            return self.on_bad(r, "its vote has no loss_sum", now)
         if not msg.get("ok", False):
             self.reporters.append(r)
             return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
+        if msg.get("loss_sum") is None or "nonfinite" in msg:  # (core/nonfinite.py) rare: O(1) when not
+            if (why := self._nonfinite_problem(msg)):
+                return self.on_bad(r, why, now)
         try:
             held = self.votes.add(r, msg)
         except ValueError as e:
-            raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
+            return self.on_bad(r, f"its vote's ledger is malformed: {e}", now)
         self.unhealed.discard(r)  # it votes only with the state (core/replica.py)
-        if msg.get("loss_sum") is None or "nonfinite" in msg:  # (core/nonfinite.py) rare: O(1) when not
+        if msg.get("loss_sum") is None or "nonfinite" in msg:
             self._note_nonfinite(r, msg)
         # votes holds members only (checked above), so a count says whether all have voted
         if held == len(self.members):
@@ -361,14 +376,77 @@ class Membership:
             self.vote_deadline = now + self.join_timeout + 4 * took
         return []
 
+    @staticmethod
+    def _nonfinite_problem(msg: dict) -> str:
+        """What is wrong with a vote's non-finite fields ('' if nothing): `nonfinite` must be id
+        ranges within the voter's ledger, and comes only with a null loss sum."""
+        if "nonfinite" not in msg or msg["nonfinite"] is None:
+            return ""
+        try:
+            named = idranges.check(msg["nonfinite"])
+        except ValueError as e:
+            return f"its vote's nonfinite ids are malformed: {e}"
+        if msg.get("loss_sum") is not None and named:
+            return "its vote names non-finite losses with a finite loss sum"
+        try:
+            if not Membership._within(named, idranges.check(msg.get("ledger", []))):
+                return "its vote names non-finite ids outside its ledger"
+        except ValueError:
+            return ""  # the ledger itself is judged next
+        return ""
+
     def _note_nonfinite(self, r: int, msg: dict) -> None:
         """Member r's vote says the step's loss is not finite (null loss_sum), naming its own ids if any."""
-        self.loss_not_finite = True
+        if msg.get("loss_sum") is None:
+            self.loss_not_finite = True
         if msg.get("nonfinite"):
-            try:
-                self.nonfinite_named[r] = idranges.check(msg["nonfinite"])
-            except ValueError as e:
-                raise ProtocolError(f"replica {r} sent malformed nonfinite ids: {e}") from None
+            self.nonfinite_named[r] = idranges.check(msg["nonfinite"])
+
+    def on_bad(self, r: int, what: str, now: float) -> list[Out]:
+        """Replica r sent what the protocol cannot take: a message of the wrong step, a ledger
+        that is not what it was dealt, a malformed field (the service refuses a line that
+        breaks core/wire.py's tables and calls this for a member). Only a peer holding the
+        join token gets here, and no worker does this; it is fenced like a replica with
+        corrupt weights (a "fenced" record, never readmitted as this process), its ids
+        redone by the others. The run goes on: nothing a peer sends ends it."""
+        reason = f"replica {r} fenced: {what}"
+        if r not in self.alive:
+            return [Out("close", r, reason=reason)]
+        self._ban(r)
+        return [self._fenced_record(r, reason, now, {"message": what})] + self.on_lost(r, f"fenced: {what}", now)
+
+    @staticmethod
+    def _within(ranges: idranges.Ranges, allowed: idranges.Ranges | None) -> bool:
+        """Whether every id of `ranges` is in `allowed` (None: unknown, so yes). O(pairs)."""
+        if allowed is None or not ranges:
+            return True
+        try:
+            merged = idranges.union_disjoint([allowed])
+        except ValueError:
+            return True
+        j = 0
+        for a, b in ranges:
+            while j < len(merged) and merged[j][1] <= a:
+                j += 1
+            if j == len(merged) or not (merged[j][0] <= a and b <= merged[j][1]):
+                return False
+        return True
+
+    def _expected(self, r: int) -> idranges.Ranges | None:
+        """The ledger member r must hold once it folded what the last gen/commit message dealt
+        it (its join ledger plus its quota); None: not known (after a rebuild, or not dealt).
+        Computed only on the rare paths (a rejoin, ledgers that do not add up)."""
+        if self.dealt is None:
+            return None
+        joins, ids, members, quotas = self.dealt
+        try:
+            if quotas is not None:
+                quota = quotas.get(r, [])
+            else:
+                quota = equal_share(ids, members, r) if ids else []
+            return idranges.union_disjoint([joins.get(r, []), quota])
+        except ValueError:  # r was not a member it dealt to
+            return None
 
     def _nonfinite(self, now: float) -> list[Out]:
         """Every member voted for the step and its loss is not finite: stop the run, or skip the step.
@@ -581,10 +659,11 @@ class Membership:
         lo, hi = self.step * self.M, (self.step + 1) * self.M
         try:
             done = idranges.union_disjoint(self.joins[r] for r in sorted(self.joins))
-        except ValueError as e:
-            raise ProtocolError(f"survivor ledgers overlap at step {self.step}: {e}") from None
-        if done and (done[0][0] < lo or done[-1][1] > hi):
-            raise ProtocolError(f"survivor ledgers stray outside step {self.step}'s ids [{lo}, {hi}): {done}")
+        except ValueError:
+            done = None
+        if done is None or (done and (done[0][0] < lo or done[-1][1] > hi)):
+            # (each join was checked against what it was dealt; after a rebuild it could not be)
+            return fenced + self._fence_ledgers(self.joins, lo, hi, "rejoined", now)
         todo = idranges.difference(lo, hi, done)
         self.gen = self.next_gen
         self.members = sorted(self.expected)
@@ -606,9 +685,10 @@ class Membership:
         digest = {"digest": True} if self.digest_next_gen else {}
         self.digest_next_gen = False
         return out + self._deal({"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
-                                 "microbatches": self.M, "steps": self.S, **digest}, todo)
+                                 "microbatches": self.M, "steps": self.S, **digest}, todo, self.joins)
 
-    def _deal(self, msg: dict[str, Any], ids: idranges.Ranges) -> list[Out]:
+    def _deal(self, msg: dict[str, Any], ids: idranges.Ranges,
+              joins: dict[int, idranges.Ranges] | None = None) -> list[Out]:
         """`msg` to every member, with its quota of `ids` by the policy.
 
         At equal speeds (the common case) it is one message for all, naming the ids
@@ -616,10 +696,13 @@ class Membership:
         one line, not R, and the step costs no per-member quota here. While quotas
         follow the speeds, each member gets its own (`quota`)."""
         speeds = self.balancing_speeds()
+        joins = joins or {}  # the ledgers the members hold already (a re-formed generation's survivors)
         if speeds is None:
+            self.dealt = (joins, ids, self.member_ranges, None)
             shared = {**msg, "split": ids}
             return [Out("send", r, shared) for r in self.members]
         quotas = assign_quota_ranges(ids, self.members, speeds)
+        self.dealt = (joins, ids, self.member_ranges, quotas)
         return [Out("send", r, {**msg, "quota": quotas[r]}) for r in self.members]
 
     def _initial_weights_differ(self) -> str:
@@ -682,15 +765,11 @@ class Membership:
         # Never commit a gradient that is not exactly the M ids, each once: the
         # members' ledgers partition [lo, hi) (O(ranges), not O(M)).
         if not idranges.partitions(ledgers.values(), lo, hi):
-            try:
-                got = idranges.union_disjoint(ledgers.values())
-            except ValueError as e:
-                raise ProtocolError(f"step {self.step}: members' ledgers overlap: {e}") from None
-            raise ProtocolError(f"step {self.step}: ledgers {got} are not exactly the ids [{lo}, {hi})")
+            return self._fence_ledgers({r: ledgers[self.keys[r]] for r in self.members}, lo, hi, "voted", now)
         got = [[lo, hi]] if hi > lo else []
         if len(lrs) > 1:
             # The schedule is a function of the committed step: replicas that disagree would diverge.
-            raise ProtocolError(f"step {self.step}: replicas report different learning rates {sorted(map(str, lrs))}")
+            return self._fence_odd_lr(now)
         lr = next(iter(lrs))
         who, measured, slowest = measure(votes.seconds)  # vectorized: O(R) in C, not R dict operations
         if self.step == 0:  # step 0 pays one-time costs (first calls, allocations): not a speed
@@ -706,6 +785,55 @@ class Membership:
                                      # the slowest microbatch a member reported (seconds): what a rejoin waits out
                                      slowest_microbatch_seconds=slowest)]
         return self._advance(now, loss, records)
+
+    def _fence_ledgers(self, ledgers: dict[int, idranges.Ranges], lo: int, hi: int, how: str,
+                       now: float) -> list[Out]:
+        """Ledgers that do not add up to [lo, hi), each id once: fence the members whose ledger
+        is not what they were dealt (a vote: exactly it; a rejoin: within it). Where that is
+        not known (after a rebuild), the members whose ledger strays outside [lo, hi) or overlaps
+        another's. With no one to blame (ids missing), the generation fails and its survivors
+        rejoin, so the missing ids are dealt again. Rare path: O(M) is fine here."""
+        bad = []
+        for r, ledger in sorted(ledgers.items()):
+            want = self._expected(r)
+            if want is None:
+                continue
+            try:
+                held = idranges.union_disjoint([ledger])
+            except ValueError:
+                held = None
+            if held is None or (held != want if how == "voted" else not self._within(held, want)):
+                bad.append(r)
+        if not bad:
+            seen: dict[int, int] = {}
+            for ledger in ledgers.values():
+                for i in idranges.to_ids(ledger):
+                    seen[i] = seen.get(i, 0) + 1
+            bad = sorted(r for r, ledger in ledgers.items()
+                         if any(not lo <= i < hi or seen[i] > 1 for i in idranges.to_ids(ledger)))
+        if not bad:
+            if self.state == "running":
+                return self._fail(f"step {self.step}: the members' ledgers are not exactly the ids [{lo}, {hi})", now)
+            return []
+        out: list[Out] = []
+        for r in bad:
+            out += self.on_bad(r, f"it {how} at step {self.step} with ledger {ledgers[r]}, not what it was dealt", now)
+        return out
+
+    def _fence_odd_lr(self, now: float) -> list[Out]:
+        """The votes name different learning rates (a schedule is a function of the step, so no
+        worker does): fence the members off the most common rate (ties: the lowest member's)."""
+        rates: dict[Any, list[int]] = {}
+        for r in self.members:
+            rates.setdefault(self.votes[r].get("lr"), []).append(r)
+        ref = max(rates, key=lambda lr: (len(rates[lr]), -rates[lr][0]))
+        out: list[Out] = []
+        for lr, rs in rates.items():
+            if lr != ref:
+                for r in rs:
+                    out += self.on_bad(r, f"its vote's learning rate {lr} at step {self.step} is not the "
+                                          f"members' {ref}", now)
+        return out
 
     def _advance(self, now: float, loss: float | None, records: list[Out], skipped: bool = False) -> list[Out]:
         """Step `self.step` is settled (committed, or skipped for a non-finite loss): the members hear
@@ -883,6 +1011,7 @@ class Membership:
         self.member_set = set(self.members)
         self.joins, self.votes, self.reporters, self.lost_in_failure = {}, self._tally(), [], False
         self.newcomers, self.joining, self.unhealed = {}, {}, set()
+        self.dealt = None  # what the old coordinator dealt is not known
         self.deadline = now + self.join_timeout
         self.digest_next_gen = True
         reason = (f"coordinator restarted: rebuilt step {top} from {len(members)} member report(s)"

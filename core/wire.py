@@ -5,7 +5,8 @@ Contract:
   is refused: not JSON (or not UTF-8, or nested absurdly deep), not an object,
   an unknown type, or a field of a known type missing or of the wrong type (an
   int field must be a JSON integer, not a bool or a float; a ledger a list of
-  id ranges, `[[start, stop], ...]` int pairs as `idranges.check` accepts). It never raises: the control port is reachable by any machine on
+  id ranges, `[[start, stop], ...]` int pairs as `idranges.check` accepts; a vote's
+  `loss_sum` must be there, a number or null: `_REQUIRED_NULLABLE`). It never raises: the control port is reachable by any machine on
   a cluster's network, and no line from it may crash the coordinator.
 - A vote (R of them per step) is checked by `_vote_ok`, and a rejoin (R per
   recovery) by `_join_ok`: the same rules written out for the common shape (one
@@ -77,13 +78,18 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "launcher": {"token": _STR},
     "exited": {"replica": _INT, "how": _STR},
 }
+# type -> fields that must be present but may be null (null has a meaning of its own)
+_REQUIRED_NULLABLE: dict[str, dict[str, str]] = {
+    # loss_sum null: the step's reduced loss is not finite (core/nonfinite.py); absent: malformed
+    "vote": {"loss_sum": _NUM},
+}
 _OPTIONAL: dict[str, dict[str, str]] = {
     "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR, "can_heal": _BOOL, "rejoin": _BOOL,
               "started_at": _NUM, "report": _REPORT_KIND},
     "join": {"healed": _BOOL},
     "healed": {"donor": _INT, "bytes": _INT, "seconds": _NUM, "weights_digest": _STR},
     # loss_sum null: not finite (core/nonfinite.py); nonfinite: the voter's ids whose loss was not
-    "vote": {"loss_sum": _NUM, "mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR, "nonfinite": _IDS},
+    "vote": {"mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR, "nonfinite": _IDS},
     "fail": {"reason": _STR},
 }
 
@@ -136,7 +142,7 @@ def _vote_ok(msg: dict[str, Any]) -> bool:
     get = msg.get
     ledger = get("ledger")
     if (type(ledger) is not list or len(ledger) != 1 or type(get("gen")) is not int
-            or type(get("step")) is not int or type(get("ok")) is not bool):
+            or type(get("step")) is not int or type(get("ok")) is not bool or "loss_sum" not in msg):
         return False
     p = ledger[0]
     return (type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int and p[0] < p[1]
@@ -185,6 +191,9 @@ def _table_problem(kind: str, msg: dict[str, Any]) -> str:
     for name, want in _REQUIRED[kind].items():
         if name not in msg or not _is(want, msg[name]):
             return f"{kind}: field {name!r} missing or not a {want}"
+    for name, want in _REQUIRED_NULLABLE.get(kind, {}).items():
+        if name not in msg or (msg[name] is not None and not _is(want, msg[name])):
+            return f"{kind}: field {name!r} missing or not a {want} or null"
     for name, want in _OPTIONAL.get(kind, {}).items():
         if name in msg and msg[name] is not None and not _is(want, msg[name]):
             return f"{kind}: field {name!r} is not a {want}"

@@ -188,7 +188,13 @@ def test_wire_parse_line_never_raises():
     assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [1.5]}')[0] is None
     assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [0, 1]}')[0] is None  # ids, not ranges
     assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[2, 2]]}')[0] is None  # empty range
-    assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[0, 2]]}')[0] is not None
+    ok_vote = b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[0, 2]]'
+    assert parse_line(ok_vote + b', "loss_sum": 1.5}')[0] is not None
+    # issue 41: loss_sum is required; null is a non-finite loss (core/nonfinite.py), with or without named ids
+    assert "loss_sum" in parse_line(ok_vote + b'}')[1]
+    assert parse_line(ok_vote + b', "loss_sum": null}')[0] is not None
+    assert parse_line(ok_vote + b', "loss_sum": null, "nonfinite": [[0, 1]]}')[0] is not None
+    assert parse_line(ok_vote + b', "loss_sum": "1.5"}')[0] is None
     assert parse_line(b'{"t": "hb"}') == ({"t": "hb"}, "")
 
 
@@ -236,17 +242,15 @@ def test_garbage_and_wrong_messages_at_a_live_coordinator_are_refused_and_the_ru
         assert abs(m["loss"] - want) <= 1e-5 * abs(want), (m, want)
     events = read_jsonl(out / "events.jsonl")
     assert not [e for e in events if e["kind"] == "recovery"]
+    # refusals are counted, one summary line per interval (issue 41), not one line each
     refused = [e for e in events if e["kind"] == "refused"]
-    by_peer: dict[str, list[dict]] = {}
+    whats: dict[str, int] = {}
     for e in refused:
-        by_peer.setdefault(e["peer"], []).append(e)
-    for p in peers + [oversized]:  # every attacking connection is named, and it ended in a closing refusal
-        assert p in by_peer, (p, sorted(by_peer))
-        assert by_peer[p][-1].get("closed"), by_peer[p]
-    assert any("wrong join token" in e["what"] for p in peers for e in by_peer[p])
-    assert [e.get("closed", False) for e in by_peer[flood]] == [False] * (MAX_REFUSALS - 1) + [True]
-    assert all("malformed" in e["what"] for e in by_peer[flood])
-    assert "oversized line" in by_peer[oversized][0]["what"]
-    assert "wrong join token" in by_peer[oversized][-1]["what"]
+        for w, n in e["what"].items():
+            whats[w] = whats.get(w, 0) + n
+    assert sum(e["closed"] for e in refused) >= len(peers) + 2  # every attacking connection ended closed
+    assert any("wrong join token" in w for w in whats)
+    assert any("malformed" in w for w in whats)
+    assert any("oversized line" in w for w in whats)
     end = events[-1]
-    assert end["kind"] == "run_end" and end["refused"] == len(refused)
+    assert end["kind"] == "run_end" and end["refused"] == sum(e["count"] for e in refused)
