@@ -49,9 +49,8 @@ def test_a_recover_grid_with_shard_2_validates_and_passes_s_to_its_config(name):
     if name == "recovery":
         assert not refs  # no failure-free reference in that experiment
     else:
-        # plain runs one rank per replica: the reference keeps S = 1, and a note says so
-        assert refs and all(r.shard == 1 and r.train_config("results").shard == 1 for r in refs)
-        assert any("failure-free reference runs with shard 1, not 2" in n for n in grid.notes)
+        # plain runs the layout too: the failure-free reference runs at the grid's S
+        assert refs and all(r.shard == 2 and r.train_config("results").shard == 2 for r in refs)
         same = {(r.batch_size, r.microbatches) for r in (x.train_config("x") for x in grid.runs)}
         assert len(same) == 1  # the same microbatches of the same rows: the same trajectory
 
@@ -73,15 +72,13 @@ def test_shard_1_is_the_grid_as_before(name):
         assert all("rank" not in f for f in (r.plan or {}).get("faults", []))  # plans unchanged
 
 
-@pytest.mark.parametrize("system", BASELINES + ["plain"])
+@pytest.mark.parametrize("system", BASELINES)
 def test_a_shard_2_cell_of_another_system_is_refused_naming_it(system):
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"])
     spec = next(r for r in grid.runs if r.system == "recover")
     spec.system, spec.settings, spec.shard = system, {}, 2
-    if system == "plain":
-        spec.plan = None
     with pytest.raises(ConfigError, match=rf"--shard: system '{system}' does not run replicas with shard 2 "
-                                          r"\(shard 2\): only recover does"):
+                                          r"\(shard 2\): only plain and recover do"):
         spec.validate()
 
 
@@ -181,7 +178,8 @@ def test_a_tiny_recover_grid_of_2_replicas_x_2_ranks_runs_and_aggregates(tmp_pat
             "--logs", str(tmp_path / "logs"), "--folder", str(tmp_path / "submitit")]
     proc = run_recover(*args, timeout=400)
     assert proc.returncode == 0 and "2 ok" in proc.stdout, proc.stdout + proc.stderr
-    assert "failure-free reference runs with shard 1" in proc.stdout
+    assert json.loads((runs_dir := tmp_path / "results" / "trajectory" / "failure-free_s0" / "config.json")
+                      .read_text())["train"]["shard"] == 2, runs_dir  # plain runs the grid's layout too
     runs = tmp_path / "results" / "trajectory"
     assert json.loads((runs / "recover_s0" / "config.json").read_text())["train"]["shard"] == 2
     assert json.loads((runs / "recover_s0" / "spec.json").read_text())["shard"] == 2
