@@ -69,6 +69,8 @@ class TrainConfig:
     shard: int = _f(1, "ranks per replica S: FSDP2 shards the model over them (HSDP); 1 = plain data parallel. "
                        "recover and plain only; R x S worker processes in all. A replica of many ranks that is declared "
                        "dead exits (it does not rejoin yet)")
+    tp: int = _f(1, "tensor-parallel ranks T per replica: each block's heads and MLP width split over them (recover "
+                    "only; must divide the heads and 4 x n_embd); a replica is --shard x --tp ranks, tp innermost")
     microbatches: int = _f(8, "microbatches M per iteration (the global batch), M >= R")
     steps: int = _f(20, "iterations (optimizer steps) to run")
     seed: int = _f(0, "seed for initial weights, data order and per-microbatch randomness")
@@ -164,6 +166,11 @@ class TrainConfig:
             overrides["vocab_size"] = self.vocab_size
         return model_config(self.model, **overrides)
 
+    @property
+    def ranks_per_replica(self) -> int:
+        """Processes per replica: --shard x --tp (core/parallel/args.py's ParallelismArgs, without torch)."""
+        return self.shard * self.tp
+
     def lr_schedule(self) -> WarmupCosine:
         """The run's schedule: the model's defaults, with --lr/--min-lr/--warmup-steps applied."""
         d = MODEL_SCHEDULES[self.model]
@@ -209,17 +216,31 @@ class TrainConfig:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
         if self.shard < 1:
             raise ConfigError("--shard", f"must be >= 1, got {self.shard}")
-        if self.shard > 1:
+        if self.tp < 1:
+            raise ConfigError("--tp", f"must be >= 1, got {self.tp}")
+        if self.tp > 1:
+            if self.system != "recover":
+                raise ConfigError("--tp", f"only the recover system runs tensor-parallel replicas, not {self.system!r}")
+            g = self.gpt_config()  # (the model name is checked above)
+            if g.n_head % self.tp:
+                raise ConfigError("--tp", f"{self.tp} does not divide the model's {g.n_head} attention heads "
+                                          f"(--model {self.model})")
+            if (4 * g.n_embd) % self.tp:
+                raise ConfigError("--tp", f"{self.tp} does not divide the model's MLP width {4 * g.n_embd} "
+                                          f"(--model {self.model})")
+        if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
+            flag = "--shard" if self.shard > 1 else "--tp"
             if self.system not in ("recover", "plain"):
-                raise ConfigError("--shard", f"only recover (and plain, its failure-free reference) run replicas of "
-                                             f"many ranks, not {self.system!r}")
+                raise ConfigError(flag, f"only recover (and plain, its failure-free reference) run replicas of "
+                                        f"many ranks, not {self.system!r}")
             if self.replace_after >= 0:
-                raise ConfigError("--shard", "a replica of many ranks is not healed yet: run it without "
-                                             "--replace-after (a lost replica stays lost)")
+                raise ConfigError(flag, "a replica of many ranks is not healed yet: run it without "
+                                        "--replace-after (a lost replica stays lost)")
             if self.checkpoint_every:
-                raise ConfigError("--shard", "checkpoints of a sharded replica are not written yet: "
-                                             "leave --checkpoint-every at 0")
+                raise ConfigError(flag, "checkpoints of a sharded replica are not written yet: "
+                                        "leave --checkpoint-every at 0")
+        if self.shard > 1:
             if self.batch_size < self.shard:
                 raise ConfigError("--shard", f"each rank takes rows of a microbatch: --batch-size {self.batch_size} "
                                              f"is less than --shard {self.shard}")

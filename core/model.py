@@ -31,17 +31,21 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.n_head = cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
+        B, T, _ = x.shape
+        # q, k, v: this rank's heads. One process holds them all; under tensor
+        # parallelism (core/parallel/tp.py) qkv yields n_head / tp heads' [q; k; v],
+        # so the head count is read from the output's width, never from the config.
+        q, k, v = self.qkv(x).chunk(3, dim=2)
         # (B, heads, T, head_dim)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)
         return F.dropout(self.proj(y), self.dropout, self.training)
 
 

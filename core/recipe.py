@@ -11,9 +11,12 @@ Contract:
   stepped exactly s times), clipping of the global gradient norm (the gradient is
   already the mean over the iteration's M microbatches, so every replica clips
   the same tensor the same way), `optimizer.step()`, then the scheduler's own
-  `step()`. Nothing advances the schedule but a commit: a step that is redone
-  never reaches it. `skip(s)` settles step s without an optimizer step (a loss
-  that was not finite, --on-nonfinite skip): the schedule moves on all the same.
+  `step()`. The clipping is torch's `clip_grad_norm_` unless `clip_grad_norm` (same
+  signature) is given: a replica split by tensor parallelism clips with its
+  accumulator's (core/parallel/fsdp.py), which knows which ranks hold what.
+  Nothing advances the schedule but a commit: a step that is redone never reaches
+  it. `skip(s)` settles step s without an optimizer step (a loss that was not
+  finite, --on-nonfinite skip): the schedule moves on all the same.
 - `lr(s)` is the rate step s will use (what the workers report in metrics.jsonl);
   `state_dict()` is what a checkpoint keeps of the schedule.
 """
@@ -45,11 +48,13 @@ class CommittedStep:
     """Turns the committed (already averaged) gradient into an optimizer step."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[torch.nn.Parameter],
-                 lr_schedule: LRSchedule | None = None, grad_clip: float = 0.0):
+                 lr_schedule: LRSchedule | None = None, grad_clip: float = 0.0,
+                 clip_grad_norm: Callable[..., torch.Tensor] | None = None):
         self.optimizer = optimizer
         self.params = list(params)
         self.schedule = lr_schedule
         self.grad_clip = grad_clip
+        self.clip_grad_norm = clip_grad_norm or torch.nn.utils.clip_grad_norm_
         self.committed = 0  # optimizer steps taken: the index of the next committed step
 
     def lr(self, step: int) -> float:
@@ -70,7 +75,7 @@ class CommittedStep:
         """Step the optimizer as committed step `step`; returns the learning rate it used."""
         lr = self.lr(step)
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+            self.clip_grad_norm(self.params, self.grad_clip)
         self.optimizer.step()
         if isinstance(self.schedule, LRScheduler):
             self.schedule.step()

@@ -45,10 +45,11 @@ before a worker exits, whatever ended the run.
 With `resume_from` set (`recover train --resume`), every replica loads that
 checkpoint before its hello, so all start from its weights at its step.
 
-A replica of many ranks (`--shard S`, HSDP): the launcher starts S processes per
-replica, with RECOVER_LOCAL_RANK; rank 0 is the leader (`Replica`, the only one
-talking to the coordinator), the others run `ReplicaFollower` in the same loop, and
-FSDP2 shards the model over them (core/parallel/). Only the leader writes the
+A replica of many ranks (`--shard S`, HSDP; `--tp T`, tensor parallelism): the
+launcher starts S x T processes per replica, with RECOVER_LOCAL_RANK; rank 0 is the
+leader (`Replica`, the only one talking to the coordinator), the others run
+`ReplicaFollower` in the same loop; TP splits each block over the "tp" ranks and
+FSDP2 shards the model over the "shard" ranks (core/parallel/). Only the leader writes the
 replica's final file; checkpoints are refused for it by the config, for now.
 
 Run as `python -m recover.core.resilient --config DIR/config.json --replica r`
@@ -205,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
     cfg, hooks = begin(args.config, args.replica, rank=local_rank)
     rctx = None
-    if cfg.shard > 1:  # a replica of many ranks: its groups, the leader's relay, the ranks' beats
+    if cfg.ranks_per_replica > 1:  # a replica of many ranks: its groups, the leader's relay, the ranks' beats
         from .parallel.join import ReplicaContext
-        rctx = ReplicaContext.from_env(cfg.collective_timeout, cfg.heartbeat_interval, cfg.heartbeat_timeout)
+        rctx = ReplicaContext.from_env(cfg.collective_timeout, cfg.heartbeat_interval, cfg.heartbeat_timeout,
+                                       tp=cfg.tp)
     work = Workload(cfg, cfg.resolved_device(), ctx=None if rctx is None else rctx.parallel)
     if cfg.resume_from:
         # before the hello: its weights digest must be the checkpoint's on every replica

@@ -18,6 +18,11 @@ Contract:
   sharded one (core/parallel/fsdp.py), and each rank folds its rows of every
   microbatch, its loss scaled by its share of the rows: the ranks' gradients sum
   to the microbatch's, and `fold` returns this rank's part of its loss.
+- With tensor parallelism (`ctx.args.tp` = T > 1) each block is first split over
+  the replica's "tp" ranks (core/parallel/tp.py), then FSDP2 shards over "shard"
+  when S > 1; the rows of a microbatch are split by shard index only, so the T
+  ranks of one shard position fold the same rows (and only tp index 0 counts the
+  loss: core/parallel/fsdp.py).
 """
 from __future__ import annotations
 
@@ -53,11 +58,17 @@ class Workload:
             self.acc = GradAccumulator(self.model.parameters())
         else:
             from .parallel.fsdp import ShardedAccumulator, shard_model
-            shard_model(self.model, ctx.mesh)
-            self.acc = ShardedAccumulator(self.model)
+            if ctx.args.tp > 1:
+                from .parallel.tp import tensor_parallel
+                ctx.args.validate(gcfg)
+                tensor_parallel(self.model, ctx.tp_mesh)
+            if ctx.args.tp == 1 or ctx.args.shard > 1:
+                shard_model(self.model, ctx.shard_mesh)
+            self.acc = ShardedAccumulator(self.model, mesh=ctx.mesh)
         self.schedule = cfg.lr_schedule()
         self.optimizer = build_adamw(self.acc.params, self.schedule(0), cfg.weight_decay)
-        self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip)
+        self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip,
+                                     getattr(self.acc, "grad_norm_clipper", None))
         self.autocast_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
 
     @property
@@ -85,7 +96,7 @@ class Workload:
         share = 1.0
         if self.ctx is not None:  # this rank's rows of the microbatch (see the contract)
             from .parallel.fsdp import microbatch_part
-            x, y, share = microbatch_part(x, y, self.ctx.local_rank, self.ctx.args.shard)
+            x, y, share = microbatch_part(x, y, self.ctx.shard_index, self.ctx.args.shard)
         x, y = x.to(self.device), y.to(self.device)
         # Per-microbatch randomness (dropout) is a function of (seed, id) only.
         torch.manual_seed(microbatch_seed(self.cfg.seed, mb_id))
@@ -120,8 +131,10 @@ class Workload:
         with torch.no_grad():
             if self.ctx is None:
                 return float(sum(p.double().sum() for p in self.model.parameters()))
-            # the replica's ranks each hold a shard: sum the local parts over the replica (all ranks call this)
-            local = torch.tensor([float(sum(p.to_local().double().sum() for p in self.model.parameters()))],
+            # the replica's ranks each hold a shard: sum the local parts over the replica (all ranks call
+            # this), each part once (a part whole on several tp ranks is counted by one of them)
+            local = torch.tensor([float(sum(view.double().sum() for view, counted in
+                                            zip(self.acc.local_weights(), self.acc.counted) if counted))],
                                  dtype=torch.float64)
             torch.distributed.all_reduce(local)
             return float(local)

@@ -134,7 +134,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         # the recover system's coordinator can be restarted: it rebuilds the run from the workers
         coordinator_restarts=cfg.coordinator_restarts if system.coordinator_mode == "recover" else 0,
         coordinator_timeout=cfg.coordinator_timeout if system.coordinator_mode == "recover" else None,
-        ranks_per_replica=cfg.shard,
+        ranks_per_replica=cfg.ranks_per_replica,
     )
     supervise = system.load_supervisor()
     if supervise is not None:  # a restarting baseline runs its own sequence of launches

@@ -290,7 +290,7 @@ def attach_plan(cfg: Any) -> FaultPlan | None:
     if not cfg.faults:
         return None
     plan = load_plan(cfg.faults)
-    validate_plan(plan, cfg.replicas, cfg.steps, cfg.microbatches, ranks_per_replica=getattr(cfg, "shard", 1))
+    validate_plan(plan, cfg.replicas, cfg.steps, cfg.microbatches, ranks_per_replica=getattr(cfg, "ranks_per_replica", 1))
     cfg.hooks = WORKER_HOOKS
     cfg.coordinator_hooks = COORDINATOR_HOOKS
     return plan

@@ -1,8 +1,11 @@
 """Parallelism inside a replica (one concept per file, picotron-style).
 
-- args.py: `ParallelismArgs`, the job's layout (replicas x shard) and its validation;
+- args.py: `ParallelismArgs`, the job's layout (replicas x shard x tp) and its validation;
 - context.py: `ParallelContext`, one rank's groups: its replica (the default
-  process group, a 1-D mesh) and the per-generation cross-replica communicators;
+  process group, a ("shard",) or ("shard", "tp") mesh) and the per-generation
+  cross-replica communicators;
+- tp.py: tensor parallelism (torch's DTensor ColwiseParallel / RowwiseParallel) of
+  the GPT's attention and MLP over the replica's "tp" ranks;
 - fsdp.py: FSDP2 inside a replica and `ShardedAccumulator`, the sharded form of
   core/accumulator.py's GradAccumulator;
 - replica_link.py: the leader's relay of the coordinator's word to its ranks;

@@ -8,7 +8,7 @@ Contract:
   field and the reason for a layout that cannot run, before anything starts; a
   layout it accepts runs.
 - `ranks_per_replica` and `world_size` are the only place the grid's size is
-  computed (so tp and pp, when they come, change it in one place).
+  computed (pp, when it comes, changes it in one place).
 
 What FSDP2 really needs of the shard size S (checked in torch 2.13's
 `fully_shard`, and by running it): it shards every parameter on dim 0 in chunks of
@@ -25,18 +25,24 @@ parameter. That is waste, not an error, and is allowed. What is an error:
 (FSDP2 needs even division only for a `Shard(d)` with d > 0, which this project
 does not ask for.)
 
-Coming next: `tp` and `pp` (nanotron's names), the replica becoming a pp x shard x
-tp grid; `ranks_per_replica` is then their product.
+Tensor parallelism T (`tp`, core/parallel/tp.py) splits each block's attention heads
+and MLP width over T ranks, so T must divide the model's heads and its MLP width
+(4 x n_embd); with a model or its config given, `validate` refuses any other T,
+naming the field. The T ranks of one shard position see the same rows, so the rows
+per microbatch must be at least S (not S x T).
+
+Coming next: `pp` (nanotron's name), the replica becoming a pp x shard x tp grid;
+`ranks_per_replica` is then their product.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping, Union
 
 import torch
 
-ModelShapes = Union[torch.nn.Module, Mapping[str, Iterable[int]], Iterable[Iterable[int]]]
-"""A model, or its trainable parameters' shapes (by name, or just a list of shapes)."""
+ModelShapes = Union[torch.nn.Module, Mapping[str, Iterable[int]], Iterable[Iterable[int]], Any]
+"""A model, its trainable parameters' shapes (by name, or just a list of shapes), or a GPTConfig."""
 
 
 def _shapes(model_or_shapes: ModelShapes) -> list[tuple[str, tuple[int, ...]]]:
@@ -47,18 +53,31 @@ def _shapes(model_or_shapes: ModelShapes) -> list[tuple[str, tuple[int, ...]]]:
     return [(f"parameter {i}", tuple(s)) for i, s in enumerate(model_or_shapes)]
 
 
+def _is_config(x) -> bool:
+    return hasattr(x, "n_head") and hasattr(x, "n_embd") and not isinstance(x, torch.nn.Module)
+
+
+def _tp_widths(model_or_shapes) -> tuple[int, int]:
+    """(attention heads, MLP width) of a GPT or its GPTConfig; TypeError for anything else."""
+    cfg = model_or_shapes if _is_config(model_or_shapes) else getattr(model_or_shapes, "cfg", None)
+    if cfg is None or not _is_config(cfg):
+        raise TypeError("--tp > 1 is validated against a GPT or its GPTConfig (heads and MLP width)")
+    return int(cfg.n_head), 4 * int(cfg.n_embd)
+
+
 @dataclass(frozen=True)
 class ParallelismArgs:
-    """The job's rank layout: `replicas` failure domains, each of `shard` ranks."""
+    """The job's rank layout: `replicas` failure domains, each of `shard` x `tp` ranks."""
 
     replicas: int = field(default=1, metadata={"help": "replicas R: data-parallel copies of the model, each a failure domain"})
     shard: int = field(default=1, metadata={"help": "shard S: ranks per replica over which FSDP2 shards the model"})
-    # tp and pp come with the next issue (each replica then a pp x shard x tp grid).
+    tp: int = field(default=1, metadata={"help": "tensor parallel T: ranks over which each block's heads and MLP are split"})
+    # pp comes with the next slice of issue 15 (each replica then a pp x shard x tp grid).
 
     @property
     def ranks_per_replica(self) -> int:
-        """Processes in one replica (S today; pp * S * tp once those exist)."""
-        return self.shard
+        """Processes in one replica: S x T (pp x S x T once pp exists)."""
+        return self.shard * self.tp
 
     @property
     def world_size(self) -> int:
@@ -67,7 +86,7 @@ class ParallelismArgs:
 
     def validate(self, model_or_shapes: ModelShapes | None = None, batch_size: int | None = None) -> "ParallelismArgs":
         """Raise one ValueError if this layout cannot run `model_or_shapes` (see the module docstring); else self."""
-        for name in ("replicas", "shard"):
+        for name in ("replicas", "shard", "tp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{name}: must be an integer >= 1, got {v!r}")
@@ -75,7 +94,15 @@ class ParallelismArgs:
             raise ValueError(
                 f"--shard {self.shard}: each microbatch's {batch_size} sequences are split over the replica's "
                 f"{self.shard} ranks, so a rank would get none; use --shard <= --batch-size")
-        if model_or_shapes is not None:
+        if model_or_shapes is not None and self.tp > 1:
+            heads, width = _tp_widths(model_or_shapes)
+            if heads % self.tp:
+                raise ValueError(f"--tp {self.tp}: tensor parallelism splits the attention heads, and {self.tp} "
+                                 f"does not divide the model's {heads} heads")
+            if width % self.tp:
+                raise ValueError(f"--tp {self.tp}: tensor parallelism splits the MLP, and {self.tp} does not "
+                                 f"divide its width {width}")
+        if model_or_shapes is not None and not _is_config(model_or_shapes):
             shapes = _shapes(model_or_shapes)
             if not shapes:
                 raise ValueError("the model has no trainable parameters to shard")

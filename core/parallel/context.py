@@ -10,8 +10,12 @@ Contract:
   rendezvous can meet another's, and `fully_shard`, DTensor and (later) tensor and
   pipeline parallelism run inside the replica unmodified: to them the replica is
   the whole world.
-- The intra-replica group and the 1-D `mesh` over it ("shard") live as long as the
-  replica. Any rank of a replica dying takes the replica out (the failure domain),
+- The intra-replica group and the `mesh` over it live as long as the replica. With
+  T = 1 the mesh is 1-D, ("shard",) of S ranks, exactly as HSDP built it; with
+  T > 1 it is 2-D, ("shard", "tp") of S x T ranks (S may be 1): `tp_mesh` is what
+  tensor parallelism splits over, `shard_mesh` what FSDP2 shards over.
+  `shard_index` picks the rows of a microbatch (the T ranks of one shard position
+  see the same rows), `tp_index` the slice of each split layer. Any rank of a replica dying takes the replica out (the failure domain),
   so nothing here ever rebuilds them.
 - The cross-replica groups are one per position in the replica: the ranks at local
   rank i of every live replica form group "pos<i>". They change with membership,
@@ -23,8 +27,9 @@ Contract:
 
 The rank grid. nanotron orders its grid (pp, dp, tp), data parallel in the middle.
 Here the outermost dimension is the replica, because replicas are what come and go;
-inside a replica the ranks are its shard positions (a pp x shard x tp grid once tp
-and pp exist, tp innermost as in nanotron). So the job-wide rank of (r, i) is
+inside a replica the ranks form a shard x tp grid, tp innermost as in nanotron (a
+pp x shard x tp grid once pp exists): local rank = shard_index * T + tp_index, so
+the T ranks splitting one layer are neighbours. The job-wide rank of (r, i) is
 r * ranks_per_replica + i: the ranks of one replica are contiguous, the launcher can
 start and end them together, and the ranks at position i of all replicas are the
 ones a cross-replica group joins.
@@ -62,7 +67,30 @@ class ParallelContext:
                                 rank=local_rank, world_size=args.ranks_per_replica,
                                 timeout=timedelta(seconds=timeout))
         self.group = dist.group.WORLD
-        self.mesh: DeviceMesh = init_device_mesh(device_type, (args.shard,), mesh_dim_names=("shard",))
+        if args.tp == 1:  # HSDP's mesh, unchanged
+            self.mesh: DeviceMesh = init_device_mesh(device_type, (args.shard,), mesh_dim_names=("shard",))
+        else:  # row-major: local rank = shard_index * T + tp_index
+            self.mesh = init_device_mesh(device_type, (args.shard, args.tp), mesh_dim_names=("shard", "tp"))
+
+    @property
+    def shard_index(self) -> int:
+        """This rank's shard position (which rows of a microbatch it takes): local rank // T."""
+        return self.local_rank // self.args.tp
+
+    @property
+    def tp_index(self) -> int:
+        """This rank's slice of every tensor-parallel layer: local rank % T."""
+        return self.local_rank % self.args.tp
+
+    @property
+    def shard_mesh(self) -> DeviceMesh:
+        """The 1-D mesh FSDP2 shards over: the ranks of this rank's tp index."""
+        return self.mesh if self.args.tp == 1 else self.mesh["shard"]
+
+    @property
+    def tp_mesh(self) -> DeviceMesh | None:
+        """The 1-D mesh tensor parallelism splits over (None when T = 1)."""
+        return None if self.args.tp == 1 else self.mesh["tp"]
 
     @property
     def global_rank(self) -> int:

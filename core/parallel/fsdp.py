@@ -22,6 +22,17 @@ Contract (the sharded form of core/accumulator.py's, same interface):
   cross-replica reduction succeeded); `clear()` empties both.
 - `weights_digest()`/`weights_fingerprint()` name this rank's local shards: equal
   for the ranks at one position of all replicas, not across positions.
+- Tensor parallelism (core/parallel/tp.py; `mesh`, the replica's ("shard", "tp")
+  grid, given): a parameter may be a DTensor on the 2-D grid (split by TP, and by
+  FSDP2 when S > 1), a DTensor on the shard mesh only (FSDP2 over S, whole on each
+  tp rank), or, with S = 1, a plain tensor (whole on each tp rank); `.grad` views
+  its local tensor the same way in every case. The T ranks of one shard position
+  fold the same rows and compute the same loss, so only tp index 0 adds its loss
+  part to the slot (the others add 0): the replica's loss sum (`ReplicaLink.combine`,
+  `load_mean`) counts each microbatch once, exactly, with no division. Likewise
+  `clip_grad_norm_` (what the committed step clips with under TP: torch's own
+  refuses a mix of meshes and plain tensors) counts each parameter's local part on
+  one rank of the grid dimensions it is whole along, and sums over the replica.
 - Dropout: every part of microbatch `id` reseeds from (seed, id) as a one-rank
   replica does, but draws masks only for its own rows, so with dropout > 0 an
   HSDP run matches a one-rank replica in distribution, not bit for bit.
@@ -59,8 +70,10 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, layers: Iterable[nn.Module] 
 
 def microbatch_part(x: torch.Tensor, y: torch.Tensor, local_rank: int, parts: int
                     ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Rank `local_rank`'s rows of one microbatch, and their share of its rows (the loss scale).
+    """Part `local_rank`'s rows of one microbatch, and their share of its rows (the loss scale).
 
+    `local_rank` is the rank's shard index and `parts` is S: with tensor parallelism
+    the T ranks of one shard position take the same part (ParallelContext.shard_index).
     Rows are split as `tensor_split` does (the first B % S parts get one row more);
     the mean loss over a part times its share, summed over the parts, is the mean
     over the microbatch (every row has the same number of tokens).
@@ -72,20 +85,46 @@ def microbatch_part(x: torch.Tensor, y: torch.Tensor, local_rank: int, parts: in
     return xs[local_rank], ys[local_rank], xs[local_rank].shape[0] / rows
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a DTensor's local part, a plain tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _views_buffer(grad, view: torch.Tensor, dtensor: bool) -> bool:
+    if grad is None or isinstance(grad, DTensor) != dtensor:
+        return False
+    return _local(grad).data_ptr() == view.data_ptr()
+
+
+def _counted_here(p: torch.Tensor, grid: DeviceMesh) -> bool:
+    """Whether this rank counts `p`'s local part in a sum over the replica: on each grid dimension
+    along which `p` is whole (not on its mesh, or Replicate there), only the rank at index 0 does."""
+    split: set[str] = set()
+    if isinstance(p, DTensor):
+        names = p.device_mesh.mesh_dim_names or ()
+        split = {n for n, pl in zip(names, p.placements) if not pl.is_replicate()}
+    return all(grid.get_local_rank(n) == 0 for n in grid.mesh_dim_names if n not in split)
+
+
 class ShardedAccumulator:
     """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger."""
 
-    def __init__(self, model: nn.Module, group=None):
+    def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None):
         self.group = group  # the replica's group, for the loss; None: the default group (the replica)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("no trainable parameters")
-        if not all(isinstance(p, DTensor) for p in self.params):
+        tp = mesh is not None and "tp" in (mesh.mesh_dim_names or ())
+        if not tp and not all(isinstance(p, DTensor) for p in self.params):
             raise TypeError("every parameter must be a DTensor: wrap the model with shard_model() first")
         for p in self.params:
             if p.dtype != torch.float32:
                 raise TypeError(f"parameters must be fp32 (got {p.dtype}); keep a fp32 master copy")
-        locals_ = [p.to_local() for p in self.params]
+        # which rank adds the loss, and each parameter's part of the norm (see the contract)
+        self.counts_loss = not tp or mesh.get_local_rank("tp") == 0
+        self._counted = [True] * len(self.params) if not tp else [_counted_here(p, mesh) for p in self.params]
+        self.grad_norm_clipper = self.clip_grad_norm_ if tp else None  # None: torch's clip_grad_norm_ is right
+        locals_ = [_local(p) for p in self.params]
         self.buffer = torch.zeros(sum(t.numel() for t in locals_) + 1, dtype=torch.float32,
                                   device=locals_[0].device)
         self._views: list[torch.Tensor] = []
@@ -106,7 +145,8 @@ class ShardedAccumulator:
         """Record that microbatch `mb_id`'s backward is in the accumulator; `loss` is this rank's part of its loss."""
         if mb_id in self._folded:
             raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
-        self.buffer[-1] += float(loss)
+        if self.counts_loss:
+            self.buffer[-1] += float(loss)
         self.ledger.append(mb_id)
         self._folded.add(mb_id)
 
@@ -133,22 +173,50 @@ class ShardedAccumulator:
         self.ledger.clear()
         self._folded.clear()
 
+    @property
+    def counted(self) -> list[bool]:
+        """Per parameter: whether this rank counts its local part in a sum over the replica (see the contract)."""
+        return list(self._counted)
+
+    def local_weights(self) -> list[torch.Tensor]:
+        """This rank's local part of each parameter, in `params` order."""
+        return [_local(p) for p in self.params]
+
+    def clip_grad_norm_(self, params=None, max_norm: float = 1.0) -> torch.Tensor:
+        """Scale every .grad so that the replica's whole gradient has norm <= max_norm, as torch's
+        clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6), at most 1); returns the norm.
+        `params` must be this accumulator's (the signature is torch's); a collective of the replica."""
+        if params is not None and [id(p) for p in params] != [id(p) for p in self.params]:
+            raise ValueError("clip_grad_norm_ of a ShardedAccumulator clips its own parameters")
+        sq = torch.zeros(1, dtype=torch.float64, device=self.buffer.device)
+        for view, counted in zip(self._views, self._counted):
+            if counted and view.numel():
+                sq += view.double().pow(2).sum()
+        torch.distributed.all_reduce(sq, group=self.group)
+        norm = sq.sqrt().to(torch.float32)
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for p in self.params:
+            _local(p.grad).mul_(coef)
+        return norm[0]
+
     def reattach(self) -> None:
         """Point each .grad at its view of the buffer (at start, or after code replaced .grad)."""
         for p, view in zip(self.params, self._views):
-            g = p.grad
-            if g is None or not isinstance(g, DTensor) or g.to_local().data_ptr() != view.data_ptr():
+            if _views_buffer(p.grad, view, isinstance(p, DTensor)):
+                continue
+            if isinstance(p, DTensor):
                 p.grad = DTensor.from_local(view, p.device_mesh, p.placements, run_check=False,
                                             shape=p.shape, stride=p.stride())
+            else:
+                p.grad = view
 
     def detached(self) -> list[int]:
         """Indices (in `params`) of the parameters whose local .grad no longer views the buffer."""
         out = []
         for i, (p, view) in enumerate(zip(self.params, self._views)):
-            g = p.grad
             if not view.numel():
                 continue
-            if g is None or not isinstance(g, DTensor) or g.to_local().data_ptr() != view.data_ptr():
+            if not _views_buffer(p.grad, view, isinstance(p, DTensor)):
                 out.append(i)
         return out
 
@@ -157,11 +225,11 @@ class ShardedAccumulator:
         h = hashlib.sha256()
         with torch.no_grad():
             for p in self.params:
-                h.update(p.to_local().detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+                h.update(_local(p).detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
         return h.hexdigest()
 
     def weights_fingerprint(self) -> str:
         """The cheap on-device digest of this rank's local shards (as GradAccumulator's)."""
         with torch.no_grad():
-            sums = torch.stack([_bits(p.to_local().detach()).sum(dtype=torch.int64) for p in self.params])
+            sums = torch.stack([_bits(_local(p).detach()).sum(dtype=torch.int64) for p in self.params])
         return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()

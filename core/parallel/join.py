@@ -32,6 +32,11 @@ Contract:
   ranks may then exit in any order.
 - `part(x, y)` is this rank's rows of a microbatch and their share of its rows:
   scale the loss by the share, and the ranks' gradients sum to the microbatch's.
+  The rows follow the shard index: the `tp` ranks of one shard position (tensor
+  parallelism, `from_env(tp=T)`: RECOVER_SHARD then counts all S x T ranks of the
+  replica) take the same rows.
+- With T > 1, `join` has the committed step clip with the accumulator's
+  `clip_grad_norm_` (torch's refuses a model split over two meshes and plain tensors).
 """
 from __future__ import annotations
 
@@ -60,7 +65,7 @@ class ReplicaContext:
 
     replica: int  # the replica id (the failure domain)
     local_rank: int  # this rank inside the replica; 0 is the leader
-    shard: int  # ranks in the replica (S)
+    shard: int  # ranks in the replica (S x T; S when T = 1)
     parallel: ParallelContext  # the replica's groups (the process's default group) and its mesh
     link: ReplicaLink  # the leader's relay to the other ranks
     beats: RankBeats  # every rank beats to the leader; a silent one ends the replica
@@ -68,17 +73,20 @@ class ReplicaContext:
 
     @classmethod
     def from_env(cls, collective_timeout: float | None = None, heartbeat_interval: float | None = None,
-                 heartbeat_timeout: float | None = None) -> "ReplicaContext":
+                 heartbeat_timeout: float | None = None, tp: int = 1) -> "ReplicaContext":
         """This rank's context in a job started by the launcher (`recover launch --shard S`); a
-        deadline not given comes from the environment, else its default (30 s, 0.1 s, 3 s)."""
+        deadline not given comes from the environment, else its default (30 s, 0.1 s, 3 s). With
+        `tp` = T > 1 the launcher's RECOVER_SHARD ranks per replica are S x T (tp innermost)."""
         r = int(os.environ["RECOVER_REPLICA"])
         local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
-        shard = int(os.environ.get("RECOVER_SHARD", "1"))
+        shard = int(os.environ.get("RECOVER_SHARD", "1"))  # the replica's ranks
+        if shard % tp:
+            raise ValueError(f"--tp {tp} does not divide the replica's {shard} ranks")
         replicas = int(os.environ.get("RECOVER_REPLICAS", r + 1))
         collective = collective_timeout or _env_float("RECOVER_COLLECTIVE_TIMEOUT", 30.0)
         interval = heartbeat_interval or _env_float("RECOVER_HEARTBEAT_INTERVAL", 0.1)
         hb_timeout = heartbeat_timeout or _env_float("RECOVER_HEARTBEAT_TIMEOUT", 3.0)
-        parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard),
+        parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard // tp, tp),
                                    backend="gloo", timeout=LINK_TIMEOUT.total_seconds())
         link = ReplicaLink(local, shard, open_store=connect_store)
         # until the leader's first commit a rank pays one-time costs holding the GIL: the collective
@@ -111,17 +119,22 @@ class ReplicaContext:
 
     def part(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """This rank's rows of one microbatch, and their share of its rows (scale the loss by it)."""
-        return microbatch_part(x, y, self.local_rank, self.shard)
+        return microbatch_part(x, y, self.parallel.shard_index, self.parallel.args.shard)
 
     def join(self, acc, optimizer: torch.optim.Optimizer, **kw):
         """The replica handle for this rank: `Replica` on the leader, `ReplicaFollower` elsewhere."""
         kw.setdefault("collective_timeout", self.collective_timeout)
         if self.leader:
             from ..replica import Replica
-            return Replica(acc, optimizer, replica=self.replica, control_addr=env_addr("RECOVER_CONTROL_ADDR"),
-                           store_addr=env_addr("RECOVER_STORE_ADDR"), link=self.link, **kw)
-        from .follower import ReplicaFollower
-        return ReplicaFollower(acc, optimizer, replica=self.replica, local_rank=self.local_rank, link=self.link,
-                               open_store=connect_store, backend=kw.get("backend", "gloo"),
-                               collective_timeout=kw["collective_timeout"], grad_clip=kw.get("grad_clip", 0.0),
-                               lr_schedule=kw.get("lr_schedule"), hooks=kw.get("hooks"))
+            handle = Replica(acc, optimizer, replica=self.replica, control_addr=env_addr("RECOVER_CONTROL_ADDR"),
+                             store_addr=env_addr("RECOVER_STORE_ADDR"), link=self.link, **kw)
+        else:
+            from .follower import ReplicaFollower
+            handle = ReplicaFollower(acc, optimizer, replica=self.replica, local_rank=self.local_rank,
+                                     link=self.link, open_store=connect_store, backend=kw.get("backend", "gloo"),
+                                     collective_timeout=kw["collective_timeout"], grad_clip=kw.get("grad_clip", 0.0),
+                                     lr_schedule=kw.get("lr_schedule"), hooks=kw.get("hooks"))
+        clipper = getattr(acc, "grad_norm_clipper", None)
+        if clipper is not None:  # tensor parallelism: see the contract
+            handle.stepper.clip_grad_norm = clipper
+        return handle
