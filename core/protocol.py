@@ -175,6 +175,14 @@ def _ledger(r: int, msg: dict) -> idranges.Ranges:
         raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
 
 
+def _committed_vote_of(rep: dict, step: int) -> list[dict]:
+    """[the vote with which a report's member committed `step`] if the report says so, else []."""
+    for vote in (rep.get("committed_vote"), rep.get("vote") if "committed_vote" not in rep else None):
+        if isinstance(vote, dict) and vote.get("step") == step:
+            return [vote]
+    return []
+
+
 class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
@@ -987,9 +995,13 @@ class Membership:
                                    f"({len(reports)} newcomer(s) did)", now)
         top = max(rep["step"] for rep in members.values())
         ahead = {r: rep for r, rep in members.items() if rep["step"] == top}
-        # the generation that committed top-1, as the members past it voted in it
-        committed_in = {rep["vote"]["gen"] for rep in ahead.values()
-                        if isinstance(rep.get("vote"), dict) and rep["vote"].get("step") == top - 1}
+        # The generation that committed top-1, from the vote each member past it committed:
+        # `committed_vote`, not its last vote, which is of step top once it voted again (the
+        # filter would then be empty and admit any old vote of top-1: a member cut off after
+        # voting in a generation that never committed would be handed a commit it was not
+        # part of). The last vote stands in only for a report without `committed_vote`
+        # (an older worker), where it is the committed one if it is of top-1.
+        committed_in = {vote["gen"] for rep in ahead.values() for vote in _committed_vote_of(rep, top - 1)}
 
         def missed_commit(rep: dict) -> bool:
             vote = rep.get("vote") or {}

@@ -251,3 +251,29 @@ def test_a_restarted_coordinator_reads_the_last_recorded_step_from_the_tail_and_
     path.write_text(lines)
     assert membership.MembershipService._last_recorded_step(path) == 49
     assert membership.MembershipService._last_recorded_step(tmp_path / "absent.jsonl") == -1
+
+
+def test_a_member_cut_off_after_voting_in_a_generation_that_never_committed_is_not_handed_that_commit():
+    """Issue 41 item 4. Step 6 ran in generation 5; replica 2 voted in it and was then cut off (a
+    partition: declared dead, it never read the close). Generation 6 (0 and 1) redid its share and
+    committed step 6; 0 and 1 then voted at step 7, and the coordinator died. Replica 2 reports it is
+    still waiting for the commit of step 6, with its vote of generation 5. That vote never committed:
+    the members past step 6 committed it in generation 6, as their `committed_vote` says (their last
+    vote is of step 7, so a filter built from it is empty and lets any old vote through). Replica 2
+    is closed (it comes back as a newcomer, healed), never handed generation 5's commit."""
+    prev, ids = iteration_ids(6, M), iteration_ids(7, M)
+    hellos = {r: hello(report(7, 6, ids[3 * r:3 * r + 3], wait="commit", vote=vote_of(7, 6, ids[3 * r:3 * r + 3]),
+                              committed_vote=vote_of(6, 6, prev[3 * r:3 * r + 3])))
+              for r in (0, 1)}
+    hellos[2] = hello(report(6, 5, [], wait="commit", vote=vote_of(6, 5, prev[4:6])))
+    proto = fresh()
+    out = proto.rebuild(hellos, 9.0, recorded_step=6)
+    assert not sends(out, "commit")  # nobody is handed a commit of step 6
+    assert [a.replica for a in out if a.kind == "close"] == [2] and proto.expected == {0, 1}
+    (event,) = [a.msg for a in out if a.kind == "event"]
+    assert event["missed_commit"] == [] and event["closed"] == [2]
+    assert set(sends(out, "abort")) == {0, 1}
+    # a member that did miss generation 6's commit still hears it
+    hellos[2] = hello(report(6, 6, [], wait="commit", vote=vote_of(6, 6, prev[4:6])))
+    out = fresh().rebuild(hellos, 9.0, recorded_step=6)
+    assert set(sends(out, "commit")) == {2} and sends(out, "commit")[2]["gen"] == 6
