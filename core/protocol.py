@@ -76,9 +76,11 @@ Invariants it keeps:
   members still waiting at T-1 after a vote (the old coordinator died between
   commit messages) hear that commit now, since every vote of T-1 was in (commits
   go out only then) and the others already stepped with the same reduced
-  gradient. Anyone else (behind, unhealed, a newcomer) is closed and comes back
-  as a newcomer, healed from a live member: never a stale replica in a
-  generation. The rebuilt generation's first votes carry weights digests, so a
+  gradient. A newcomer that was waiting for admission (a process in no
+  generation, a replacement or a woken replica) goes on waiting: it hears
+  "pending" and is admitted at the restarted coordinator's next commit. Anyone
+  else (behind, unhealed) is closed and comes back as a newcomer, healed from a
+  live member: never a stale replica in a generation. The rebuilt generation's first votes carry weights digests, so a
   member off the majority is fenced before its gradient counts. When T is the
   run's last step count (the old coordinator died after sending the last commit,
   which workers learn is the last: they stay for `done`), nothing is rebuilt:
@@ -173,6 +175,10 @@ def _ledger(r: int, msg: dict) -> idranges.Ranges:
         return idranges.check(msg.get("ledger", []))
     except ValueError as e:
         raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _committed_vote_of(rep: dict, step: int) -> list[dict]:
@@ -1010,7 +1016,13 @@ class Membership:
 
         # (with nobody past a step, nobody is "behind" at it: top is the highest step reported)
         behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
-        stale = sorted(set(reports) - set(ahead) - set(behind))
+        # A process in no generation that can be healed (a replacement, or a woken replica that
+        # rejoined) was waiting for admission: it goes on waiting, here, for the next commit.
+        # Closed, it would read the close as a verdict and exit (issue 41 item 3).
+        waiting = sorted(r for r, rep in reports.items()
+                         if r not in members and hellos[r].get("can_heal") and not rep.get("member")
+                         and _int_or(rep.get("gen"), -1) < 0)
+        stale = sorted(set(reports) - set(ahead) - set(behind) - set(waiting))
         if top >= self.S:
             return self._rebuilt_finish(top, ahead, behind, recorded, len(reports), now)
         self.step = top
@@ -1031,7 +1043,8 @@ class Membership:
         self._record_failure(reason, now)
         out: list[Out] = [Out("event", msg={
             "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
-            "missed_commit": sorted(behind), "closed": stale, "reports": len(reports), "at": now}, reason=reason)]
+            "missed_commit": sorted(behind), "closed": stale, "newcomers": waiting, "reports": len(reports),
+            "at": now}, reason=reason)]
         if recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now)):
             # the old coordinator sent top-1's commit and died before writing its line: to those
             # behind (they voted and wait), or to everyone (those ahead report it as committed)
@@ -1048,8 +1061,10 @@ class Membership:
             else:
                 out.append(Out("send", r, {"t": "abort", "gen": int(rep.get("gen", -1)), "step": top,
                                            "next": self.next_gen, "reason": reason}))
+        for r in waiting:
+            out += self._newcomer(r, hellos[r], now)  # "pending": admitted at the next commit
         for r in stale:
-            # behind, unhealed or a newcomer: it comes back through admission, healed from a member
+            # behind or unhealed: it comes back through admission, healed from a member
             self.alive.discard(r)
             self.dead.add(r)
             out.append(Out("close", r, reason=f"replica {r} does not hold step {top}'s state after the coordinator "

@@ -73,7 +73,8 @@ Contract:
   says hello with a report of where it stands (`_report`: step, generation,
   ledger, what it waits for, its last vote), keeping its weights, optimizer state
   and what it folded. A restarted coordinator answers "rebuilt" and the wait goes
-  on where it was (the commit it missed, an abort, the next generation); a live
+  on where it was (the commit it missed, an abort, the next generation, or, for
+  a newcomer, its admission: the restarted coordinator admits it); a live
   one that had declared it dead answers "pending", and it rejoins as above. A
   coordinator silent for `coordinator_timeout` seconds (frozen) counts as closed.
   The last `commit()` returns once the coordinator says `done` (the step is
@@ -223,8 +224,12 @@ class Replica:
         self.tokens_per_microbatch = tokens_per_microbatch
         # None: the launcher's, from the environment
         self.join_token = os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token
+        # A newcomer's hello says when it started waiting to be admitted (its process start, or its
+        # rejoin) and whether it is a woken replica; a reconnect's hello says it again (`_reconnect`).
+        self._started_at = float(os.environ.get(STARTED_ENV, time.time())) - run_start_time()
+        self._woken = False
         self.control = self._connect_at_start()
-        self._hello(float(os.environ.get(STARTED_ENV, time.time())) - run_start_time(), rejoin=False)
+        self._hello(self._started_at, rejoin=False)
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
         self.generation = -1
@@ -518,7 +523,12 @@ class Replica:
                 client = None
             if client is not None:
                 self.control = client
-                self._hello(time.time() - run_start_time(), rejoin=True, report=self._report())
+                # a process in no generation waits for admission: it stays what it was (a restarted
+                # coordinator keeps it waiting, protocol `rebuild`); a member that is told "pending"
+                # was declared dead, as a woken replica
+                member = self.generation >= 0
+                self._hello(time.time() - run_start_time() if member else self._started_at,
+                            rejoin=member or self._woken, report=self._report())
                 answer = client.recv(RECONNECT_ANSWER_SECONDS)
                 if answer is not None and answer["t"] != "closed":
                     return answer
@@ -586,6 +596,8 @@ class Replica:
         self.acc.clear()
         self._abort = None
         self._quota, self._in_quota = [], set()
+        self._woken = True
+        self._started_at = time.time() - run_start_time()
         while True:
             self.generation = -1  # a member of nothing (its report says so)
             self._unhealed = False
@@ -599,7 +611,7 @@ class Replica:
                 except OSError as e:
                     raise RunEnded(f"the coordinator is gone: cannot reach it to rejoin ({e})",
                                    code=worker_exit.EXIT_COORDINATOR_GONE) from None
-                self._hello(time.time() - run_start_time(), rejoin=True)
+                self._hello(self._started_at, rejoin=True)
             try:
                 self._wait_generation(0)
                 return
