@@ -156,7 +156,7 @@ class MembershipService:
                                 fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
                                 startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval,
                                 start_step=cfg.start_step, min_replicas=cfg.min_replicas,
-                                on_nonfinite=cfg.on_nonfinite)
+                                on_nonfinite=cfg.on_nonfinite, max_heal_attempts=cfg.max_heal_attempts)
         self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")

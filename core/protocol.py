@@ -24,7 +24,9 @@ Invariants it keeps:
   or a vote, or a join saying so) it is unhealed: if the generation fails first,
   its join says `healed: false` and it goes back to waiting for the next commit,
   so a replica without the committed state never folds, votes or survives into
-  a generation. The first vote of every member in an admitting generation
+  a generation. After `max_heal_attempts` such failures it is refused (a
+  "join_refused" record), never re-admitted as that process: a state that cannot
+  be sent would otherwise fail a generation at every commit, forever. The first vote of every member in an admitting generation
   carries a weights digest, so a newcomer off the members' digest is fenced
   before its gradient counts. A process fenced on evidence (corrupt weights, a
   persistent fault) is never readmitted; a new process in its slot is.
@@ -195,7 +197,7 @@ class Membership:
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
                  heartbeat_interval: float | None = None, start_step: int = 0, min_replicas: int = 1,
-                 on_nonfinite: str = "stop"):
+                 on_nonfinite: str = "stop", max_heal_attempts: int = 3):
         self.R, self.M, self.S = replicas, microbatches, steps
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -205,6 +207,9 @@ class Membership:
         # (up to the start-up timeout: a newcomer's start is a start-up).
         self.min_replicas = min_replicas
         self.startup_wait = max(join_timeout, 300.0) if startup_timeout is None else startup_timeout
+        if max_heal_attempts < 1:
+            raise ValueError(f"max_heal_attempts must be >= 1, got {max_heal_attempts}")
+        self.max_heal_attempts = max_heal_attempts  # failed state transfers of a newcomer before it is refused
         self.fence_after = fence_after  # consecutive failed generations implicating a member before it is fenced
         self.max_failed_generations = max_failed_generations  # consecutive failed generations before the run stops
         self.failed_since_commit = 0  # generations that failed since the last commit (or the start)
@@ -334,13 +339,31 @@ class Membership:
         self.expected.discard(r)
         rec = self.joining.pop(r)
         rec["attempts"] += 1
+        failed = Out("event", msg={"kind": "join_failed", "replica": r, "generation": self.gen,
+                                   "attempts": rec["attempts"], "at": now},
+                     reason=f"replica {r}'s state transfer failed with generation {self.gen} "
+                            f"(attempt {rec['attempts']} of {self.max_heal_attempts})")
+        if rec["attempts"] >= self.max_heal_attempts:
+            return [failed] + self._refuse_newcomer(r, rec, now) + self._maybe_publish(now)
         for key in ("generation", "donor", "admitted_at", "step"):
             rec.pop(key, None)
         self.newcomers[r] = rec
-        return [Out("send", r, {"t": "pending", "step": self.step}),
-                Out("event", msg={"kind": "join_failed", "replica": r, "generation": self.gen, "at": now},
-                    reason=f"replica {r}'s state transfer failed with generation {self.gen}: "
-                           "it waits for the next commit")] + self._maybe_publish(now)
+        return [Out("send", r, {"t": "pending", "step": self.step}), failed] + self._maybe_publish(now)
+
+    def _refuse_newcomer(self, r: int, rec: dict[str, Any], now: float) -> list[Out]:
+        """A newcomer that could not be healed `max_heal_attempts` times is refused, never admitted again
+        as this process: re-admitted at every commit, it would fail every generation that admits it
+        (a state the donors cannot send, a newcomer that cannot load it). Its slot is free: a new
+        process in it (the launcher's replacement) is a newcomer like any other."""
+        reason = (f"replica {r} (pid {rec.get('pid')}) refused: its state transfer failed {rec['attempts']} "
+                  f"time(s) (--max-heal-attempts {self.max_heal_attempts})")
+        self._ban(r)
+        self.alive.discard(r)
+        self.dead.add(r)
+        return [Out("event", msg={"kind": "join_refused", "replica": r, "pid": rec.get("pid"), "why": rec.get("why"),
+                                  "attempts": rec["attempts"], "step": self.step, "reason": reason, "at": now},
+                    reason=reason),
+                Out("close", r, {"t": "refused"}, reason=reason)]
 
     def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
         """Member r folded its quota of (gen, step); once every member has, all hear `go`.

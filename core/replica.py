@@ -57,8 +57,12 @@ Contract:
   optimizer and schedule state (core/state_transfer.py) before folding its own
   quota; the newcomer checks the weights fingerprint against the donor's, reports
   "healed", and only then gets its quota. If the transfer fails (the donor dies,
-  a deadline passes), the newcomer reports it in its join and waits for the next
-  commit again; it never folds or votes without the committed state.
+  a deadline passes, or any error on either side: the layout code refusing the
+  state, say), the side that saw it reports it, the generation fails as after a
+  failed collective, the donor goes on with its own state (it only read it), and
+  the newcomer reports it in its join and waits for the next commit again; it
+  never folds or votes without the committed state. The coordinator refuses a
+  newcomer after `--max-heal-attempts` failed transfers (it exits, code 3).
 - Rejoin after a false death (`rejoin`, default on; RECOVER_REJOIN=0 turns it
   off for `from_env`): a replica declared dead while it was only frozen or slow
   wakes to the coordinator's last line, "fenced", and a closed connection. With
@@ -639,10 +643,18 @@ class Replica:
                 stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort)
             finally:
                 self.graveyard.bury(comm)
-        except CollectiveError as e:
-            self._log(f"step {self.step}: state transfer {'from' if self._unhealed else 'to'} generation {g}: {e}")
+        except (RunEnded, _Fenced):
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of the transfer is a failed transfer
+            # Not only a collective's: the layout code refusing a state (a TypeError for a
+            # non-fp32 optimizer state), a header that does not match. The donor keeps its own
+            # state (it only read it) and goes on; the newcomer holds nothing it may trust and
+            # waits for the next commit (and is refused after --max-heal-attempts).
+            why = e.reason if isinstance(e, CollectiveError) else f"{type(e).__name__}: {e}"[:500]
+            self._log(f"step {self.step}: state transfer {'to this replica' if self._unhealed else 'from it'} in "
+                      f"generation {g} failed: {why}")
             if self.control.abort_reason(g) is None:
-                self.control.send({"t": "fail", "gen": g, "step": self.step, "reason": f"state transfer: {e.reason}"})
+                self.control.send({"t": "fail", "gen": g, "step": self.step, "reason": f"state transfer: {why}"})
             self._recover(self._wait_for({"abort"}))
             return
         if self._unhealed:
