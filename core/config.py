@@ -114,6 +114,10 @@ class TrainConfig:
         -1.0, "recover: seconds after a replica's process dies before the launcher starts a replacement in its "
         "slot, which joins at the next commit with the live state (-1 = never)"
     )
+    max_heal_attempts: int = _f(
+        3, "recover: a newcomer whose state transfer failed this many times is refused (it exits, code 3; "
+        "--replace-after then starts another process in its slot)"
+    )
     min_replicas: int = _f(
         1, "recover: with fewer members at an iteration boundary, the next step waits (up to --startup-timeout) "
         "for replacements or woken replicas to join (the step in flight is finished by the survivors)"
@@ -210,7 +214,7 @@ class TrainConfig:
         if self.model not in MODEL_CONFIGS:
             raise ConfigError("--model", f"unknown model {self.model!r}; choose from {', '.join(MODEL_CONFIGS)}")
         positive = ["replicas", "microbatches", "steps", "batch_size", "threads", "corpus_bytes", "fence_after",
-                    "max_failed_generations", "checkpoint_keep", "checkpoint_failures"]
+                    "max_failed_generations", "checkpoint_keep", "checkpoint_failures", "max_heal_attempts"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")

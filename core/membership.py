@@ -17,7 +17,9 @@ Contract:
   "reason", ...} per replica fenced for persistent faults or corrupt weights; per
   admission one "admitted" line, and per newcomer one "join" line at its first
   commit: bytes and seconds of its state transfer, seconds from its process start
-  to that commit, every member's weights digest at it): no worker, replica 0
+  to that commit, every member's weights digest at it; a failed transfer adds a
+  "join_failed" line, and a newcomer refused after `--max-heal-attempts` of them a
+  "join_refused" line): no worker, replica 0
   included, is special, so any of them can die.
 - A dead replica's slot takes a new connection only from a newcomer (a hello
   with `can_heal`): a replacement process, or the same replica woken from a
@@ -156,7 +158,7 @@ class MembershipService:
                                 fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
                                 startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval,
                                 start_step=cfg.start_step, min_replicas=cfg.min_replicas,
-                                on_nonfinite=cfg.on_nonfinite)
+                                on_nonfinite=cfg.on_nonfinite, max_heal_attempts=cfg.max_heal_attempts)
         self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
         self.metrics = JsonlWriter(out / "metrics.jsonl")

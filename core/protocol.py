@@ -24,7 +24,9 @@ Invariants it keeps:
   or a vote, or a join saying so) it is unhealed: if the generation fails first,
   its join says `healed: false` and it goes back to waiting for the next commit,
   so a replica without the committed state never folds, votes or survives into
-  a generation. The first vote of every member in an admitting generation
+  a generation. After `max_heal_attempts` such failures it is refused (a
+  "join_refused" record), never re-admitted as that process: a state that cannot
+  be sent would otherwise fail a generation at every commit, forever. The first vote of every member in an admitting generation
   carries a weights digest, so a newcomer off the members' digest is fenced
   before its gradient counts. A process fenced on evidence (corrupt weights, a
   persistent fault) is never readmitted; a new process in its slot is.
@@ -76,9 +78,11 @@ Invariants it keeps:
   members still waiting at T-1 after a vote (the old coordinator died between
   commit messages) hear that commit now, since every vote of T-1 was in (commits
   go out only then) and the others already stepped with the same reduced
-  gradient. Anyone else (behind, unhealed, a newcomer) is closed and comes back
-  as a newcomer, healed from a live member: never a stale replica in a
-  generation. The rebuilt generation's first votes carry weights digests, so a
+  gradient. A newcomer that was waiting for admission (a process in no
+  generation, a replacement or a woken replica) goes on waiting: it hears
+  "pending" and is admitted at the restarted coordinator's next commit. Anyone
+  else (behind, unhealed) is closed and comes back as a newcomer, healed from a
+  live member: never a stale replica in a generation. The rebuilt generation's first votes carry weights digests, so a
   member off the majority is fenced before its gradient counts. When T is the
   run's last step count (the old coordinator died after sending the last commit,
   which workers learn is the last: they stay for `done`), nothing is rebuilt:
@@ -175,13 +179,25 @@ def _ledger(r: int, msg: dict) -> idranges.Ranges:
         raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
 
 
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _committed_vote_of(rep: dict, step: int) -> list[dict]:
+    """[the vote with which a report's member committed `step`] if the report says so, else []."""
+    for vote in (rep.get("committed_vote"), rep.get("vote") if "committed_vote" not in rep else None):
+        if isinstance(vote, dict) and vote.get("step") == step:
+            return [vote]
+    return []
+
+
 class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
                  heartbeat_interval: float | None = None, start_step: int = 0, min_replicas: int = 1,
-                 on_nonfinite: str = "stop"):
+                 on_nonfinite: str = "stop", max_heal_attempts: int = 3):
         self.R, self.M, self.S = replicas, microbatches, steps
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -191,6 +207,9 @@ class Membership:
         # (up to the start-up timeout: a newcomer's start is a start-up).
         self.min_replicas = min_replicas
         self.startup_wait = max(join_timeout, 300.0) if startup_timeout is None else startup_timeout
+        if max_heal_attempts < 1:
+            raise ValueError(f"max_heal_attempts must be >= 1, got {max_heal_attempts}")
+        self.max_heal_attempts = max_heal_attempts  # failed state transfers of a newcomer before it is refused
         self.fence_after = fence_after  # consecutive failed generations implicating a member before it is fenced
         self.max_failed_generations = max_failed_generations  # consecutive failed generations before the run stops
         self.failed_since_commit = 0  # generations that failed since the last commit (or the start)
@@ -320,13 +339,31 @@ class Membership:
         self.expected.discard(r)
         rec = self.joining.pop(r)
         rec["attempts"] += 1
+        failed = Out("event", msg={"kind": "join_failed", "replica": r, "generation": self.gen,
+                                   "attempts": rec["attempts"], "at": now},
+                     reason=f"replica {r}'s state transfer failed with generation {self.gen} "
+                            f"(attempt {rec['attempts']} of {self.max_heal_attempts})")
+        if rec["attempts"] >= self.max_heal_attempts:
+            return [failed] + self._refuse_newcomer(r, rec, now) + self._maybe_publish(now)
         for key in ("generation", "donor", "admitted_at", "step"):
             rec.pop(key, None)
         self.newcomers[r] = rec
-        return [Out("send", r, {"t": "pending", "step": self.step}),
-                Out("event", msg={"kind": "join_failed", "replica": r, "generation": self.gen, "at": now},
-                    reason=f"replica {r}'s state transfer failed with generation {self.gen}: "
-                           "it waits for the next commit")] + self._maybe_publish(now)
+        return [Out("send", r, {"t": "pending", "step": self.step}), failed] + self._maybe_publish(now)
+
+    def _refuse_newcomer(self, r: int, rec: dict[str, Any], now: float) -> list[Out]:
+        """A newcomer that could not be healed `max_heal_attempts` times is refused, never admitted again
+        as this process: re-admitted at every commit, it would fail every generation that admits it
+        (a state the donors cannot send, a newcomer that cannot load it). Its slot is free: a new
+        process in it (the launcher's replacement) is a newcomer like any other."""
+        reason = (f"replica {r} (pid {rec.get('pid')}) refused: its state transfer failed {rec['attempts']} "
+                  f"time(s) (--max-heal-attempts {self.max_heal_attempts})")
+        self._ban(r)
+        self.alive.discard(r)
+        self.dead.add(r)
+        return [Out("event", msg={"kind": "join_refused", "replica": r, "pid": rec.get("pid"), "why": rec.get("why"),
+                                  "attempts": rec["attempts"], "step": self.step, "reason": reason, "at": now},
+                    reason=reason),
+                Out("close", r, {"t": "refused"}, reason=reason)]
 
     def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
         """Member r folded its quota of (gen, step); once every member has, all hear `go`.
@@ -987,9 +1024,13 @@ class Membership:
                                    f"({len(reports)} newcomer(s) did)", now)
         top = max(rep["step"] for rep in members.values())
         ahead = {r: rep for r, rep in members.items() if rep["step"] == top}
-        # the generation that committed top-1, as the members past it voted in it
-        committed_in = {rep["vote"]["gen"] for rep in ahead.values()
-                        if isinstance(rep.get("vote"), dict) and rep["vote"].get("step") == top - 1}
+        # The generation that committed top-1, from the vote each member past it committed:
+        # `committed_vote`, not its last vote, which is of step top once it voted again (the
+        # filter would then be empty and admit any old vote of top-1: a member cut off after
+        # voting in a generation that never committed would be handed a commit it was not
+        # part of). The last vote stands in only for a report without `committed_vote`
+        # (an older worker), where it is the committed one if it is of top-1.
+        committed_in = {vote["gen"] for rep in ahead.values() for vote in _committed_vote_of(rep, top - 1)}
 
         def missed_commit(rep: dict) -> bool:
             vote = rep.get("vote") or {}
@@ -998,7 +1039,13 @@ class Membership:
 
         # (with nobody past a step, nobody is "behind" at it: top is the highest step reported)
         behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
-        stale = sorted(set(reports) - set(ahead) - set(behind))
+        # A process in no generation that can be healed (a replacement, or a woken replica that
+        # rejoined) was waiting for admission: it goes on waiting, here, for the next commit.
+        # Closed, it would read the close as a verdict and exit (issue 41 item 3).
+        waiting = sorted(r for r, rep in reports.items()
+                         if r not in members and hellos[r].get("can_heal") and not rep.get("member")
+                         and _int_or(rep.get("gen"), -1) < 0)
+        stale = sorted(set(reports) - set(ahead) - set(behind) - set(waiting))
         if top >= self.S:
             return self._rebuilt_finish(top, ahead, behind, recorded, len(reports), now)
         self.step = top
@@ -1019,7 +1066,8 @@ class Membership:
         self._record_failure(reason, now)
         out: list[Out] = [Out("event", msg={
             "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
-            "missed_commit": sorted(behind), "closed": stale, "reports": len(reports), "at": now}, reason=reason)]
+            "missed_commit": sorted(behind), "closed": stale, "newcomers": waiting, "reports": len(reports),
+            "at": now}, reason=reason)]
         if recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now)):
             # the old coordinator sent top-1's commit and died before writing its line: to those
             # behind (they voted and wait), or to everyone (those ahead report it as committed)
@@ -1036,8 +1084,10 @@ class Membership:
             else:
                 out.append(Out("send", r, {"t": "abort", "gen": int(rep.get("gen", -1)), "step": top,
                                            "next": self.next_gen, "reason": reason}))
+        for r in waiting:
+            out += self._newcomer(r, hellos[r], now)  # "pending": admitted at the next commit
         for r in stale:
-            # behind, unhealed or a newcomer: it comes back through admission, healed from a member
+            # behind or unhealed: it comes back through admission, healed from a member
             self.alive.discard(r)
             self.dead.add(r)
             out.append(Out("close", r, reason=f"replica {r} does not hold step {top}'s state after the coordinator "

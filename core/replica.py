@@ -57,8 +57,12 @@ Contract:
   optimizer and schedule state (core/state_transfer.py) before folding its own
   quota; the newcomer checks the weights fingerprint against the donor's, reports
   "healed", and only then gets its quota. If the transfer fails (the donor dies,
-  a deadline passes), the newcomer reports it in its join and waits for the next
-  commit again; it never folds or votes without the committed state.
+  a deadline passes, or any error on either side: the layout code refusing the
+  state, say), the side that saw it reports it, the generation fails as after a
+  failed collective, the donor goes on with its own state (it only read it), and
+  the newcomer reports it in its join and waits for the next commit again; it
+  never folds or votes without the committed state. The coordinator refuses a
+  newcomer after `--max-heal-attempts` failed transfers (it exits, code 3).
 - Rejoin after a false death (`rejoin`, default on; RECOVER_REJOIN=0 turns it
   off for `from_env`): a replica declared dead while it was only frozen or slow
   wakes to the coordinator's last line, "fenced", and a closed connection. With
@@ -73,7 +77,8 @@ Contract:
   says hello with a report of where it stands (`_report`: step, generation,
   ledger, what it waits for, its last vote), keeping its weights, optimizer state
   and what it folded. A restarted coordinator answers "rebuilt" and the wait goes
-  on where it was (the commit it missed, an abort, the next generation); a live
+  on where it was (the commit it missed, an abort, the next generation, or, for
+  a newcomer, its admission: the restarted coordinator admits it); a live
   one that had declared it dead answers "pending", and it rejoins as above. A
   coordinator silent for `coordinator_timeout` seconds (frozen) counts as closed.
   The last `commit()` returns once the coordinator says `done` (the step is
@@ -223,8 +228,12 @@ class Replica:
         self.tokens_per_microbatch = tokens_per_microbatch
         # None: the launcher's, from the environment
         self.join_token = os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token
+        # A newcomer's hello says when it started waiting to be admitted (its process start, or its
+        # rejoin) and whether it is a woken replica; a reconnect's hello says it again (`_reconnect`).
+        self._started_at = float(os.environ.get(STARTED_ENV, time.time())) - run_start_time()
+        self._woken = False
         self.control = self._connect_at_start()
-        self._hello(float(os.environ.get(STARTED_ENV, time.time())) - run_start_time(), rejoin=False)
+        self._hello(self._started_at, rejoin=False)
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
         self.generation = -1
@@ -518,7 +527,12 @@ class Replica:
                 client = None
             if client is not None:
                 self.control = client
-                self._hello(time.time() - run_start_time(), rejoin=True, report=self._report())
+                # a process in no generation waits for admission: it stays what it was (a restarted
+                # coordinator keeps it waiting, protocol `rebuild`); a member that is told "pending"
+                # was declared dead, as a woken replica
+                member = self.generation >= 0
+                self._hello(time.time() - run_start_time() if member else self._started_at,
+                            rejoin=member or self._woken, report=self._report())
                 answer = client.recv(RECONNECT_ANSWER_SECONDS)
                 if answer is not None and answer["t"] != "closed":
                     return answer
@@ -586,6 +600,8 @@ class Replica:
         self.acc.clear()
         self._abort = None
         self._quota, self._in_quota = [], set()
+        self._woken = True
+        self._started_at = time.time() - run_start_time()
         while True:
             self.generation = -1  # a member of nothing (its report says so)
             self._unhealed = False
@@ -599,7 +615,7 @@ class Replica:
                 except OSError as e:
                     raise RunEnded(f"the coordinator is gone: cannot reach it to rejoin ({e})",
                                    code=worker_exit.EXIT_COORDINATOR_GONE) from None
-                self._hello(time.time() - run_start_time(), rejoin=True)
+                self._hello(self._started_at, rejoin=True)
             try:
                 self._wait_generation(0)
                 return
@@ -627,10 +643,18 @@ class Replica:
                 stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort)
             finally:
                 self.graveyard.bury(comm)
-        except CollectiveError as e:
-            self._log(f"step {self.step}: state transfer {'from' if self._unhealed else 'to'} generation {g}: {e}")
+        except (RunEnded, _Fenced):
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of the transfer is a failed transfer
+            # Not only a collective's: the layout code refusing a state (a TypeError for a
+            # non-fp32 optimizer state), a header that does not match. The donor keeps its own
+            # state (it only read it) and goes on; the newcomer holds nothing it may trust and
+            # waits for the next commit (and is refused after --max-heal-attempts).
+            why = e.reason if isinstance(e, CollectiveError) else f"{type(e).__name__}: {e}"[:500]
+            self._log(f"step {self.step}: state transfer {'to this replica' if self._unhealed else 'from it'} in "
+                      f"generation {g} failed: {why}")
             if self.control.abort_reason(g) is None:
-                self.control.send({"t": "fail", "gen": g, "step": self.step, "reason": f"state transfer: {e.reason}"})
+                self.control.send({"t": "fail", "gen": g, "step": self.step, "reason": f"state transfer: {why}"})
             self._recover(self._wait_for({"abort"}))
             return
         if self._unhealed:

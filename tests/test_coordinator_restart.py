@@ -187,3 +187,61 @@ def test_recover_launch_restarts_the_coordinator_of_a_users_loop(tmp_path):
     exits = [p for p in json.loads((out / "summary.json").read_text())["processes"] if p["role"] == "coordinator"]
     assert [(p["pid"] == victim, p["how"], p["restarted"]) for p in exits] == [
         (True, "killed by SIGKILL", True), (False, "exited 0", False)]
+
+
+def test_a_replacement_waiting_for_admission_survives_a_coordinator_kill_and_is_admitted(tmp_path, reference):
+    """Issue 41 item 3. Replica 2 is SIGKILLed at step 1 and replaced a second later; the moment the
+    coordinator's log says the replacement waits for admission, the coordinator is SIGKILLed by its
+    PID. The restarted one keeps the replacement waiting (it used to close it, and the replacement
+    exited, code 1) and admits it at its next commit: one replacement process, which finishes with
+    the others, at full strength, on the failure-free trajectory. The survivors are paced (each
+    microbatch lasts 1 s from step 1 on) so that a step outlasts the test's reaction to the log line:
+    the replacement is still waiting when the kill lands."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "crash", "replica": 2, "step": 1, "phase": "forward", "microbatch": 0},
+        *({"kind": "pace", "replica": r, "step": 1, "phase": "forward", "seconds": 1.0} for r in (0, 1))]}))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", "train", "--system", "recover",
+                             *COMMON, "--replace-after", "1", "--faults", str(plan), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "logs" / "coordinator.log"
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "waits for admission" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        victim = json.loads((out / "pids.json").read_text())["coordinator"]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout + stderr + log.read_text()
+    assert_every_planned_fault_fired(out)
+    metrics, summary = _assert_same_run(out, reference)
+    first, last = _coordinator_exits(summary)
+    assert first["pid"] == victim and first["how"] == "killed by SIGKILL" and first["restarted"]
+    assert last["returncode"] == 0
+    # one replacement process, which finished (the old code closed it at the rebuild: it exited 1,
+    # and only a second replacement brought the run back to full strength)
+    twos = [p for p in summary["processes"] if p["role"] == "worker" and p["replica"] == 2]
+    assert [p["how"] for p in twos] == ["killed by SIGKILL", "exited 0"], twos
+    events = read_jsonl(out / "events.jsonl")
+    (rebuilt,) = [e for e in events if e["kind"] == "rebuilt"]
+    assert rebuilt["newcomers"] == [2] and rebuilt["closed"] == [] and rebuilt["members"] == [0, 1]
+    # admitted by the restarted coordinator (the kill landed while it waited), healed, one process
+    (admitted,) = [e for e in events if e["kind"] == "admitted"]
+    assert events.index(admitted) > events.index(rebuilt) and admitted["replicas"] == [2]
+    (join,) = [e for e in events if e["kind"] == "join"]
+    assert join["replica"] == 2 and join["why"] == "replacement" and join["pid"] == twos[1]["pid"]
+    assert set(join["member_digests"].values()) == {join["weights_digest"]}
+    assert all(m["members"] == [0, 1, 2] for m in metrics if m["step"] >= join["first_commit_step"])
+    assert metrics[-1]["members"] == [0, 1, 2]

@@ -133,3 +133,44 @@ def test_min_replicas_waits_no_longer_than_the_start_up_timeout():
     assert proto.state == "waiting"
     gens = sends(proto.on_tick(31.0), "gen")
     assert sorted(gens) == [0] and "heal" not in gens[0] and proto.gen == 2 and proto.step == 1
+
+
+def test_a_newcomer_that_cannot_be_healed_is_refused_after_max_heal_attempts():
+    """Issue 41 item 5: a state no donor can send (or no newcomer can load) fails every admission;
+    `attempts` bounds it. After `max_heal_attempts` failed transfers the newcomer is refused with a
+    record saying why, and never re-admitted as that process; a new process in the slot is a
+    newcomer like any other (the launcher's replacement)."""
+    proto = formed(max_heal_attempts=2)
+    lose(proto, 2)
+    for r in (0, 1):
+        proto.on_join(r, {"gen": 1, "step": 0, "ledger": []}, 0.6)
+    proto.on_hello(2, {"tokens_per_mb": 1, "pid": 200, "can_heal": True, "started_at": 0.7}, 0.8)
+    for attempt in (1, 2):
+        gens = sends(vote_all(proto, quotas_of(proto)), "gen")  # admitted at the commit ...
+        assert sorted(gens) == [0, 1, 2] and "heal" in gens[2]
+        donor = gens[2]["heal"]["donor"]
+        out = proto.on_fail(donor, {"gen": proto.gen, "step": proto.step, "reason": "state transfer: TypeError"},
+                            1.0)  # ... and the donor's transfer fails (it survives: a report, not a loss)
+        assert sorted(sends(out, "abort")) == [0, 1, 2]
+        out = proto.on_join(2, {"gen": proto.next_gen, "step": proto.step, "ledger": [], "healed": False}, 1.1)
+        (failed,) = [a.msg for a in out if a.kind == "event" and a.msg["kind"] == "join_failed"]
+        assert failed["attempts"] == attempt
+        if attempt == 1:
+            assert sends(out, "pending") == {2: {"t": "pending", "step": proto.step}} and 2 in proto.newcomers
+        rejoined = []
+        for r in (0, 1):  # the members redo the step without it
+            rejoined += proto.on_join(r, {"gen": proto.next_gen, "step": proto.step, "ledger": []}, 1.2)
+        assert sorted(sends(rejoined, "gen")) == [0, 1]
+    (refused,) = [a.msg for a in out if a.kind == "event" and a.msg["kind"] == "join_refused"]
+    assert (refused["replica"], refused["pid"], refused["attempts"]) == (2, 200, 2)
+    assert "max-heal-attempts" in refused["reason"]
+    assert [(a.replica, a.msg) for a in out if a.kind == "close"] == [(2, {"t": "refused"})]
+    assert not sends(out, "pending") and 2 in proto.dead and 2 not in proto.newcomers and proto.banned[2] == 200
+    # the members go on without it, and the next commit admits nobody
+    out = vote_all(proto, quotas_of(proto))
+    commits = sorted(a.replica for a in out if a.kind == "send" and a.msg["t"] == "commit")
+    assert not sends(out, "gen") and commits == [0, 1] and proto.members == [0, 1]
+    # the same process is not readmitted; a new one in the slot is
+    assert [a.kind for a in proto.on_hello(2, {"tokens_per_mb": 1, "pid": 200, "can_heal": True}, 2.0)] == ["close"]
+    assert sends(proto.on_hello(2, {"tokens_per_mb": 1, "pid": 201, "can_heal": True}, 2.1), "pending")
+    assert proto.newcomers[2]["attempts"] == 0

@@ -9,8 +9,9 @@ holds) is handed the hellos the workers send it, each with the report
   the middle of sending hear that commit (with `next`), and their join is
   implied; the commit's metrics line is written from the votes the workers
   report only when metrics.jsonl lacks it;
-- a member behind, an unhealed one or a newcomer is closed (it comes back as a
-  newcomer, healed from a member); with no member at all the run stops;
+- a member behind or an unhealed one is closed (it comes back as a newcomer,
+  healed from a member); a newcomer that was waiting for admission goes on
+  waiting and is admitted at the next commit; with no member at all the run stops;
 - the rebuilt generation's gen message asks for digested first votes, so a
   member off the majority is fenced before its gradient counts;
 - the wire refuses a hello whose report is malformed.
@@ -121,7 +122,7 @@ def test_members_that_missed_a_commit_hear_it_and_its_line_is_written_from_the_r
     assert sorted(i for g in gens.values() for i in idranges.to_ids(g["quota"])) == ids[1:]
 
 
-def test_a_member_behind_an_unhealed_one_and_a_newcomer_are_closed_and_come_back_as_newcomers():
+def test_a_member_behind_and_an_unhealed_one_are_closed_and_come_back_as_newcomers():
     ids = iteration_ids(5, M)
     hellos = {
         0: hello(report(5, 4, ids[0:2])),
@@ -138,6 +139,34 @@ def test_a_member_behind_an_unhealed_one_and_a_newcomer_are_closed_and_come_back
     # replica 1 says hello again (its reconnect after the close): admitted at the next commit
     out = proto.on_hello(1, {"pid": 101, "can_heal": True, "rejoin": True}, 2.2)
     assert sends(out, "pending") == {1: {"t": "pending", "step": 5}}
+
+
+def test_a_newcomer_waiting_for_admission_goes_on_waiting_and_is_admitted_at_the_next_commit():
+    """Issue 41 item 3: a replacement (or a woken replica that rejoined) was waiting for admission
+    when the coordinator died. It reports no generation; closing it would make it exit (a process
+    in no generation takes the close for a verdict). It hears "pending" instead, and the restarted
+    coordinator admits it at its first commit, healed from a member."""
+    ids = iteration_ids(4, M)
+    hellos = {0: hello(report(4, 3, ids[0:3])), 1: hello(report(4, 3, ids[3:6], wait="commit",
+                                                                  vote=vote_of(4, 3, ids[3:6])))}
+    hellos[2] = {**hello(report(2, -1, [], wait="gen", awaiting=0, member=False), pid=300),
+                 "can_heal": True, "rejoin": False, "started_at": 3.5}
+    proto = fresh()
+    out = proto.rebuild(hellos, 5.0, recorded_step=3)
+    assert not [a for a in out if a.kind == "close"] and sends(out, "pending") == {2: {"t": "pending", "step": 4}}
+    (event,) = [a.msg for a in out if a.kind == "event"]
+    assert event["newcomers"] == [2] and event["closed"] == [] and event["members"] == [0, 1]
+    assert 2 in proto.alive and 2 in proto.newcomers and proto.expected == {0, 1}
+    gens = sends(proto.on_join(0, {"gen": 4, "step": 4, "ledger": idranges.from_ids(ids[0:3])}, 5.1)
+                 + proto.on_join(1, {"gen": 4, "step": 4, "ledger": idranges.from_ids(ids[3:6])}, 5.1), "gen")
+    assert set(gens) == {0, 1}  # step 4 is finished by the members ...
+    out = vote_all(proto, {0: idranges.from_ids(ids[0:3]), 1: idranges.from_ids(ids[3:6])}, 6.0)
+    gens = sends(out, "gen")  # ... and the newcomer enters at the commit, healed by a member
+    assert set(gens) == {0, 1, 2} and gens[2]["step"] == 5 and gens[2]["heal"]["donor"] in (0, 1)
+    assert idranges.to_ids(gens[2]["heal"]["joining"]) == [2]
+    (admitted,) = [a.msg for a in out if a.kind == "event" and a.msg.get("kind") == "admitted"]
+    assert admitted["replicas"] == [2]
+    assert proto.joining[2]["why"] == "replacement" and proto.joining[2]["started_at"] == 3.5
 
 
 def test_no_member_reporting_stops_the_run_saying_why():
@@ -251,3 +280,29 @@ def test_a_restarted_coordinator_reads_the_last_recorded_step_from_the_tail_and_
     path.write_text(lines)
     assert membership.MembershipService._last_recorded_step(path) == 49
     assert membership.MembershipService._last_recorded_step(tmp_path / "absent.jsonl") == -1
+
+
+def test_a_member_cut_off_after_voting_in_a_generation_that_never_committed_is_not_handed_that_commit():
+    """Issue 41 item 4. Step 6 ran in generation 5; replica 2 voted in it and was then cut off (a
+    partition: declared dead, it never read the close). Generation 6 (0 and 1) redid its share and
+    committed step 6; 0 and 1 then voted at step 7, and the coordinator died. Replica 2 reports it is
+    still waiting for the commit of step 6, with its vote of generation 5. That vote never committed:
+    the members past step 6 committed it in generation 6, as their `committed_vote` says (their last
+    vote is of step 7, so a filter built from it is empty and lets any old vote through). Replica 2
+    is closed (it comes back as a newcomer, healed), never handed generation 5's commit."""
+    prev, ids = iteration_ids(6, M), iteration_ids(7, M)
+    hellos = {r: hello(report(7, 6, ids[3 * r:3 * r + 3], wait="commit", vote=vote_of(7, 6, ids[3 * r:3 * r + 3]),
+                              committed_vote=vote_of(6, 6, prev[3 * r:3 * r + 3])))
+              for r in (0, 1)}
+    hellos[2] = hello(report(6, 5, [], wait="commit", vote=vote_of(6, 5, prev[4:6])))
+    proto = fresh()
+    out = proto.rebuild(hellos, 9.0, recorded_step=6)
+    assert not sends(out, "commit")  # nobody is handed a commit of step 6
+    assert [a.replica for a in out if a.kind == "close"] == [2] and proto.expected == {0, 1}
+    (event,) = [a.msg for a in out if a.kind == "event"]
+    assert event["missed_commit"] == [] and event["closed"] == [2]
+    assert set(sends(out, "abort")) == {0, 1}
+    # a member that did miss generation 6's commit still hears it
+    hellos[2] = hello(report(6, 6, [], wait="commit", vote=vote_of(6, 6, prev[4:6])))
+    out = fresh().rebuild(hellos, 9.0, recorded_step=6)
+    assert set(sends(out, "commit")) == {2} and sends(out, "commit")[2]["gen"] == 6

@@ -25,7 +25,7 @@ from . import fail
 
 # the TrainConfig fields a user's job is run with
 LAUNCH_FIELDS = ("replicas", "shard", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
-                 "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas",
+                 "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas", "max_heal_attempts",
                  "rejoin", "coordinator_timeout", "reconnect_timeout", "coordinator_restarts", "on_nonfinite")
 
 
