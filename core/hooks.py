@@ -63,6 +63,10 @@ class WorkerHooks:
     def microbatch_done(self, step: int, microbatch: int, seconds: float) -> None:
         """Called after the `microbatch`-th microbatch of `step` took `seconds`."""
 
+    def outgoing_vote(self, vote: dict) -> dict:
+        """Called with each vote just before it is sent; returns the message to send."""
+        return vote
+
 
 def load_hooks(spec: str, cfg: "TrainConfig", replica: int, rank: int = 0) -> WorkerHooks:
     """Build hooks from "module:function" (called as function(cfg, replica, rank)); '' = none."""

@@ -423,7 +423,7 @@ class Replica:
             self._digest_next_vote = False
         self._last_vote = {"gen": g, "step": step, "ledger": vote["ledger"], "loss_sum": vote["loss_sum"],
                            "lr": vote["lr"]}
-        self.control.send(vote)
+        self.control.send(self.hooks.outgoing_vote(vote))
         self.hooks.at(step, "commit")
         msg = self._wait_for({"commit", "abort"})
         if msg["t"] == "abort":

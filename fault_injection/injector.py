@@ -103,6 +103,7 @@ class FaultInjector(WorkerHooks):
         self.pace_seconds = 0.0
         self.weights = None  # set by attach_weights: what a bitflip corrupts
         self.link_broken_until = 0.0
+        self.spoil_vote = False  # set by a bad_vote fault: the next vote goes out without its loss_sum
         # A straggler stays one across a restart of its worker: the fault fired
         # once, but the slow device it stands for is still slow.
         for i, f in mine:
@@ -139,6 +140,12 @@ class FaultInjector(WorkerHooks):
         extra = max(extra, self.pace_seconds - seconds)
         if extra > 0:
             time.sleep(extra)
+
+    def outgoing_vote(self, vote: dict) -> dict:
+        if not self.spoil_vote:
+            return vote
+        self.spoil_vote = False
+        return {k: v for k, v in vote.items() if k != "loss_sum"}
 
     def _fire(self, index: int, f: Fault, step: int, phase: str, microbatch: int | None) -> None:
         pid = coordinator_pid(self.out) if f.spec.targets_coordinator else os.getpid()

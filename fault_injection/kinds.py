@@ -68,6 +68,7 @@ class InjectorState(Protocol):
     weights: Any  # the worker's weights as its trainer attached them (core.hooks.Weights), or None
     link_broken_until: float  # until this time.time(), every all-reduce of this worker fails (0.0: link works)
     out: Path  # the run's directory (DIR/pids.json names the coordinator's PID)
+    spoil_vote: bool  # the next vote goes out without its loss_sum (core.hooks.WorkerHooks.outgoing_vote)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,12 @@ def _break_link_for_good(state: InjectorState, index: int, fault: Any, step: int
     )
 
 
+def _spoil_next_vote(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # Fired at "vote", just before this step's vote is built: the injector's outgoing_vote
+    # drops the vote's loss_sum, a malformed message from a peer that holds the join token.
+    state.spoil_vote = True
+
+
 def link_still_broken(state: InjectorState) -> None:
     """At an "allreduce" point: raise while a broken_link that already fired lasts."""
     if state.link_broken_until and time.time() < state.link_broken_until:
@@ -276,6 +283,14 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         _break_link_for_good, accepts=("seconds",), at_phase="allreduce",
         at_phase_why="breaks the collective in flight (and every later one)",
         sim_effect="crash", sim_why="recover fences the replica after repeated failed collectives",
+    ),
+    FaultKind(
+        # A member holding the join token sends a bad message (issue 41 item 7): the
+        # coordinator must fence the member, not crash or end the run.
+        "bad_vote", "the target's vote goes out without its loss_sum (a malformed message from a member; recover "
+        "fences the sender and its ids are redone)", _spoil_next_vote,
+        at_phase="vote", at_phase_why="spoils the vote about to be sent",
+        sim_effect="crash", sim_why="recover fences the sender at its vote", loses_replica=True,
     ),
     FaultKind(
         "replica_loss", "SIGKILL of the target replica's whole process group at once", _kill_own_replica,
