@@ -226,9 +226,13 @@ def _kill_replica(pid: int, pids: list[int]) -> None:
     pgid = os.getpgid(pid)
     if pgid != os.getpgrp():
         os.killpg(pgid, signal.SIGKILL)
-    else:  # not a group of its own: kill what the launcher knows of the replica
-        for p in pids:
+    # and every process the launcher knows of the replica: a replica of many ranks is
+    # several process groups (one per rank), all of which go at once
+    for p in pids:
+        try:
             os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 # ---- the table ----------------------------------------------------------------------------------

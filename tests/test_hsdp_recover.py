@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import assert_every_planned_fault_fired, load_run, run_recover
+from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, reported_ids
@@ -96,5 +96,21 @@ def test_a_rank_frozen_for_good_takes_its_replica_out_past_the_heartbeat_deadlin
     assert rec["detected_at"] - fired["wall_time"] >= 2 - 0.5
     log = (out_dir / "logs" / "replica2.log").read_text()
     assert "rank 1 silent for" in log, log
+    for m, ref in zip(metrics, failure_free_3x2):
+        assert m["loss"] == pytest.approx(ref, rel=1e-5)
+
+
+def test_replica_loss_takes_every_rank_of_the_replica(tmp_path, out_dir, failure_free_3x2):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "replica_loss", "replica": 0, "step": 1, "phase": "forward", "microbatch": 1}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6", "--steps", "5",
+           "--faults", str(plan))
+    assert_every_planned_fault_fired(out_dir)
+    _, metrics, summary = load_run(out_dir)
+    assert [m["members"] for m in metrics] == [[0, 1, 2]] + [[1, 2]] * 4  # replica 0, the first writer, is gone
+    assert all(reported_ids(m) == iteration_ids(m["step"], 6) for m in metrics)
+    pids = json.loads((out_dir / "pids.json").read_text())["replicas"]["0"]
+    assert not any(pid_alive(p) for p in pids)  # both of its ranks
     for m, ref in zip(metrics, failure_free_3x2):
         assert m["loss"] == pytest.approx(ref, rel=1e-5)
