@@ -242,7 +242,7 @@ class Launcher:
     def _start_rank(self, replica: int, rank: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
         argv = list(self.worker_argv(replica))
         env = {**env, "RECOVER_REPLICA": str(replica), "RECOVER_WORKER_STARTED": repr(time.time()),
-               "RECOVER_LOCAL_RANK": str(rank), "RECOVER_SHARD": str(self.ranks_per_replica),
+               "RECOVER_LOCAL_RANK": str(rank), "RECOVER_RANKS_PER_REPLICA": str(self.ranks_per_replica),
                "RECOVER_REPLICAS": str(len(self.replica_ids))}
         log_path = self.out / "logs" / (f"replica{replica}.log" if rank == 0 else f"replica{replica}_rank{rank}.log")
         if self.fork_workers and forkserver.forkable(argv):

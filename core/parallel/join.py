@@ -16,7 +16,7 @@
 
 Contract:
 - `ReplicaContext.from_env()` reads what the launcher sets (RECOVER_REPLICA,
-  RECOVER_LOCAL_RANK, RECOVER_SHARD, RECOVER_STORE_ADDR; the deadlines from
+  RECOVER_LOCAL_RANK, RECOVER_RANKS_PER_REPLICA, RECOVER_TP, RECOVER_STORE_ADDR; the deadlines from
   RECOVER_COLLECTIVE_TIMEOUT, RECOVER_HEARTBEAT_INTERVAL and
   RECOVER_HEARTBEAT_TIMEOUT when set) and builds, for this rank: its replica's
   groups (`parallel`, a ParallelContext: the replica is the process's default
@@ -33,7 +33,7 @@ Contract:
 - `part(x, y)` is this rank's rows of a microbatch and their share of its rows:
   scale the loss by the share, and the ranks' gradients sum to the microbatch's.
   The rows follow the shard index: the `tp` ranks of one shard position (tensor
-  parallelism, `from_env(tp=T)`: RECOVER_SHARD then counts all S x T ranks of the
+  parallelism, `from_env(tp=T)` or RECOVER_TP: RECOVER_RANKS_PER_REPLICA counts all S x T ranks of the
   replica) take the same rows.
 - With T > 1, `join` has the committed step clip with the accumulator's
   `clip_grad_norm_` (torch's refuses a model split over two meshes and plain tensors).
@@ -73,13 +73,15 @@ class ReplicaContext:
 
     @classmethod
     def from_env(cls, collective_timeout: float | None = None, heartbeat_interval: float | None = None,
-                 heartbeat_timeout: float | None = None, tp: int = 1) -> "ReplicaContext":
+                 heartbeat_timeout: float | None = None, tp: int | None = None) -> "ReplicaContext":
         """This rank's context in a job started by the launcher (`recover launch --shard S`); a
         deadline not given comes from the environment, else its default (30 s, 0.1 s, 3 s). With
-        `tp` = T > 1 the launcher's RECOVER_SHARD ranks per replica are S x T (tp innermost)."""
+        `tp` = T > 1 (default: RECOVER_TP, else 1) the launcher's RECOVER_RANKS_PER_REPLICA ranks
+        per replica are S x T (tp innermost)."""
         r = int(os.environ["RECOVER_REPLICA"])
         local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
-        shard = int(os.environ.get("RECOVER_SHARD", "1"))  # the replica's ranks
+        shard = int(os.environ.get("RECOVER_RANKS_PER_REPLICA", "1"))  # the replica's ranks
+        tp = tp or int(os.environ.get("RECOVER_TP", "1"))
         if shard % tp:
             raise ValueError(f"--tp {tp} does not divide the replica's {shard} ranks")
         replicas = int(os.environ.get("RECOVER_REPLICAS", r + 1))

@@ -3,7 +3,8 @@
 Contract: starts the coordinator (store + membership) and one process per replica
 running the given command, each with RECOVER_REPLICA, RECOVER_STORE_ADDR and
 RECOVER_CONTROL_ADDR set so that `recover.core.Replica.from_env(...)` joins the
-job. With --shard S, S processes per replica (RECOVER_LOCAL_RANK, RECOVER_SHARD),
+job. With --shard S (and --tp T), S x T processes per replica (RECOVER_LOCAL_RANK,
+RECOVER_RANKS_PER_REPLICA, RECOVER_TP),
 which join through `recover.core.parallel.join.ReplicaContext.from_env()` (HSDP:
 examples/hsdp_loop.py); any of them dying ends the others of its replica. With --replace-after S, a replica whose process dies gets a new one in its
 slot S seconds later, which joins at the next commit with the live state. The results contract (config.json, metrics.jsonl, events.jsonl,
@@ -24,7 +25,7 @@ from . import fail
 
 
 # the TrainConfig fields a user's job is run with
-LAUNCH_FIELDS = ("replicas", "shard", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
+LAUNCH_FIELDS = ("replicas", "shard", "tp", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
                  "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas", "max_heal_attempts",
                  "rejoin", "coordinator_timeout", "reconnect_timeout", "coordinator_restarts", "on_nonfinite")
 
@@ -72,10 +73,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                          # what a replica of many ranks reads (core/parallel/join.py)
                                          "RECOVER_COLLECTIVE_TIMEOUT": repr(cfg.collective_timeout),
                                          "RECOVER_HEARTBEAT_INTERVAL": repr(cfg.heartbeat_interval),
-                                         "RECOVER_HEARTBEAT_TIMEOUT": repr(cfg.heartbeat_timeout)},
+                                         "RECOVER_HEARTBEAT_TIMEOUT": repr(cfg.heartbeat_timeout),
+                                         "RECOVER_TP": str(cfg.tp)},
         replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
         coordinator_restarts=cfg.coordinator_restarts, coordinator_timeout=cfg.coordinator_timeout,
-        ranks_per_replica=cfg.shard,
+        ranks_per_replica=cfg.ranks_per_replica,
     )
     result = launcher.run()
     ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]
