@@ -49,6 +49,7 @@ Contract:
 from __future__ import annotations
 
 import os
+from collections import deque
 import shutil
 import threading
 import time
@@ -173,6 +174,9 @@ class _Pending:
     error: BaseException | None = None  # single writer: the rename failed in the background thread
 
 
+COMPLETED_KEPT = 16  # CheckpointSaver.completed keeps this many steps
+
+
 class CheckpointSaver:
     """Saves checkpoints of one replica's state: collectively with a group's other ranks, or alone."""
 
@@ -189,7 +193,8 @@ class CheckpointSaver:
         self.on_complete = on_complete
         self.pending: _Pending | None = None
         self.last_stall_seconds = 0.0
-        self.completed: list[int] = []  # steps this saver renamed into place, in order
+        # the last steps this saver renamed into place, in order (bounded: a long run saves without end)
+        self.completed: deque[int] = deque(maxlen=COMPLETED_KEPT)
 
     def save(self, step: int, fault_step: int) -> bool:
         """Checkpoint the state before iteration `step` (`fault_step`: the iteration just committed).

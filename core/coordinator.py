@@ -8,7 +8,13 @@ Contract:
   cluster, the job script - hands to the workers. The run's join token is
   RECOVER_JOIN_TOKEN from its environment (the launcher sets it); when that is
   unset, `--mode recover` generates one and adds it to that line as "join_token".
-- `--mode store`: only the store; it runs until SIGTERM/SIGINT and exits 0.
+- In `--mode recover` the advertised store port is a `StoreGuard` (core/store_guard.py): the
+  store itself listens on 127.0.0.1 only, and the guard forwards only requests whose keys lie in
+  the run's namespace, derived from the join token (workers key theirs with
+  `core.startup.keyed_store`). A peer without the token can neither list, read, write nor delete
+  a key of the run.
+- `--mode store`: only the store, unguarded (the baselines' rendezvous: torchrun's agents cannot
+  key theirs); it runs until SIGTERM/SIGINT and exits 0.
 - `--mode recover`: also the membership service of `membership.py` (heartbeats,
   generations, the commit vote, metrics.jsonl); it exits 0 when the run's last
   iteration is committed and non-zero when it cannot go on (no replica left).
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             ap.error(f"--expect: not a comma-separated list of replica ids: {args.expect!r}")
 
-    store = host_store(args.host, args.store_port)
+    store = host_store(args.host, args.store_port) if args.mode == "store" else None
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -82,12 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     from .gc_pacing import take_over
     from .membership import MembershipService
     from .startup import JOIN_TOKEN_ENV
+    from .store_guard import StoreGuard, host_local_store, store_namespace
 
     cfg = TrainConfig.load(args.config)
     service = MembershipService(cfg, host=args.host, port=args.control_port, stop=stop, rebuild=args.rebuild,
                                 expect=expect)
+    store = host_local_store()
+    guard = StoreGuard(args.host, args.store_port, store.port, store_namespace(service.join_token))
     # accepts_exits: the launcher may tell it of worker exits (core/exit_notices.py)
-    info = {"host": args.host, "store_port": store.port, "control_port": service.port, "accepts_exits": True}
+    info = {"host": args.host, "store_port": guard.port, "control_port": service.port, "accepts_exits": True}
     if not os.environ.get(JOIN_TOKEN_ENV):
         info["join_token"] = service.join_token
     print(json.dumps(info), flush=True)

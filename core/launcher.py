@@ -173,7 +173,7 @@ class Launcher:
         self.workers: dict[int, subprocess.Popen | ForkedProcess] = {}
         self.exits: list[ProcessExit] = []
         self._interrupted: str | None = None
-        self._logs: list = []
+        self._logs: list = []  # the coordinators' logs (their stdout is drained here); one per restart
         self._notices: ExitNotices | None = None
         self.replace_after = replace_after
         self._replace_at: dict[int, float] = {}  # replica -> monotonic time its replacement starts
@@ -249,12 +249,13 @@ class Launcher:
             # Same process, group, output and parent-death contract as below, without
             # a fresh `import torch` (core/forkserver.py).
             return forkserver.ForkServer.shared().start(argv, env, str(log_path))
-        log = open(log_path, "ab")
-        self._logs.append(log)
-        return subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-            preexec_fn=_die_with_parent, process_group=0,
-        )
+        # The child writes its own copy of the descriptor: the launcher's is closed at once, so a run
+        # with a replacement every hour holds no descriptor per worker it ever started.
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=_die_with_parent, process_group=0,
+            )
 
     # ---- the watch loop ----------------------------------------------------------------
     def run(self) -> LaunchResult:

@@ -124,7 +124,7 @@ from .hooks import WorkerHooks
 from .nonfinite import NonfiniteLosses, vote_fields
 from .policy import quota_of
 from .recipe import CommittedStep, LRSchedule
-from .startup import JOIN_TOKEN_ENV, env_addr, run_start_time
+from .startup import JOIN_TOKEN_ENV, env_addr, keyed_store, run_start_time
 from .state_transfer import transfer_state
 
 REJOIN_ENV = "RECOVER_REJOIN"  # "0": a fenced replica exits instead of rejoining (from_env's default)
@@ -205,6 +205,8 @@ class Replica:
         self.digest_every = digest_every
         self.store_addr = store_addr
         self.store_timeout = timedelta(seconds=max(60.0, collective_timeout))
+        # None: the launcher's, from the environment; it also keys every store client (_open_store)
+        self.join_token = os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token
         # A first client proves the store is reachable before the hello; each
         # generation's communicator then opens its own (core/comm.py: a rendezvous
         # abandoned in a shared client would hold the next one up to its timeout).
@@ -226,8 +228,6 @@ class Replica:
         self._committed_vote: dict | None = None
         self._readmission_pending = False  # a reconnect's hello was answered "pending": no second hello
         self.tokens_per_microbatch = tokens_per_microbatch
-        # None: the launcher's, from the environment
-        self.join_token = os.environ.get(JOIN_TOKEN_ENV, "") if join_token is None else join_token
         # A newcomer's hello says when it started waiting to be admitted (its process start, or its
         # rejoin) and whether it is a woken replica; a reconnect's hello says it again (`_reconnect`).
         self._started_at = float(os.environ.get(STARTED_ENV, time.time())) - run_start_time()
@@ -544,7 +544,8 @@ class Replica:
 
     def _open_store(self) -> dist.Store:
         """A new client of the coordinator's store, for one generation's communicator."""
-        return dist.TCPStore(self.store_addr[0], self.store_addr[1], is_master=False, timeout=self.store_timeout)
+        client = dist.TCPStore(self.store_addr[0], self.store_addr[1], is_master=False, timeout=self.store_timeout)
+        return keyed_store(client, self.join_token)
 
     def _log(self, text: str) -> None:
         # The replica's log (DIR/logs/replica<r>.log): what this replica saw, in its words.

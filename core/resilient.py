@@ -149,6 +149,8 @@ class _Checkpointer:
 
     def _save(self, step: int) -> bool:
         self._wait()  # a save still in flight: its failure is its own step's
+        # no save is in flight now, so no entry is still owed a record: one entry at most, however long the run
+        self.started.clear()
         self.started[step] = (time.perf_counter(), 0.0)
         try:
             saved = self.saver.save(step, fault_step=step - 1)

@@ -10,6 +10,10 @@ Contract:
     RECOVER_JOIN_TOKEN    the run's random join token (`new_join_token`): a worker's
                           hello must carry it, or the coordinator refuses the connection
   `env_addr(VAR)` parses a host:port variable; a missing one raises KeyError.
+- Every store client of a worker is `keyed_store(TCPStore client, token)`: a PrefixStore of the
+  run's namespace (an HMAC of the join token, `core.store_guard.store_namespace`), so each key it
+  names lies in the namespace that the coordinator's store guard lets through. `connect_store`
+  returns one, keyed by RECOVER_JOIN_TOKEN.
 - `begin(config, replica)` is every trainer's first lines: load the resolved
   config, size torch's thread pool, pin this replica's GPU, build its hooks.
 - Importing this module imports no torch (the injector and the fault drill use it
@@ -58,12 +62,24 @@ def env_addr(var: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect_store(timeout: float = 60.0) -> "dist.TCPStore":
-    """A client of the coordinator's store, from RECOVER_STORE_ADDR=host:port."""
+def keyed_store(store: "dist.Store", token: str) -> "dist.PrefixStore":
+    """`store` seen through the run's namespace (derived from the join token `token`): the one place
+    every worker's store client is keyed, so the coordinator's store guard forwards its requests."""
+    import torch.distributed as dist
+
+    from .store_guard import store_namespace
+
+    return dist.PrefixStore(store_namespace(token), store)
+
+
+def connect_store(timeout: float = 60.0, token: str | None = None) -> "dist.PrefixStore":
+    """A client of the coordinator's store, from RECOVER_STORE_ADDR=host:port, keyed by the run's join
+    token (`token`, else RECOVER_JOIN_TOKEN)."""
     import torch.distributed as dist
 
     host, port = env_addr("RECOVER_STORE_ADDR")
-    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+    client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+    return keyed_store(client, os.environ.get(JOIN_TOKEN_ENV, "") if token is None else token)
 
 
 def run_start_time() -> float:
