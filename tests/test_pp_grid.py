@@ -59,7 +59,10 @@ def test_train_config_refuses_a_pp_that_does_not_fit_naming_the_flag():
         TrainConfig(system="plain", replicas=2, microbatches=2, pp=2).validate()
     with pytest.raises(ConfigError, match="--pp: checkpoints"):
         TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, checkpoint_every=2).validate()
+    with pytest.raises(ConfigError, match="--pp: pipeline stages inside a --shard grid"):
+        TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, shard=2).validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, pp_schedule="afab").validate()
+    TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, tp=2).validate()
     TrainConfig(system="recover", model="small", replicas=2, microbatches=2, pp=4).validate()
 
 
@@ -82,15 +85,15 @@ def test_stages_compose_to_the_whole_model_and_untie_the_head():
     assert s0.duplicates() == [] and s1.duplicates() == [s1.head.weight]
 
 
-def _run(out: Path, pp: int, schedule: str, timeout: float = 240) -> list[dict]:
+def _run(out: Path, pp: int, schedule: str, tp: int = 1, timeout: float = 240) -> list[dict]:
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     procs = []
     try:
-        for i in range(pp):
+        for i in range(pp * tp):
             procs.append(subprocess.Popen([sys.executable, WORKER, str(store.port), str(out), str(i), str(pp),
-                                           schedule], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                           schedule, str(tp)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           env=env))
         codes = [p.wait(timeout=timeout) for p in procs]
         logs = [p.stdout.read() for p in procs]
@@ -104,7 +107,7 @@ def _run(out: Path, pp: int, schedule: str, timeout: float = 240) -> list[dict]:
             if p.stdout:
                 p.stdout.close()
         del store
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(pp)]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(pp * tp)]
 
 
 def _reference():
@@ -180,3 +183,19 @@ def test_a_quota_stopped_early_runs_the_ids_it_gave_in_one_schedule_and_folds_th
     runs.clear()
     fold_pipelined(0, iter([]), run, hooks)  # an abort before any id: no schedule at all
     assert runs == []
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(300)
+def test_one_replica_of_pp2_x_tp2_matches_single_process(tmp_path: Path):
+    ranks = _run(tmp_path, 2, "1f1b", tp=2)
+    losses, norm, mean, checksum = _reference()
+    # the grid: local rank = pp_index * T + tp_index (S = 1)
+    assert [(r["stage"], r["tp_index"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in ranks:
+        for got, ref in zip(r["losses"], losses):
+            assert got == pytest.approx(ref, rel=1e-5)
+        assert r["norm"] == pytest.approx(norm, rel=1e-5)
+        assert r["mean_loss"] == pytest.approx(mean, rel=1e-6)
+        assert r["checksum"] == pytest.approx(checksum, rel=1e-6)
+        assert r["detached"] == []

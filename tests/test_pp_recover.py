@@ -88,3 +88,17 @@ def test_a_non_leader_stage_killed_mid_step_takes_its_replica_and_the_survivor_r
     assert gone[pids["1"][0]]["how"] == "killed by SIGKILL", summary["processes"]  # the leader went with it
     for m, ref in zip(metrics, pp_2x2[1]):
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+
+
+def test_two_replicas_of_tp2_x_pp2_equal_plain_data_parallel(tmp_path, plain_2):
+    # 8 processes: each replica a (pp 2, tp 2) grid, tp innermost
+    out = tmp_path / "run"
+    metrics = _train(out, "--system", "recover", "--replicas", "2", "--tp", "2", "--pp", "2", timeout=400)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, plain_2[1]):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert reported_ids(m) == iteration_ids(m["step"], M)
+    ref = json.loads((plain_2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
+    for r in range(2):
+        final = json.loads((out / "final" / f"replica{r}.json").read_text())
+        assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)

@@ -35,7 +35,8 @@ Contract (the sharded form of core/accumulator.py's, same interface):
   one rank of the grid dimensions it is whole along, and sums over the replica.
 - Pipeline parallelism (core/parallel/pp.py; `mesh`, the replica's ("pp", "shard",
   "tp") grid, given): this rank holds its stage's parameters only, so "pp" always
-  counts as split (stages hold different parameters: each counts its own), and
+  counts as split (stages hold different parameters: each counts its own, a
+  DTensor of the "tp" sub-mesh too), and
   only the last stage adds loss parts (it alone computes them). `duplicates`
   are parameters counted on another rank (the last stage's copy of the tied
   embedding), never here.
@@ -109,7 +110,7 @@ def _counted_here(p: torch.Tensor, grid: DeviceMesh) -> bool:
     split: set[str] = {"pp"}
     if isinstance(p, DTensor):
         names = p.device_mesh.mesh_dim_names or ()
-        split = {n for n, pl in zip(names, p.placements) if not pl.is_replicate()}
+        split |= {n for n, pl in zip(names, p.placements) if not pl.is_replicate()}
     return all(grid.get_local_rank(n) == 0 for n in grid.mesh_dim_names if n not in split)
 
 

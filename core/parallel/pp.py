@@ -189,8 +189,10 @@ class Pipeline:
             # 1F1B over fewer microbatches than stages is all of its warm-up: every forward, then every
             # backward, i.e. GPipe's order; torch refuses it there, so such a run (a small redo quota) is GPipe.
             cls = ScheduleGPipe if n < stage.stages else self.schedule_cls
-            schedule = cls(pipe, n, loss_fn=self._loss,
-                                         scale_grads=False)
+            # scale_grads=False: the plain sum over the ids. torch's default (and nanotron) divide by this
+            # replica's n; averaging those per-replica means is biased once quotas are uneven (an id of a
+            # replica with fewer ids weighs more). Commit divides the sum by the global M instead.
+            schedule = cls(pipe, n, loss_fn=self._loss, scale_grads=False)
             losses: list[torch.Tensor] = []
             if stage.first:
                 schedule.step(torch.cat(xs).to(self.device))
