@@ -90,15 +90,38 @@ def test_a_non_leader_stage_killed_mid_step_takes_its_replica_and_the_survivor_r
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
 
 
-def test_two_replicas_of_tp2_x_pp2_equal_plain_data_parallel(tmp_path, plain_2):
-    # 8 processes: each replica a (pp 2, tp 2) grid, tp innermost
-    out = tmp_path / "run"
-    metrics = _train(out, "--system", "recover", "--replicas", "2", "--tp", "2", "--pp", "2", timeout=400)
+@pytest.fixture(scope="module")
+def tp2_pp2(tmp_path_factory):
+    """2 replicas x (TP2 x PP2), 8 processes, failure-free."""
+    out = tmp_path_factory.mktemp("tppp") / "run"
+    return out, _train(out, "--system", "recover", "--replicas", "2", "--tp", "2", "--pp", "2", timeout=400)
+
+
+def test_two_replicas_of_tp2_x_pp2_equal_plain_data_parallel(tp2_pp2, plain_2):
+    # each replica a (pp 2, tp 2) grid, tp innermost: local rank = pp_index * 2 + tp_index
+    out, metrics = tp2_pp2
     assert [m["step"] for m in metrics] == list(range(STEPS))
     for m, ref in zip(metrics, plain_2[1]):
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
         assert reported_ids(m) == iteration_ids(m["step"], M)
+    assert all(len(p) == 4 for p in json.loads((out / "pids.json").read_text())["replicas"].values())
     ref = json.loads((plain_2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
     for r in range(2):
         final = json.loads((out / "final" / f"replica{r}.json").read_text())
         assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)
+
+
+def test_the_last_stages_tp_rank_killed_in_a_tp2_x_pp2_replica_takes_it_out(tmp_path, out_dir, tp2_pp2):
+    plan = tmp_path / "plan.json"
+    # rank 3 = (stage 1, tp 1) of replica 1, in the forward of its first microbatch of step 3
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "crash", "replica": 1, "rank": 3, "step": 3, "phase": "forward", "microbatch": 0}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "2", "--tp", "2", "--pp", "2", "--faults", str(plan),
+           timeout=400)
+    [fired] = assert_every_planned_fault_fired(out_dir)
+    assert fired["pid"] == json.loads((out_dir / "pids.json").read_text())["replicas"]["1"][3]
+    _, metrics, _ = load_run(out_dir)
+    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)
+    assert [m["members"] for m in metrics] == [[0, 1]] * 3 + [[0]] * 2
+    for m, ref in zip(metrics, tp2_pp2[1]):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
