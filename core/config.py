@@ -70,7 +70,11 @@ class TrainConfig:
                        "recover and plain only; R x S worker processes in all. A replica of many ranks that is declared "
                        "dead exits (it does not rejoin yet)")
     tp: int = _f(1, "tensor-parallel ranks T per replica: each block's heads and MLP width split over them (recover "
-                    "only; must divide the heads and 4 x n_embd); a replica is --shard x --tp ranks, tp innermost")
+                    "only; must divide the heads and 4 x n_embd); a replica is --pp x --shard x --tp ranks, tp innermost")
+    pp: int = _f(1, "pipeline stages P per replica: the model's blocks cut into P consecutive stages, one rank each "
+                    "(recover only; at most the model's layers); the rank grid is (pp, shard, tp), pp outermost")
+    pp_schedule: str = _f("1f1b", "pipeline schedule with --pp > 1: afab (all forwards, then all backwards: GPipe) "
+                                  "or 1f1b (nanotron's names)")
     microbatches: int = _f(8, "microbatches M per iteration (the global batch), M >= R")
     steps: int = _f(20, "iterations (optimizer steps) to run")
     seed: int = _f(0, "seed for initial weights, data order and per-microbatch randomness")
@@ -172,8 +176,8 @@ class TrainConfig:
 
     @property
     def ranks_per_replica(self) -> int:
-        """Processes per replica: --shard x --tp (core/parallel/args.py's ParallelismArgs, without torch)."""
-        return self.shard * self.tp
+        """Processes per replica: --pp x --shard x --tp (core/parallel/args.py's ParallelismArgs, without torch)."""
+        return self.pp * self.shard * self.tp
 
     def lr_schedule(self) -> WarmupCosine:
         """The run's schedule: the model's defaults, with --lr/--min-lr/--warmup-steps applied."""
@@ -232,9 +236,23 @@ class TrainConfig:
             if (4 * g.n_embd) % self.tp:
                 raise ConfigError("--tp", f"{self.tp} does not divide the model's MLP width {4 * g.n_embd} "
                                           f"(--model {self.model})")
+        if self.pp < 1:
+            raise ConfigError("--pp", f"must be >= 1, got {self.pp}")
+        if self.pp_schedule not in ("afab", "1f1b"):
+            raise ConfigError("--pp-schedule", f"{self.pp_schedule!r} is not one of afab, 1f1b")
+        if self.pp > 1:
+            if self.system != "recover":
+                raise ConfigError("--pp", f"only the recover system runs pipeline-parallel replicas, not {self.system!r}")
+            layers = self.gpt_config().n_layer
+            if self.pp > layers:
+                raise ConfigError("--pp", f"{self.pp} stages, but the model has {layers} layers (--model {self.model}); "
+                                          f"each stage needs at least one")
+            if self.shard > 1:
+                raise ConfigError("--pp", "pipeline stages inside a --shard grid are not trained yet: "
+                                          "run --pp with --shard 1")
         if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
-            flag = "--shard" if self.shard > 1 else "--tp"
+            flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")
             if self.system not in ("recover", "plain"):
                 raise ConfigError(flag, f"only recover (and plain, its failure-free reference) run replicas of "
                                         f"many ranks, not {self.system!r}")

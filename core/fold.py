@@ -50,3 +50,41 @@ def fold_quota(
         hooks.microbatch_done(step, k, time.perf_counter() - start)
         if after is not None:
             after(mb, result)
+
+
+def fold_pipelined(
+    step: int,
+    quota: Iterable[int],
+    run: Callable[[list[int], PhaseHook], list[Any]],
+    hooks: WorkerHooks,
+    first: int = 0,
+    after: Callable[[int, Any], None] | None = None,
+) -> None:
+    """Pipeline parallelism: collect the ids of `quota`, run them through one schedule, then fold each.
+
+    The schedule is one unit (core/parallel/pp.py): `run(ids, at)` does every
+    forward and backward and returns each id's result, calling at(phase, i) for
+    its i-th microbatch ("between_microbatches" then "forward" before each
+    forward, "backward" when its backward starts). The hooks see k = first + i, as
+    in `fold_quota`, and "between_microbatches" only for k >= 1. Then, for each id
+    in order, microbatch_done(step, k, the run's seconds / its ids) and after(mb,
+    result). `quota` stopping early (an abort) leaves the ids it gave: they run,
+    all of them, and are folded; ids never given are never run.
+    """
+    ids = list(quota)
+    if not ids:
+        return
+
+    def at(phase: str, i: int) -> None:
+        k = first + i
+        if phase == "between_microbatches" and k == 0:
+            return
+        hooks.at(step, phase, k)
+
+    start = time.perf_counter()
+    results = run(ids, at)
+    seconds = (time.perf_counter() - start) / len(ids)
+    for k, (mb, result) in enumerate(zip(ids, results), start=first):
+        hooks.microbatch_done(step, k, seconds)
+        if after is not None:
+            after(mb, result)

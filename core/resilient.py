@@ -45,11 +45,13 @@ before a worker exits, whatever ended the run.
 With `resume_from` set (`recover train --resume`), every replica loads that
 checkpoint before its hello, so all start from its weights at its step.
 
-A replica of many ranks (`--shard S`, HSDP; `--tp T`, tensor parallelism): the
-launcher starts S x T processes per replica, with RECOVER_LOCAL_RANK; rank 0 is the
+A replica of many ranks (`--shard S`, HSDP; `--tp T`, tensor parallelism; `--pp P`,
+pipeline stages): the launcher starts P x S x T processes per replica, with RECOVER_LOCAL_RANK; rank 0 is the
 leader (`Replica`, the only one talking to the coordinator), the others run
 `ReplicaFollower` in the same loop; TP splits each block over the "tp" ranks and
-FSDP2 shards the model over the "shard" ranks (core/parallel/). Only the leader writes the
+FSDP2 shards the model over the "shard" ranks (core/parallel/). With P > 1
+each rank holds one stage; the loop collects the quota's ids, then runs them
+through one pipeline schedule and folds them (`fold.fold_pipelined`). Only the leader writes the
 replica's final file; checkpoints are refused for it by the config, for now.
 
 Run as `python -m recover.core.resilient --config DIR/config.json --replica r`
@@ -68,7 +70,7 @@ from . import worker_exit
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .checkpoint import CheckpointDir, CheckpointSaver, TrainingState, load_checkpoint
-from .fold import fold_quota
+from .fold import fold_pipelined, fold_quota
 from .replica import Replica, RunEnded
 from .results import JsonlWriter, write_final
 from .startup import begin, env_addr, worker_args
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.ranks_per_replica > 1:  # a replica of many ranks: its groups, the leader's relay, the ranks' beats
         from .parallel.join import ReplicaContext
         rctx = ReplicaContext.from_env(cfg.collective_timeout, cfg.heartbeat_interval, cfg.heartbeat_timeout,
-                                       tp=cfg.tp)
+                                       tp=cfg.tp, pp=cfg.pp, pp_schedule=cfg.pp_schedule)
     work = Workload(cfg, cfg.resolved_device(), ctx=None if rctx is None else rctx.parallel)
     if cfg.resume_from:
         # before the hello: its weights digest must be the checkpoint's on every replica
@@ -235,8 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not replica.done:
             # k counts on from what this replica folded before a recovery handed it more
-            fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
-                       first=len(replica.ledger), after=replica.fold)
+            if work.pipeline is None:
+                fold_quota(replica.step, replica.quota(), work.forward_backward, hooks,
+                           first=len(replica.ledger), after=replica.fold)
+            else:  # the quota's ids, then one run of the schedule over them (core/fold.py)
+                fold_pipelined(replica.step, replica.quota(), work.forward_backward_many, hooks,
+                               first=len(replica.ledger), after=replica.fold)
             replica.commit()
             if saver is not None:
                 saver.check()

@@ -23,6 +23,10 @@ Contract:
   when S > 1; the rows of a microbatch are split by shard index only, so the T
   ranks of one shard position fold the same rows (and only tp index 0 counts the
   loss: core/parallel/fsdp.py).
+- With pipeline parallelism (`ctx.args.pp` = P > 1) this rank's model is its stage
+  of the GPT (core/parallel/pp.py), then TP and FSDP2 as above; microbatches are
+  not folded one by one but a list at a time through the pipeline's schedule
+  (`forward_backward_many`), which gives every id's loss on every stage.
 """
 from __future__ import annotations
 
@@ -54,17 +58,30 @@ class Workload:
         torch.manual_seed(cfg.seed)
         self.model = GPT(gcfg).to(self.device)
         self.model.train()
+        self.pipeline = None  # pipeline parallelism: core.parallel.pp.Pipeline (P > 1)
         if ctx is None:
             self.acc = GradAccumulator(self.model.parameters())
         else:
             from .parallel.fsdp import ShardedAccumulator, shard_model
-            if ctx.args.tp > 1:
+            a = ctx.args
+            duplicates = []
+            if a.pp > 1:  # this rank's stage only (built from the whole model, so the same weights)
+                from .parallel.pp import GPTStage
+                a.validate(gcfg)
+                self.model = GPTStage(self.model, ctx.pp_index, a.pp)
+                duplicates = self.model.duplicates()
+            if a.tp > 1:
                 from .parallel.tp import tensor_parallel
-                ctx.args.validate(gcfg)
+                a.validate(gcfg)
                 tensor_parallel(self.model, ctx.tp_mesh)
-            if ctx.args.tp == 1 or ctx.args.shard > 1:
+            if a.shard > 1 or (a.tp == 1 and a.pp == 1):
                 shard_model(self.model, ctx.shard_mesh)
-            self.acc = ShardedAccumulator(self.model, mesh=ctx.mesh)
+            self.acc = ShardedAccumulator(self.model, mesh=ctx.mesh, duplicates=duplicates)
+            if a.pp > 1:
+                from .parallel.pp import Pipeline
+                rows = torch.tensor_split(torch.arange(cfg.batch_size), a.shard)[ctx.shard_index].numel()
+                self.pipeline = Pipeline(self.model, ctx, cfg.pp_schedule, cfg.seed, rows=rows,
+                                         share=rows / cfg.batch_size, device=self.device)
         self.schedule = cfg.lr_schedule()
         self.optimizer = build_adamw(self.acc.params, self.schedule(0), cfg.weight_decay)
         self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip,
@@ -110,6 +127,28 @@ class Workload:
             loss = loss * share
         loss.backward()
         return float(loss.detach())
+
+    def forward_backward_many(self, ids: list[int], at: PhaseHook | None = None) -> list[float]:
+        """Pipeline parallelism: forward+backward of the microbatches `ids` through one run of the
+        schedule, into the gradients, without ledger entries; returns their losses (this rank's part)."""
+        if self.pipeline is None:
+            raise RuntimeError("forward_backward_many runs a pipeline (--pp > 1); fold one id at a time")
+        xs, ys = [], []
+        from .parallel.fsdp import microbatch_part
+        for i in ids:
+            x, y = self.source.get(i)
+            x, y, _ = microbatch_part(x, y, self.ctx.shard_index, self.ctx.args.shard)
+            xs.append(x)
+            ys.append(y)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_dtype is not None):
+            return self.pipeline.run(list(ids), xs, ys, at)
+
+    def fold_many(self, ids: list[int], at: PhaseHook | None = None) -> list[float]:
+        """`forward_backward_many`, then every id into the ledger; returns their losses."""
+        losses = self.forward_backward_many(ids, at)
+        for i, loss in zip(ids, losses):
+            self.acc.fold(i, loss)
+        return losses
 
     def pack(self) -> torch.Tensor:
         """A fresh communication buffer: [gradient sum ..., loss sum]."""

@@ -9,9 +9,8 @@ Contract:
 - Every dimension is an int >= 1; anything else is a ValueError naming the field,
   raised when the layout is built.
 - The mapping onto what each side of the suite counts:
-    * a real run (`recover train`): `shard` and `tp` are TrainConfig.shard and .tp
-      (pp is not trained yet, issue 15's next slice); R replicas are R x ranks
-      worker processes;
+    * a real run (`recover train`): `shard`, `tp` and `pp` are TrainConfig.shard,
+      .tp and .pp; R replicas are R x ranks worker processes;
     * the simulator: `JobModel.gpus_per_replica` == `ranks` (experiments/sim/model.py),
       and the simulator's costs depend on the replica's size only, not on how it splits.
 - `describe()` is the layout in words, as scenarios and figures write it ("TP 8 x PP 4").

@@ -1,11 +1,13 @@
 """Parallelism inside a replica (one concept per file, picotron-style).
 
-- args.py: `ParallelismArgs`, the job's layout (replicas x shard x tp) and its validation;
+- args.py: `ParallelismArgs`, the job's layout (replicas x pp x shard x tp) and its validation;
 - context.py: `ParallelContext`, one rank's groups: its replica (the default
-  process group, a ("shard",) or ("shard", "tp") mesh) and the per-generation
+  process group, a ("shard",), ("shard", "tp") or ("pp", "shard", "tp") mesh) and the per-generation
   cross-replica communicators;
 - tp.py: tensor parallelism (torch's DTensor ColwiseParallel / RowwiseParallel) of
   the GPT's attention and MLP over the replica's "tp" ranks;
+- pp.py: pipeline parallelism (torch.distributed.pipelining, GPipe "afab" or "1f1b")
+  of the GPT's blocks over the replica's "pp" ranks; a quota is one schedule run;
 - fsdp.py: FSDP2 inside a replica and `ShardedAccumulator`, the sharded form of
   core/accumulator.py's GradAccumulator;
 - replica_link.py: the leader's relay of the coordinator's word to its ranks;

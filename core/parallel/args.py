@@ -8,7 +8,7 @@ Contract:
   field and the reason for a layout that cannot run, before anything starts; a
   layout it accepts runs.
 - `ranks_per_replica` and `world_size` are the only place the grid's size is
-  computed (pp, when it comes, changes it in one place).
+  computed.
 
 What FSDP2 really needs of the shard size S (checked in torch 2.13's
 `fully_shard`, and by running it): it shards every parameter on dim 0 in chunks of
@@ -31,8 +31,15 @@ and MLP width over T ranks, so T must divide the model's heads and its MLP width
 naming the field. The T ranks of one shard position see the same rows, so the rows
 per microbatch must be at least S (not S x T).
 
-Coming next: `pp` (nanotron's name), the replica becoming a pp x shard x tp grid;
-`ranks_per_replica` is then their product.
+Pipeline parallelism P (`pp`, core/parallel/pp.py) cuts the model's blocks into P
+consecutive stages, so P may not exceed the model's layers (a stage with no block
+would only pass activations on); with a model or its config given, `validate`
+refuses a larger P, naming the field. `pp_schedule` is nanotron's name of the
+schedule: "afab" (all forwards, then all backwards: GPipe) or "1f1b".
+
+The grid inside a replica is ("pp", "shard", "tp"), tp innermost and pp outermost,
+as nanotron orders (pp, dp, tp): local rank = (pp_index * S + shard_index) * T +
+tp_index. A replica is P x S x T ranks (`ranks_per_replica`).
 """
 from __future__ import annotations
 
@@ -53,6 +60,18 @@ def _shapes(model_or_shapes: ModelShapes) -> list[tuple[str, tuple[int, ...]]]:
     return [(f"parameter {i}", tuple(s)) for i, s in enumerate(model_or_shapes)]
 
 
+def _n_layer(model_or_shapes) -> int:
+    """The blocks of a GPT or its GPTConfig; TypeError for anything else."""
+    cfg = model_or_shapes if _is_config(model_or_shapes) else getattr(model_or_shapes, "cfg", None)
+    if cfg is None or not hasattr(cfg, "n_layer"):
+        raise TypeError("--pp > 1 is validated against a GPT or its GPTConfig (its layers)")
+    return int(cfg.n_layer)
+
+
+PP_SCHEDULES = ("afab", "1f1b")
+"""nanotron's names: all-forward-all-backward (GPipe) and one-forward-one-backward."""
+
+
 def _is_config(x) -> bool:
     return hasattr(x, "n_head") and hasattr(x, "n_embd") and not isinstance(x, torch.nn.Module)
 
@@ -67,17 +86,18 @@ def _tp_widths(model_or_shapes) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ParallelismArgs:
-    """The job's rank layout: `replicas` failure domains, each of `shard` x `tp` ranks."""
+    """The job's rank layout: `replicas` failure domains, each of `pp` x `shard` x `tp` ranks."""
 
     replicas: int = field(default=1, metadata={"help": "replicas R: data-parallel copies of the model, each a failure domain"})
     shard: int = field(default=1, metadata={"help": "shard S: ranks per replica over which FSDP2 shards the model"})
     tp: int = field(default=1, metadata={"help": "tensor parallel T: ranks over which each block's heads and MLP are split"})
-    # pp comes with the next slice of issue 15 (each replica then a pp x shard x tp grid).
+    pp: int = field(default=1, metadata={"help": "pipeline parallel P: consecutive stages the model's blocks are cut into"})
+    pp_schedule: str = field(default="1f1b", metadata={"help": "pipeline schedule: afab (GPipe) or 1f1b"})
 
     @property
     def ranks_per_replica(self) -> int:
-        """Processes in one replica: S x T (pp x S x T once pp exists)."""
-        return self.shard * self.tp
+        """Processes in one replica: P x S x T."""
+        return self.pp * self.shard * self.tp
 
     @property
     def world_size(self) -> int:
@@ -86,10 +106,12 @@ class ParallelismArgs:
 
     def validate(self, model_or_shapes: ModelShapes | None = None, batch_size: int | None = None) -> "ParallelismArgs":
         """Raise one ValueError if this layout cannot run `model_or_shapes` (see the module docstring); else self."""
-        for name in ("replicas", "shard", "tp"):
+        for name in ("replicas", "shard", "tp", "pp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{name}: must be an integer >= 1, got {v!r}")
+        if self.pp_schedule not in PP_SCHEDULES:
+            raise ValueError(f"--pp-schedule: {self.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
         if batch_size is not None and batch_size < self.shard:
             raise ValueError(
                 f"--shard {self.shard}: each microbatch's {batch_size} sequences are split over the replica's "
@@ -102,6 +124,11 @@ class ParallelismArgs:
             if width % self.tp:
                 raise ValueError(f"--tp {self.tp}: tensor parallelism splits the MLP, and {self.tp} does not "
                                  f"divide its width {width}")
+        if model_or_shapes is not None and self.pp > 1:
+            layers = _n_layer(model_or_shapes)
+            if self.pp > layers:
+                raise ValueError(f"--pp {self.pp}: pipeline parallelism cuts the model's {layers} layers into "
+                                 f"{self.pp} stages, and a stage needs at least one layer")
         if model_or_shapes is not None and not _is_config(model_or_shapes):
             shapes = _shapes(model_or_shapes)
             if not shapes:

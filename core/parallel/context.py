@@ -15,8 +15,14 @@ Contract:
   T > 1 it is 2-D, ("shard", "tp") of S x T ranks (S may be 1): `tp_mesh` is what
   tensor parallelism splits over, `shard_mesh` what FSDP2 shards over.
   `shard_index` picks the rows of a microbatch (the T ranks of one shard position
-  see the same rows), `tp_index` the slice of each split layer. Any rank of a replica dying takes the replica out (the failure domain),
-  so nothing here ever rebuilds them.
+  see the same rows), `tp_index` the slice of each split layer. With P > 1
+  (pipeline parallelism) the mesh is 3-D, ("pp", "shard", "tp"), whatever S and T
+  (a dimension may have size 1): `pp_mesh` is what the pipeline's stages talk
+  over, `pp_index` this rank's stage; and `tie_group` joins the first and the last
+  stage of this rank's (shard, tp) position (the pp group itself when P = 2), over
+  which the tied token embedding and output head sum their gradients
+  (core/parallel/pp.py). Any rank of a replica dying takes the replica out (the
+  failure domain), so nothing here ever rebuilds them.
 - The cross-replica groups are one per position in the replica: the ranks at local
   rank i of every live replica form group "pos<i>". They change with membership,
   so `cross_replica(...)` builds one for a generation, as a `core.comm.Communicator`
@@ -27,9 +33,10 @@ Contract:
 
 The rank grid. nanotron orders its grid (pp, dp, tp), data parallel in the middle.
 Here the outermost dimension is the replica, because replicas are what come and go;
-inside a replica the ranks form a shard x tp grid, tp innermost as in nanotron (a
-pp x shard x tp grid once pp exists): local rank = shard_index * T + tp_index, so
-the T ranks splitting one layer are neighbours. The job-wide rank of (r, i) is
+inside a replica the ranks form a pp x shard x tp grid, tp innermost and pp
+outermost as in nanotron: local rank = (pp_index * S + shard_index) * T + tp_index,
+so the T ranks splitting one layer are neighbours, and a stage's S x T ranks are
+contiguous. The job-wide rank of (r, i) is
 r * ranks_per_replica + i: the ranks of one replica are contiguous, the launcher can
 start and end them together, and the ranks at position i of all replicas are the
 ones a cross-replica group joins.
@@ -67,15 +74,42 @@ class ParallelContext:
                                 rank=local_rank, world_size=args.ranks_per_replica,
                                 timeout=timedelta(seconds=timeout))
         self.group = dist.group.WORLD
-        if args.tp == 1:  # HSDP's mesh, unchanged
-            self.mesh: DeviceMesh = init_device_mesh(device_type, (args.shard,), mesh_dim_names=("shard",))
+        self.tie_group = None
+        if args.pp > 1:  # row-major: local rank = (pp_index * S + shard_index) * T + tp_index
+            self.mesh: DeviceMesh = init_device_mesh(device_type, (args.pp, args.shard, args.tp),
+                                                     mesh_dim_names=("pp", "shard", "tp"))
+            self.tie_group = self.mesh["pp"].get_group() if args.pp == 2 else self._tie_groups(args)
+        elif args.tp == 1:  # HSDP's mesh, unchanged
+            self.mesh = init_device_mesh(device_type, (args.shard,), mesh_dim_names=("shard",))
         else:  # row-major: local rank = shard_index * T + tp_index
             self.mesh = init_device_mesh(device_type, (args.shard, args.tp), mesh_dim_names=("shard", "tp"))
 
+    def _tie_groups(self, args: ParallelismArgs):
+        """The {first stage, last stage} group of this rank's (shard, tp) position (P > 2). Every rank
+        of the replica takes part in building every such group (torch's new_group is collective)."""
+        per_stage = args.shard * args.tp
+        mine = None
+        for pos in range(per_stage):
+            ranks = [pos, (args.pp - 1) * per_stage + pos]
+            group = dist.new_group(ranks=ranks, backend=self.backend)
+            if self.local_rank in ranks:
+                mine = group
+        return mine
+
     @property
     def shard_index(self) -> int:
-        """This rank's shard position (which rows of a microbatch it takes): local rank // T."""
-        return self.local_rank // self.args.tp
+        """This rank's shard position (which rows of a microbatch it takes): (local rank // T) % S."""
+        return (self.local_rank // self.args.tp) % self.args.shard
+
+    @property
+    def pp_index(self) -> int:
+        """This rank's pipeline stage: local rank // (S x T)."""
+        return self.local_rank // (self.args.shard * self.args.tp)
+
+    @property
+    def pp_mesh(self) -> DeviceMesh | None:
+        """The 1-D mesh of this rank's (shard, tp) position over the stages (None when P = 1)."""
+        return None if self.args.pp == 1 else self.mesh["pp"]
 
     @property
     def tp_index(self) -> int:
@@ -85,12 +119,12 @@ class ParallelContext:
     @property
     def shard_mesh(self) -> DeviceMesh:
         """The 1-D mesh FSDP2 shards over: the ranks of this rank's tp index."""
-        return self.mesh if self.args.tp == 1 else self.mesh["shard"]
+        return self.mesh if self.mesh.ndim == 1 else self.mesh["shard"]
 
     @property
     def tp_mesh(self) -> DeviceMesh | None:
         """The 1-D mesh tensor parallelism splits over (None when T = 1)."""
-        return None if self.args.tp == 1 else self.mesh["tp"]
+        return None if self.args.tp == 1 else self.mesh["tp"]  # (a size-1 "tp" of a pp grid: None too)
 
     @property
     def global_rank(self) -> int:

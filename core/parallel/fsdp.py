@@ -33,6 +33,13 @@ Contract (the sharded form of core/accumulator.py's, same interface):
   `clip_grad_norm_` (what the committed step clips with under TP: torch's own
   refuses a mix of meshes and plain tensors) counts each parameter's local part on
   one rank of the grid dimensions it is whole along, and sums over the replica.
+- Pipeline parallelism (core/parallel/pp.py; `mesh`, the replica's ("pp", "shard",
+  "tp") grid, given): this rank holds its stage's parameters only, so "pp" always
+  counts as split (stages hold different parameters: each counts its own, a
+  DTensor of the "tp" sub-mesh too), and
+  only the last stage adds loss parts (it alone computes them). `duplicates`
+  are parameters counted on another rank (the last stage's copy of the tied
+  embedding), never here.
 - Dropout: every part of microbatch `id` reseeds from (seed, id) as a one-rank
   replica does, but draws masks only for its own rows, so with dropout > 0 an
   HSDP run matches a one-rank replica in distribution, not bit for bit.
@@ -98,23 +105,26 @@ def _views_buffer(grad, view: torch.Tensor, dtensor: bool) -> bool:
 
 def _counted_here(p: torch.Tensor, grid: DeviceMesh) -> bool:
     """Whether this rank counts `p`'s local part in a sum over the replica: on each grid dimension
-    along which `p` is whole (not on its mesh, or Replicate there), only the rank at index 0 does."""
-    split: set[str] = set()
+    along which `p` is whole (not on its mesh, or Replicate there), only the rank at index 0 does.
+    "pp" is always split: each stage holds parameters of its own."""
+    split: set[str] = {"pp"}
     if isinstance(p, DTensor):
         names = p.device_mesh.mesh_dim_names or ()
-        split = {n for n, pl in zip(names, p.placements) if not pl.is_replicate()}
+        split |= {n for n, pl in zip(names, p.placements) if not pl.is_replicate()}
     return all(grid.get_local_rank(n) == 0 for n in grid.mesh_dim_names if n not in split)
 
 
 class ShardedAccumulator:
     """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger."""
 
-    def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None):
+    def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None,
+                 duplicates: Iterable[torch.Tensor] = ()):
         self.group = group  # the replica's group, for the loss; None: the default group (the replica)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("no trainable parameters")
-        tp = mesh is not None and "tp" in (mesh.mesh_dim_names or ())
+        names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
+        tp = "tp" in names  # a grid beyond ("shard",): TP and/or PP (plain tensors allowed, our own norm)
         if not tp and not all(isinstance(p, DTensor) for p in self.params):
             raise TypeError("every parameter must be a DTensor: wrap the model with shard_model() first")
         for p in self.params:
@@ -122,7 +132,11 @@ class ShardedAccumulator:
                 raise TypeError(f"parameters must be fp32 (got {p.dtype}); keep a fp32 master copy")
         # which rank adds the loss, and each parameter's part of the norm (see the contract)
         self.counts_loss = not tp or mesh.get_local_rank("tp") == 0
+        if "pp" in names:  # only the last stage computes losses
+            self.counts_loss = self.counts_loss and mesh.get_local_rank("pp") == mesh.size(names.index("pp")) - 1
+        dup = {id(p) for p in duplicates}
         self._counted = [True] * len(self.params) if not tp else [_counted_here(p, mesh) for p in self.params]
+        self._counted = [c and id(p) not in dup for c, p in zip(self._counted, self.params)]
         self.grad_norm_clipper = self.clip_grad_norm_ if tp else None  # None: torch's clip_grad_norm_ is right
         locals_ = [_local(p) for p in self.params]
         self.buffer = torch.zeros(sum(t.numel() for t in locals_) + 1, dtype=torch.float32,

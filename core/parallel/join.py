@@ -34,7 +34,8 @@ Contract:
   scale the loss by the share, and the ranks' gradients sum to the microbatch's.
   The rows follow the shard index: the `tp` ranks of one shard position (tensor
   parallelism, `from_env(tp=T)` or RECOVER_TP: RECOVER_RANKS_PER_REPLICA counts all S x T ranks of the
-  replica) take the same rows.
+  replica) take the same rows. Likewise `from_env(tp=T, pp=P, pp_schedule=...)`:
+  RECOVER_RANKS_PER_REPLICA counts P x S x T ranks, on the ("pp", "shard", "tp") grid.
 - With T > 1, `join` has the committed step clip with the accumulator's
   `clip_grad_norm_` (torch's refuses a model split over two meshes and plain tensors).
 """
@@ -73,7 +74,8 @@ class ReplicaContext:
 
     @classmethod
     def from_env(cls, collective_timeout: float | None = None, heartbeat_interval: float | None = None,
-                 heartbeat_timeout: float | None = None, tp: int | None = None) -> "ReplicaContext":
+                 heartbeat_timeout: float | None = None, tp: int | None = None, pp: int = 1,
+                 pp_schedule: str = "1f1b") -> "ReplicaContext":
         """This rank's context in a job started by the launcher (`recover launch --shard S`); a
         deadline not given comes from the environment, else its default (30 s, 0.1 s, 3 s). With
         `tp` = T > 1 (default: RECOVER_TP, else 1) the launcher's RECOVER_RANKS_PER_REPLICA ranks
@@ -82,13 +84,13 @@ class ReplicaContext:
         local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
         shard = int(os.environ.get("RECOVER_RANKS_PER_REPLICA", "1"))  # the replica's ranks
         tp = tp or int(os.environ.get("RECOVER_TP", "1"))
-        if shard % tp:
-            raise ValueError(f"--tp {tp} does not divide the replica's {shard} ranks")
+        if shard % (tp * pp):
+            raise ValueError(f"--tp {tp} x --pp {pp} does not divide the replica's {shard} ranks")
         replicas = int(os.environ.get("RECOVER_REPLICAS", r + 1))
         collective = collective_timeout or _env_float("RECOVER_COLLECTIVE_TIMEOUT", 30.0)
         interval = heartbeat_interval or _env_float("RECOVER_HEARTBEAT_INTERVAL", 0.1)
         hb_timeout = heartbeat_timeout or _env_float("RECOVER_HEARTBEAT_TIMEOUT", 3.0)
-        parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard // tp, tp),
+        parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard // (tp * pp), tp, pp, pp_schedule),
                                    backend="gloo", timeout=LINK_TIMEOUT.total_seconds())
         link = ReplicaLink(local, shard, open_store=connect_store)
         # until the leader's first commit a rank pays one-time costs holding the GIL: the collective

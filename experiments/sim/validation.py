@@ -29,7 +29,7 @@ Contract:
   failure-free runs as recover); `compare(paths)` pairs both and states the error.
   A checkpointing run without baseline.ckpt_every falls back to the local
   scenario's interval, and the row says so.
-- Runs whose replicas have many ranks (config.json's train.shard x train.tp > 1) are
+- Runs whose replicas have many ranks (config.json's train.shard x tp x pp > 1) are
   not simulated: the local calibration measured replicas of one process, and on
   this machine R x S processes share its cores. `compare` lists them under
   "not_simulated" with that reason (the key is there only when there are some).
@@ -226,8 +226,9 @@ def compare(paths: list[str | Path], bench: str | None = None, tolerance: float 
     kept, loaded, not_simulated = [], [], []
     for p in paths:
         run = load_run(p)
-        # the replica's processes: shard x tp (a TP replica is as many processes as a sharded one)
-        shard = int(_train(run).get("shard", 1) or 1) * int(_train(run).get("tp", 1) or 1)
+        # the replica's processes: shard x tp x pp (a TP or PP replica is as many processes as a sharded one)
+        shard = (int(_train(run).get("shard", 1) or 1) * int(_train(run).get("tp", 1) or 1)
+                 * int(_train(run).get("pp", 1) or 1))
         if shard > 1:
             not_simulated.append({"run": str(p), "system": _train(run).get("system"), "shard": shard,
                                   "reason": LOCAL_ONE_RANK})

@@ -1,0 +1,127 @@
+"""Pipeline parallelism inside a replica under recover (issue 15, PP slice): `recover train --pp P`.
+
+Each replica is P processes, one pipeline stage each (core/parallel/pp.py); a replica's
+quota of global microbatch ids is its pipeline's microbatches, run through one schedule
+(afab = GPipe, or 1f1b) with scale_grads=False, and the stages at one position of every
+replica all-reduce their stage's gradient sum. A stage SIGKILLed mid-step takes its whole
+replica out; the survivor redoes its ids through the same schedule. Evidence from the
+workers' own reports: metrics.jsonl (losses, ledgers), faults.jsonl, pids.json, events.jsonl.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import assert_every_planned_fault_fired, load_run, run_recover
+
+from recover.core.data import iteration_ids
+from recover.core.results import read_jsonl, reported_ids
+
+pytestmark = pytest.mark.procs
+
+STEPS, M = 5, 4
+
+
+def _train(out, *args: str, timeout: float = 300):
+    proc = run_recover("train", *args, "--microbatches", str(M), "--steps", str(STEPS), "--out", str(out),
+                       "--no-progress", timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_jsonl(out / "metrics.jsonl")
+
+
+@pytest.fixture(scope="module")
+def plain_2(tmp_path_factory):
+    """Plain data parallel, 2 replicas of one rank: the reference."""
+    out = tmp_path_factory.mktemp("plain") / "run"
+    return out, _train(out, "--system", "plain", "--replicas", "2")
+
+
+@pytest.fixture(scope="module")
+def pp_2x2(tmp_path_factory):
+    """2 replicas x PP2 with the default schedule (1f1b), failure-free."""
+    out = tmp_path_factory.mktemp("pp") / "run"
+    return out, _train(out, "--system", "recover", "--replicas", "2", "--pp", "2")
+
+
+def _equals_plain(out, metrics, plain_2):
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, plain_2[1]):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert reported_ids(m) == iteration_ids(m["step"], M)
+    pids = json.loads((out / "pids.json").read_text())["replicas"]
+    assert all(len(p) == 2 for p in pids.values())  # two processes per replica: P = 2
+    # the final weights: each replica's checksum counts every parameter once (the tied one on stage 0)
+    ref = json.loads((plain_2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
+    for r in range(2):
+        final = json.loads((out / "final" / f"replica{r}.json").read_text())
+        assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)
+
+
+def test_two_replicas_of_pp2_1f1b_equal_plain_data_parallel(pp_2x2, plain_2):
+    _equals_plain(*pp_2x2, plain_2)
+
+
+def test_two_replicas_of_pp2_afab_equal_plain_data_parallel(tmp_path, plain_2):
+    out = tmp_path / "run"
+    _equals_plain(out, _train(out, "--system", "recover", "--replicas", "2", "--pp", "2", "--pp-schedule", "afab"),
+                  plain_2)
+
+
+def test_a_non_leader_stage_killed_mid_step_takes_its_replica_and_the_survivor_redoes_its_ids(
+        tmp_path, out_dir, pp_2x2):
+    plan = tmp_path / "plan.json"
+    # rank 1 (the last stage, not the leader) of replica 1, in the backward of its second microbatch of step 2
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "crash", "replica": 1, "rank": 1, "step": 2, "phase": "backward", "microbatch": 1}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "2", "--pp", "2", "--faults", str(plan))
+    [fired] = assert_every_planned_fault_fired(out_dir)
+    pids = json.loads((out_dir / "pids.json").read_text())["replicas"]
+    assert fired["pid"] == pids["1"][1]  # the rank itself recorded it, by its own PID
+    _, metrics, summary = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)  # the ledgers, each id once
+    assert [m["members"] for m in metrics] == [[0, 1]] * 2 + [[0]] * 3
+    [rec] = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
+    assert rec["step"] == 2 and rec["survivors"] == [0] and rec["redone"]
+    gone = {e["pid"]: e for e in summary["processes"] if e["role"] == "worker" and e["replica"] == 1}
+    assert gone[pids["1"][0]]["how"] == "killed by SIGKILL", summary["processes"]  # the leader went with it
+    for m, ref in zip(metrics, pp_2x2[1]):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tp2_pp2(tmp_path_factory):
+    """2 replicas x (TP2 x PP2), 8 processes, failure-free."""
+    out = tmp_path_factory.mktemp("tppp") / "run"
+    return out, _train(out, "--system", "recover", "--replicas", "2", "--tp", "2", "--pp", "2", timeout=400)
+
+
+def test_two_replicas_of_tp2_x_pp2_equal_plain_data_parallel(tp2_pp2, plain_2):
+    # each replica a (pp 2, tp 2) grid, tp innermost: local rank = pp_index * 2 + tp_index
+    out, metrics = tp2_pp2
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, plain_2[1]):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert reported_ids(m) == iteration_ids(m["step"], M)
+    assert all(len(p) == 4 for p in json.loads((out / "pids.json").read_text())["replicas"].values())
+    ref = json.loads((plain_2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
+    for r in range(2):
+        final = json.loads((out / "final" / f"replica{r}.json").read_text())
+        assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)
+
+
+def test_the_last_stages_tp_rank_killed_in_a_tp2_x_pp2_replica_takes_it_out(tmp_path, out_dir, tp2_pp2):
+    plan = tmp_path / "plan.json"
+    # rank 3 = (stage 1, tp 1) of replica 1, in the forward of its first microbatch of step 3
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "crash", "replica": 1, "rank": 3, "step": 3, "phase": "forward", "microbatch": 0}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "2", "--tp", "2", "--pp", "2", "--faults", str(plan),
+           timeout=400)
+    [fired] = assert_every_planned_fault_fired(out_dir)
+    assert fired["pid"] == json.loads((out_dir / "pids.json").read_text())["replicas"]["1"][3]
+    _, metrics, _ = load_run(out_dir)
+    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)
+    assert [m["members"] for m in metrics] == [[0, 1]] * 3 + [[0]] * 2
+    for m, ref in zip(metrics, tp2_pp2[1]):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
