@@ -50,7 +50,7 @@ SYSTEMS: dict[str, System] = {
                "plain data parallel: the failure-free reference; any fault ends the job", layout=("shard",)),
         System("recover", "recover.core.resilient", "recover", False,
                "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept",
-               layout=("shard", "tp")),
+               layout=("shard", "tp", "pp")),
         System("ckpt-restart", "recover.baselines.ckpt_worker", "store", True,
                "checkpoint-and-restart: DCP checkpoints every K steps; any fault restarts the whole job "
                "from the last complete one", supervisor="recover.baselines.ckpt_restart:supervise",

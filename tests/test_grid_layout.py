@@ -91,12 +91,12 @@ def test_a_grid_asking_baselines_for_shard_2_fails_before_anything_starts():
 
 
 def test_the_registry_says_which_system_runs_which_layout():
-    assert SYSTEMS["recover"].layout == ("shard", "tp")
+    assert SYSTEMS["recover"].layout == ("shard", "tp", "pp")
     assert runs_layout("recover", ReplicaLayout(shard=4)) and runs_layout("recover", ReplicaLayout(shard=2, tp=2))
-    assert not runs_layout("recover", ReplicaLayout(pp=2))
+    assert runs_layout("recover", ReplicaLayout(tp=2, pp=2)) and not runs_layout("plain", ReplicaLayout(pp=2))
     assert all(runs_layout(s, ReplicaLayout()) for s in SYSTEMS)
-    with pytest.raises(ConfigError, match="--pp: system 'recover' does not run replicas with pp 2 .*no system does"):
-        check_layout("recover", ReplicaLayout(tp=2, pp=2))
+    with pytest.raises(ConfigError, match="--pp: system 'plain' does not run replicas with pp 2 .*only recover does"):
+        check_layout("plain", ReplicaLayout(pp=2))
     with pytest.raises(ConfigError, match="--tp: system 'plain' does not run replicas with tp 2 .*only recover does"):
         check_layout("plain", ReplicaLayout(tp=2))
 

@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
     r.add_argument("--shard", type=int, default=1,
                    help="ranks per replica S (HSDP; recover only): a kill strikes one rank and takes its replica; "
                         "the failure-free comparison runs plain at S where plain runs it, else at 1 (default: 1)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica T (recover only; default: 1)")
+    r.add_argument("--pp", type=int, default=1, help="pipeline stages per replica P (recover only; default: 1)")
+    r.add_argument("--pp-schedule", default="1f1b", help="afab or 1f1b, with --pp > 1 (default: 1f1b)")
     r.add_argument("--seed", type=int, default=0, help="seed of the kill schedule and the runs (default: 0)")
     r.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
                    help="heartbeat timeout of the runs (default: the config's)")
@@ -195,9 +198,11 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
     from ..systems import check_layout
 
     try:
-        check_layout(args.system, ReplicaLayout(shard=args.shard))
+        tp, pp, schedule = getattr(args, "tp", 1), getattr(args, "pp", 1), getattr(args, "pp_schedule", "1f1b")
+        check_layout(args.system, ReplicaLayout(shard=args.shard, tp=tp, pp=pp))
         TrainConfig(system=args.system, replicas=args.replicas, microbatches=args.microbatches,
-                    shard=args.shard, seed=args.seed, heartbeat_timeout=args.heartbeat_timeout).validate(tuple(SYSTEMS))
+                    shard=args.shard, tp=tp, pp=pp, pp_schedule=schedule, seed=args.seed,
+                    heartbeat_timeout=args.heartbeat_timeout).validate(tuple(SYSTEMS))
     except ConfigError as e:
         return fail(str(e))
     from ..bench import bench_recovery
