@@ -16,7 +16,7 @@ Contract:
   retried, with the same ids, by the next quorum.
 - The all-reduce also carries, beside gradient and loss sums, a one-hot of the
   participating replica ids and their microbatch count, so every survivor knows
-  exactly which microbatches were committed (metrics.jsonl's microbatch_ids and
+  exactly which microbatches were committed (metrics.jsonl's microbatch_id_ranges and
   members). Every participant that committed the step writes its metrics line and,
   when the group changed or attempts were discarded, its events.jsonl record, with
   `append_step_once`: the first lands, the others find it there. (One writer was

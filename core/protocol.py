@@ -1153,9 +1153,10 @@ class Membership:
         for a commit and for one a restarted coordinator records from the votes reported."""
         return Out("commit", msg={
             "step": step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
-            # the ids the members reported folding (their ledgers' union, checked exactly),
-            # and each member's report as it voted it: the evidence, not what was handed out
-            "microbatch_ids": idranges.to_ids(got), "ledgers": ledgers,
+            # the ids the members reported folding (their ledgers' union, checked exactly, as
+            # id ranges: core/results.py's contract), and each member's report as it voted it:
+            # the evidence, not what was handed out
+            "microbatch_id_ranges": got, "ledgers": ledgers,
             "generation": generation, "members": members, "recoveries": recoveries,
             **({"lr": lr} if lr is not None else {}),
             # how many microbatches each member folded: the policy's load balance, visible

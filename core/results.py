@@ -5,15 +5,27 @@ Contract (DIR = the run's --out):
   model shape, plus each system's own settings}.
 - DIR/metrics.jsonl: one JSON object per committed iteration, in step order, each
   step at most once, with at least: step (from 0), loss (the iteration's mean
-  microbatch loss), tokens, microbatch_ids (sorted ids folded into that step's
-  gradient), generation, members (replica ids that took part), wall_time (seconds
-  since the run started), and lr (the learning rate that step used, as the
-  replicas that committed it reported it). recover's coordinator also writes
-  `ledgers`: {member: the id ranges that member's vote reported folding}, and
-  derives microbatch_ids from their union; `reported_ids` recomputes that union
-  for a reader, so a check of the ids rests on what the workers said, not on
-  what the coordinator handed out; and `coordinator`, its own load at that commit
-  (latency from the last vote, CPU seconds, lines handled: core/membership.py).
+  microbatch loss), tokens, microbatch_id_ranges (the ids folded into that step's
+  gradient, as a canonical id range list `[[start, stop], ...]`: core/idranges.py),
+  generation, members (replica ids that took part), wall_time (seconds since the
+  run started), and lr (the learning rate that step used, as the replicas that
+  committed it reported it). recover's coordinator also writes `ledgers`: {member:
+  the id ranges that member's vote reported folding}, and derives
+  microbatch_id_ranges from their union; `reported_ids` recomputes that union for
+  a reader, so a check of the ids rests on what the workers said, not on what the
+  coordinator handed out; and `coordinator`, its own load at that commit (latency
+  from the last vote, CPU seconds, lines handled: core/membership.py).
+- A step's ids, old lines and new: lines written before the ids became ranges
+  carry `microbatch_ids`, the sorted plain id list, instead of
+  `microbatch_id_ranges`. A line holds one or the other, never both. Readers go
+  through `step_id_ranges(line)` / `step_ids(line)` (or `step_ids_are(line, lo,
+  hi)`), which accept either, so results committed in the old form read and
+  aggregate to the same numbers. Ranges, not a list: a step's ids are a few
+  contiguous runs (all M of them in one pair when no id was dropped), so the
+  line no longer grows with M (a plain list was about 1 MB a step at 16,384
+  replicas). A new key rather than a new type under the old one: a reader that
+  does not know the change fails on the missing key, instead of silently taking
+  pairs for ids (`len`, a comparison with a plain list).
 - DIR/summary.json: steps done, final loss, tokens, wall time, exit status.
 - DIR/events.jsonl (systems that recover): one object per recovery or restart;
   recover's coordinator adds one per refused control message ("kind": "refused",
@@ -34,7 +46,9 @@ from typing import Any, Iterable
 
 from . import idranges
 
-METRIC_FIELDS = ("step", "loss", "tokens", "microbatch_ids", "generation", "members", "wall_time", "lr")
+IDS = "microbatch_id_ranges"  # a step's ids on a metrics line (a canonical range list)
+OLD_IDS = "microbatch_ids"  # the plain sorted id list that lines carried before
+METRIC_FIELDS = ("step", "loss", "tokens", IDS, "generation", "members", "wall_time", "lr")
 
 
 class JsonlWriter:
@@ -90,11 +104,35 @@ def metric_record(
     step: int, loss: float, tokens: int, ids: Iterable[int], generation: int, members: Iterable[int],
     t0: float, **extra: Any,
 ) -> dict[str, Any]:
-    """One metrics.jsonl line; `t0` is the run's start on the time.time() clock."""
+    """One metrics.jsonl line; `t0` is the run's start on the time.time() clock.
+
+    `ids`: the step's distinct ids (ValueError on a duplicate: an id folded twice is a bug
+    the writer must not record as one step)."""
     return {
-        "step": step, "loss": loss, "tokens": tokens, "microbatch_ids": sorted(ids),
+        "step": step, "loss": loss, "tokens": tokens, IDS: idranges.from_ids(ids),
         "generation": generation, "members": sorted(members), "wall_time": time.time() - t0, **extra,
     }
+
+
+def step_id_ranges(record: dict[str, Any]) -> idranges.Ranges:
+    """A metrics line's ids as a canonical range list, from either form (see the contract).
+
+    Two lines name the same ids exactly when their `step_id_ranges` are equal."""
+    if IDS in record:
+        return idranges.union_disjoint([idranges.check(record[IDS])])  # canonical, O(pairs)
+    if OLD_IDS in record:
+        return idranges.from_ids(record[OLD_IDS])
+    raise ValueError(f"step {record.get('step')}: the line carries no ids ({IDS} or {OLD_IDS})")
+
+
+def step_ids(record: dict[str, Any]) -> list[int]:
+    """A metrics line's ids, sorted, from either form (O(ids): prefer `step_id_ranges` for large M)."""
+    return idranges.to_ids(step_id_ranges(record))
+
+
+def step_ids_are(record: dict[str, Any], start: int, stop: int) -> bool:
+    """Whether a metrics line's ids are exactly [start, stop): a step that folded all its M ids."""
+    return idranges.is_exactly(step_id_ranges(record), start, stop)
 
 
 def reported_ids(record: dict[str, Any]) -> list[int]:

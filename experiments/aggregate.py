@@ -17,7 +17,7 @@ Contract (ROOT = the results folder, EXP = the experiment):
   next committed iteration.
 - Definitions (stated once, here):
   * a step is ON the failure-free trajectory when the failure-free run of the same
-    seed committed the same step, with exactly the same microbatch_ids, and the
+    seed committed the same step, with exactly the same ids (`step_id_ranges`), and the
     run's loss is within REL_TOL (relative) of the failure-free loss;
   * effective tokens = tokens of the committed steps on the trajectory;
     effective throughput = effective tokens / the run's training time (the
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, step_id_ranges
 from recover.fault_injection.kinds import KINDS
 
 from .labels import FAILURE_FREE, variant_label
@@ -168,7 +168,7 @@ def step_rows(experiment: str, run: Run, ref: Run | None) -> list[dict[str, Any]
         if r is not None:
             diff = m["loss"] - r["loss"]
             rel = abs(diff) / abs(r["loss"]) if r["loss"] else abs(diff)
-            same_ids = m["microbatch_ids"] == r["microbatch_ids"]
+            same_ids = step_id_ranges(m) == step_id_ranges(r)  # either form of the line
             on = same_ids and rel <= REL_TOL
             cum_eff += m["tokens"] if on else 0
             row.update(ref_loss=r["loss"], loss_diff=diff, abs_loss_diff=abs(diff), rel_loss_diff=rel,

@@ -48,10 +48,10 @@ import sys
 import time
 from pathlib import Path
 
-from recover.core.data import iteration_ids
 from recover.core.gc_pacing import settle, take_over
 from recover.core.policy import quota_of
 from recover.core.protocol import Membership, Out
+from recover.core.results import step_ids_are
 from recover.core.wire import dumps, parse_line
 from recover.experiments.coordinator_results import write_results
 
@@ -135,7 +135,7 @@ class _Run:
         now = self._tick()
         outs, parse_s, machine_s = _parse_and_feed(lines, p.on_vote, now)
         commits = [a for a in outs if a.kind == "commit"]
-        if len(commits) != 1 or commits[0].msg["microbatch_ids"] != iteration_ids(step, self.M):
+        if len(commits) != 1 or not step_ids_are(commits[0].msg, step * self.M, (step + 1) * self.M):
             raise RuntimeError(f"R={self.R}: step {step} did not commit exactly its M ids")
         enc_s, enc_b = _encode(outs)
         self.quota = _quotas(outs, "commit", p.member_ranges)

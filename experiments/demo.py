@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from recover.core.config import TrainConfig
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.results import read_jsonl, reported_ids, step_id_ranges, step_ids
 from recover.fault_injection.injector import attach_plan
 
 from .run import run_training
@@ -66,7 +66,7 @@ def main() -> int:
     print(f"\nlargest relative loss difference: {worst:.2e} (floating-point summation order only)")
     # recover's side from what its members reported folding, not what was handed out
     print("every step of the faulty run folded exactly the same 8 microbatch ids:",
-          all(x["microbatch_ids"] == reported_ids(y) for x, y in zip(a, b)))
+          all(step_ids(x) == reported_ids(y) for x, y in zip(a, b)))
     for f, e in zip(fired, events):
         print(f"recovery at step {e['step']}: replica {f['replica']} killed in {f['phase']}; detected "
               f"{1e3 * (e['detected_at'] - f['wall_time']):.0f} ms after the kill; next step committed "
@@ -102,7 +102,7 @@ def others_table(common: dict, plan_path: Path, ref: list[dict], rec: list[dict]
         for k, c in cols.items():
             m = c.get(x["step"])
             cell = "-" if m is None else f"{abs(m['loss'] - x['loss']):.1e}" + (
-                "*" if m["microbatch_ids"] != x["microbatch_ids"] else " ")
+                "*" if step_id_ranges(m) != step_id_ranges(x) else " ")
             cells.append(f"{cell:>{max(10, len(k))}}")
         print(f"{x['step']:>4}  {x['loss']:>12.6f}  " + "  ".join(cells))
     aggregate(OUT.parent, OUT.name)

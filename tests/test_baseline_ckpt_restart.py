@@ -28,7 +28,7 @@ from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_
 
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 
@@ -71,7 +71,7 @@ def test_failure_free_run_is_the_plain_trajectory_and_checkpoints(reference, tmp
 def _steps_once(metrics: list[dict]) -> None:
     assert [m["step"] for m in metrics] == list(range(6))
     for m in metrics:
-        assert m["microbatch_ids"] == iteration_ids(m["step"], 4)  # the global batch M is kept
+        assert step_ids(m) == iteration_ids(m["step"], 4)  # the global batch M is kept
 
 
 def test_crash_with_replacement_resumes_at_the_checkpoint_and_ends_with_identical_weights(reference, tmp_path):

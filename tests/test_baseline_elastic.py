@@ -26,7 +26,7 @@ import pytest
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 
@@ -101,9 +101,9 @@ def test_a_lost_node_reforms_the_group_with_the_survivors_and_shrinks_the_batch(
         assert event["from_step"] % 2 == 0 and event["from_step"] >= 2
         for m in metrics:
             if m["step"] < event["from_step"]:
-                assert m["members"] == [0, 1] and m["microbatch_ids"] == iteration_ids(m["step"], 6)
+                assert m["members"] == [0, 1] and step_ids(m) == iteration_ids(m["step"], 6)
             else:  # the one node left folds what it did before: 3 of the 6 ids
-                assert m["members"] == [0] and m["microbatch_ids"] == iteration_ids(m["step"], 6)[:3]
+                assert m["members"] == [0] and step_ids(m) == iteration_ids(m["step"], 6)[:3]
         assert any(e["pid"] == agent and e["how"] == "killed by SIGKILL" for e in summary["processes"])
         assert not _run_processes(out)
     finally:
@@ -124,7 +124,7 @@ def test_a_planned_replica_loss_is_a_lost_node_and_keep_global_keeps_the_batch(t
     (event,) = read_jsonl(out / "events.jsonl")
     assert event["failed_replicas"] == [1] and event["from_step"] == 2  # the node is gone, not restarted
     assert [m["members"] for m in metrics] == [[0, 1]] * 2 + [[0]] * 4
-    assert all(m["microbatch_ids"] == iteration_ids(m["step"], 6) for m in metrics)  # M kept
+    assert all(step_ids(m) == iteration_ids(m["step"], 6) for m in metrics)  # M kept
     agent = json.loads((out / "pids.json").read_text())["replicas"]["1"][0]
     assert any(e["pid"] == agent and e["how"] == "killed by SIGKILL" for e in summary["processes"])
 

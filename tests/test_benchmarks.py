@@ -13,6 +13,7 @@ import pytest
 from recover.core.data import iteration_ids
 from recover.core.policy import assign_quotas
 from recover.core.protocol import Membership
+from recover.core.results import step_ids
 
 from conftest import as_read
 
@@ -41,7 +42,7 @@ def test_bench_commit_vote_64_replicas(benchmark):
 
     out = benchmark(one_iteration)
     commits = [a for a in out if a.kind == "commit"]
-    assert len(commits) == 1 and commits[0].msg["microbatch_ids"] == iteration_ids(0, M)
+    assert len(commits) == 1 and step_ids(commits[0].msg) == iteration_ids(0, M)
 
 
 @pytest.mark.procs  # the CLI and the figure script

@@ -15,6 +15,7 @@ from conftest import load_run, pid_alive, run_recover
 
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
+from recover.core.results import step_ids
 
 pytestmark = pytest.mark.procs  # every test here starts processes
 
@@ -29,7 +30,7 @@ def check_contract(out: Path, replicas: int, steps: int) -> None:
     assert config["train"]["replicas"] == replicas and config["model"]["n_layer"] == 2
     assert [m["step"] for m in metrics] == list(range(steps))
     for m in metrics:
-        assert m["microbatch_ids"] == iteration_ids(m["step"], 8)
+        assert step_ids(m) == iteration_ids(m["step"], 8)
         assert m["members"] == list(range(replicas)) and m["generation"] == 0
         assert m["tokens"] == 8 * 4 * 64
         assert m["wall_time"] > 0

@@ -21,7 +21,7 @@ drains the system. Invariants checked on every run:
 - every commit any worker applies carries exactly the failure-free gradient
   sum_{id in iteration t} g(id) (nothing dropped, nothing counted twice);
 - the coordinator commits steps 0, 1, 2, ... in order, each once, with
-  microbatch_ids == the iteration's M ids;
+  its ids (`step_ids`) == the iteration's M ids;
 - the run ends: all S steps committed if any worker survives, else a clean stop
   (no replica left, or "no progress" while a broken link is still in the run);
 - a worker declared dead never has a vote or join accepted again (fencing);
@@ -45,7 +45,7 @@ from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 from recover.core.membership import MembershipService, _Conn
 from recover.core.protocol import Membership, ProtocolError
-from recover.core.results import reported_ids
+from recover.core.results import reported_ids, step_ids
 
 from conftest import as_read
 
@@ -352,7 +352,7 @@ def check(world: World) -> None:
     assert steps == list(range(len(steps))), steps
     for c in world.commits:
         assert reported_ids(c) == iteration_ids(c["step"], world.M)  # the members' reports
-        assert c["microbatch_ids"] == iteration_ids(c["step"], world.M)
+        assert step_ids(c) == iteration_ids(c["step"], world.M)
     survivors = [w for w in world.workers if w.r not in world.proto.dead and w.state != "dead"]
     if code == 0:
         assert len(steps) == world.S
@@ -483,7 +483,7 @@ def test_quotas_members_and_votes_travel_as_id_ranges():
     outs = []
     for r in range(4):
         outs += _vote(proto, r, quotas[r])
-    assert [a.msg["microbatch_ids"] for a in outs if a.kind == "commit"] == [iteration_ids(0, 32)]
+    assert [step_ids(a.msg) for a in outs if a.kind == "commit"] == [iteration_ids(0, 32)]
     assert {a.replica: as_read(a.msg, a.replica, proto.members)["quota"] for a in outs if a.kind == "send"}[1] == [[40, 48]]
     aborts = {a.replica: a.msg["t"] for a in proto.on_lost(2, "gone", 0.0) if a.kind == "send"}
     assert aborts == {0: "abort", 1: "abort", 3: "abort"}
@@ -502,7 +502,9 @@ def test_the_commit_record_is_what_the_members_reported():
     outs = _vote(proto, 0, [[0, 2], [6, 8]]) + _vote(proto, 1, [[2, 6]])  # not the quotas: still M ids, once
     (commit,) = [a.msg for a in outs if a.kind == "commit"]
     assert commit["ledgers"] == {"0": [[0, 2], [6, 8]], "1": [[2, 6]]}
-    assert reported_ids(commit) == commit["microbatch_ids"] == list(range(8))
+    assert reported_ids(commit) == step_ids(commit) == list(range(8))
+    # the line names the step's ids as ranges (issue 41 item 11): O(1) here, not M numbers
+    assert commit["microbatch_id_ranges"] == [[0, 8]] and "microbatch_ids" not in commit
     assert commit["folded"] == {"0": 4, "1": 4}
     with pytest.raises(ValueError, match="overlapping"):
         reported_ids({"step": 3, "ledgers": {"0": [[0, 2]], "1": [[1, 3]]}})

@@ -3,7 +3,7 @@
 Each run is `recover train --system recover --faults PLAN` on the tiny model with
 real processes and gloo; the reference is the plain trainer with the same seed.
 Checked from the results, not by trusting the code: every committed step's
-microbatch_ids are exactly its M ids, every step's loss equals the failure-free
+ids (`step_ids`) are exactly its M ids, every step's loss equals the failure-free
 run's, each fault in faults.jsonl fired where the plan says, and the faulty
 replicas never appear among a later step's members.
 """
@@ -17,7 +17,7 @@ import pytest
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.results import read_jsonl, reported_ids, step_ids
 
 pytestmark = pytest.mark.procs  # every test here starts processes
 
@@ -287,7 +287,7 @@ def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
     assert [(x["step"], x["generation"], x["members"]) for x in metrics] == [(0, 2, [0]), (1, 2, [0])]
     assert metrics[0]["folded"] == {"0": m}  # the dead replicas' ledgers were redone, all by replica 0
     for x, ref in zip(metrics, reference):
-        assert x["microbatch_ids"] == iteration_ids(x["step"], m)
+        assert step_ids(x) == iteration_ids(x["step"], m)
         assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
     exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}
     assert exits[1]["how"] == exits[2]["how"] == "killed by SIGKILL" and exits[0]["returncode"] == 0

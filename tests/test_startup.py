@@ -19,7 +19,7 @@ from conftest import as_read, load_run, run_recover
 from recover.core import idranges
 from recover.core.data import iteration_ids
 from recover.core.protocol import Membership
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, step_ids
 
 LOSS_RTOL = 1e-5  # as in test_resilient.py: summation order only
 
@@ -96,7 +96,7 @@ def test_a_worker_killed_before_its_hello_does_not_sink_the_job(tmp_path, monkey
     assert [x["step"] for x in metrics] == list(range(steps))
     assert all(x["members"] == [0, 2] and x["generation"] == 0 for x in metrics)
     for x, ref in zip(metrics, reference):
-        assert x["microbatch_ids"] == iteration_ids(x["step"], m)
+        assert step_ids(x) == iteration_ids(x["step"], m)
         assert abs(x["loss"] - ref) <= LOSS_RTOL * abs(ref), (x["step"], x["loss"], ref)
     assert summary["status"] == "ok"
     exits = {p["replica"]: p for p in summary["processes"] if p["role"] == "worker"}

@@ -9,7 +9,9 @@ with `--service`, the real membership service against N simulated replicas over 
 (experiments/bench_coordinator_service.py);
 `recover bench transfer`: live state transfer against a plain broadcast (experiments/bench_transfer.py);
 `recover bench coordinator-restart`: seconds from a coordinator kill to the next commit
-(experiments/bench_coordinator_restart.py).
+(experiments/bench_coordinator_restart.py);
+`recover bench soak`: the coordinator state machine over a long run with a replacement every N
+steps: steps/s, its containers, RSS and open fds (experiments/bench_soak.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R, a replica layout (`--shard`) the system
@@ -167,6 +169,21 @@ def add_parser(sub) -> None:
                     help="seconds generation 0 waits for the N hellos (default: 120)")
     s_.add_argument("--work", default="", help="directory for the runs' records (default: a temp dir)")
     k.set_defaults(func=cmd_bench_coordinator)
+    so = bsub.add_parser("soak", help="the coordinator state machine over a long run, a replacement every N steps: "
+                         "steps/s, container sizes, RSS and open fds", description="Drive core.protocol.Membership "
+                         "in process for many steps, a member lost and a newcomer admitted every --every steps; "
+                         "sample steps/s, the sizes of its containers, the process's RSS and fds; write NAME.json.")
+    so.add_argument("--steps", type=int, default=100_000, help="steps of the run (default: 100000)")
+    so.add_argument("--replicas", type=int, default=8, help="replicas R (default: 8)")
+    so.add_argument("--per-replica", type=int, default=8, help="microbatches per replica, M = this * R (default: 8)")
+    so.add_argument("--every", type=int, default=1000,
+                    help="a member lost mid-step and its replacement admitted every this many steps; 0: never "
+                         "(default: 1000)")
+    so.add_argument("--sample-every", type=int, default=5000, help="steps between samples (default: 5000)")
+    so.add_argument("--seed", type=int, default=0, help="seed of the victims and the measured speeds (default: 0)")
+    so.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
+    so.add_argument("--name", default="soak", help="file stem of the results (default: soak)")
+    so.set_defaults(func=cmd_bench_soak)
 
 
 def _workload_args(p, written: str, *, models: list[str], batch_size: int, microbatches: int,
@@ -340,3 +357,18 @@ def cmd_bench_coordinator_restart(args: argparse.Namespace) -> int:
     from ..bench_coordinator_restart import bench_coordinator_restart
 
     return bench_coordinator_restart(args)
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    if args.replicas < 2:
+        return fail("--replicas: must be >= 2 (one replica is lost, another must survive)")
+    for name in ("steps", "per_replica", "sample_every"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.every < 0:
+        return fail("--every: must be >= 0")
+    if not args.name or "/" in args.name:
+        return fail("--name: must be a file stem (no '/')")
+    from ..bench_soak import bench_soak
+
+    return bench_soak(args)

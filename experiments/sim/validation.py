@@ -4,7 +4,7 @@ Contract:
 - `find_runs(root)` finds run directories (config.json + metrics.jsonl + summary.json)
   under `root`, skipping results/sim and results/bench.
 - `measure(run)` computes, from metrics.jsonl alone, the quantities the simulator also
-  reports: committed steps, tokens, effective tokens (steps whose microbatch_ids are
+  reports: committed steps, tokens, effective tokens (steps whose ids (`step_ids_are`) are
   exactly that step's M ids, step*M .. step*M+M-1), and two effective throughputs:
     from_start:        effective tokens / wall_time of the last committed step
     after_first_step:  effective tokens of steps >= 1 / (last wall_time - step 0's wall_time)
@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, step_ids_are
 from recover.experiments.labels import variant_label
 
 from .calibration import local_calibration
@@ -104,7 +104,7 @@ def measure(run: RealRun) -> dict[str, Any]:
     eff_tokens, eff_after = 0.0, 0.0
     for m in run.metrics:
         s = int(m["step"])
-        ok = list(m["microbatch_ids"]) == list(range(s * M, s * M + M))
+        ok = step_ids_are(m, s * M, s * M + M)
         if ok:
             eff_tokens += m["tokens"]
             if s >= 1:
@@ -165,8 +165,7 @@ def recovery_samples(run: RealRun) -> list[tuple[float, float]]:
 
 def _is_reference(run: RealRun) -> bool:
     return not (run.plan or {}).get("faults") and all(
-        list(m["microbatch_ids"]) == list(range(m["step"] * int(_train(run)["microbatches"]),
-                                                (m["step"] + 1) * int(_train(run)["microbatches"])))
+        step_ids_are(m, m["step"] * int(_train(run)["microbatches"]), (m["step"] + 1) * int(_train(run)["microbatches"]))
         for m in run.metrics)
 
 
