@@ -34,6 +34,57 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
+def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """sha256 of the tensors' values, in order, on the host (the plain version)."""
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for t in tensors:
+            h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def weights_fingerprint(tensors: Iterable[torch.Tensor]) -> str:
+    """A digest of the tensors computed where they live.
+
+    Per tensor, the sum of its raw bits read as integers (int16/int32 for 16/32-bit
+    floats), accumulated exactly in int64; then sha256 over those few sums. Integer
+    sums are exact and order-free, so equal weights give equal fingerprints on any
+    device and thread count, and one flipped bit b of any weight moves its tensor's
+    sum by 2^b: always seen. `weights_digest` (the plain version: sha256 of every
+    byte, done on the host) also sees any two weights swapped, but copies the whole
+    model off the device each time; this reads each weight once on its device and
+    moves a few bytes per tensor. Used on a replica's parameters (GradAccumulator)
+    and on a rank's local shards (core/parallel's ShardedAccumulator).
+    """
+    with torch.no_grad():
+        sums = torch.stack([_bits(t.detach()).sum(dtype=torch.int64) for t in tensors])
+    return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()
+
+
+class Ledger(list):
+    """The microbatch ids folded in this iteration, in order (a list, for every reader),
+    with O(1) membership: `in` reads a set kept beside it. `append` refuses an id already
+    there (ValueError, nothing changed), so no id is ever counted twice; `clear` empties
+    both. Shared by GradAccumulator and core/parallel's ShardedAccumulator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ids: set[int] = set()
+
+    def __contains__(self, mb_id: object) -> bool:
+        return mb_id in self._ids
+
+    def append(self, mb_id: int) -> None:
+        if mb_id in self._ids:
+            raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
+        super().append(mb_id)
+        self._ids.add(mb_id)
+
+    def clear(self) -> None:
+        super().clear()
+        self._ids.clear()
+
+
 class GradAccumulator:
     """Flat gradient accumulator (+ loss sum) with a ledger of folded microbatch ids."""
 
@@ -50,20 +101,16 @@ class GradAccumulator:
                 raise TypeError(f"parameters must be fp32 (got {p.dtype}); keep a fp32 master copy")
             p.grad = self.buffer[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
-        self.ledger: list[int] = []
-        self._folded: set[int] = set()  # the ledger's ids, for O(1) membership
+        self.ledger = Ledger()
 
     def has(self, mb_id: int) -> bool:
         """Whether `mb_id` is in the ledger (O(1))."""
-        return mb_id in self._folded
+        return mb_id in self.ledger
 
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward (loss `loss`) is now in the accumulator."""
-        if mb_id in self._folded:
-            raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
+        self.ledger.append(mb_id)  # raises, with nothing changed, on an id folded twice
         self.buffer[-1] += float(loss)
-        self.ledger.append(mb_id)
-        self._folded.add(mb_id)
 
     @property
     def loss_sum(self) -> float:
@@ -83,7 +130,6 @@ class GradAccumulator:
         """Empty the accumulator and the ledger (the next iteration starts)."""
         self.buffer.zero_()
         self.ledger.clear()
-        self._folded.clear()
 
     def detached(self) -> list[int]:
         """Indices (in `params`) of the parameters whose .grad no longer views the buffer.
@@ -102,30 +148,12 @@ class GradAccumulator:
 
     def weights_digest(self) -> str:
         """sha256 of the parameters' values, in order: equal digests, equal weights."""
-        h = hashlib.sha256()
-        with torch.no_grad():
-            for p in self.params:
-                h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return weights_digest(self.params)
 
     def weights_fingerprint(self) -> str:
-        """A digest of the weights computed where they live: what each vote carries.
-
-        Per parameter, the sum of its raw bits read as integers (int16/int32 for
-        16/32-bit floats), accumulated exactly in int64; then sha256 over those few
-        sums. Integer sums are exact and order-free, so equal weights give equal
-        fingerprints on any device and thread count, and one flipped bit b of any
-        weight moves its parameter's sum by 2^b: always seen. `weights_digest` (the
-        plain version: sha256 of every byte, done on the host) also sees any two
-        weights swapped, but copies the whole model off the device each time; this
-        reads each weight once on its device and moves a few bytes per parameter.
-        """
-        with torch.no_grad():
-            sums = torch.stack([
-                _bits(p.detach()).sum(dtype=torch.int64)
-                for p in self.params
-            ])
-        return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()
+        """A digest of the weights computed where they live: what each vote carries
+        (`weights_fingerprint(tensors)`, below)."""
+        return weights_fingerprint(self.params)
 
     def flip_bit(self, bit: int = 22) -> str:
         """Flip bit `bit` of the model's largest-magnitude weight, in place; say which.

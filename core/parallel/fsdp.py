@@ -46,7 +46,6 @@ Contract (the sharded form of core/accumulator.py's, same interface):
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Iterable
 
 import torch
@@ -55,7 +54,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..accumulator import _bits
+from ..accumulator import Ledger, weights_digest, weights_fingerprint
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layers: Iterable[nn.Module] | None = None) -> nn.Module:
@@ -148,21 +147,17 @@ class ShardedAccumulator:
             self._views.append(view)
             offset += t.numel()
         self.reattach()
-        self.ledger: list[int] = []
-        self._folded: set[int] = set()  # the ledger's ids, for O(1) membership (as GradAccumulator's)
+        self.ledger = Ledger()  # the replica's ledger (every rank folds the same ids)
 
     def has(self, mb_id: int) -> bool:
         """Whether `mb_id` is in the ledger (O(1))."""
-        return mb_id in self._folded
+        return mb_id in self.ledger
 
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward is in the accumulator; `loss` is this rank's part of its loss."""
-        if mb_id in self._folded:
-            raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
+        self.ledger.append(mb_id)  # raises, with nothing changed, on an id folded twice
         if self.counts_loss:
             self.buffer[-1] += float(loss)
-        self.ledger.append(mb_id)
-        self._folded.add(mb_id)
 
     @property
     def loss_sum(self) -> float:
@@ -185,7 +180,6 @@ class ShardedAccumulator:
         """Empty the accumulator and the ledger (the next iteration starts)."""
         self.buffer.zero_()
         self.ledger.clear()
-        self._folded.clear()
 
     @property
     def counted(self) -> list[bool]:
@@ -236,14 +230,8 @@ class ShardedAccumulator:
 
     def weights_digest(self) -> str:
         """sha256 of this rank's local shards, in order: equal digests, equal shards."""
-        h = hashlib.sha256()
-        with torch.no_grad():
-            for p in self.params:
-                h.update(_local(p).detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return weights_digest(_local(p) for p in self.params)
 
     def weights_fingerprint(self) -> str:
-        """The cheap on-device digest of this rank's local shards (as GradAccumulator's)."""
-        with torch.no_grad():
-            sums = torch.stack([_bits(_local(p).detach()).sum(dtype=torch.int64) for p in self.params])
-        return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()
+        """The cheap on-device digest of this rank's local shards (accumulator.weights_fingerprint)."""
+        return weights_fingerprint([_local(p) for p in self.params])
