@@ -81,7 +81,35 @@ def forkable(argv: Sequence[str]) -> bool:
     return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m"
 
 
-class ForkedProcess:
+class PolledProcess:
+    """What `subprocess.Popen` offers on top of `poll()` and `send_signal()`, by polling:
+    `wait(timeout)`, `terminate()`, `kill()` (a subclass gives `poll`, `send_signal`, `args`)."""
+
+    args: list
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedProcess(PolledProcess):
     """A worker started by the fork server: the subset of `subprocess.Popen` the launcher uses."""
 
     def __init__(self, pid: int, args: Sequence[str]):
@@ -100,26 +128,12 @@ class ForkedProcess:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        end = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if end is not None and time.monotonic() >= end:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.005)
-        return self.returncode
-
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class ForkServer:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from typing import Sequence
 
+from .forkserver import PolledProcess
 
-class ReplicaProcesses:
+
+class ReplicaProcesses(PolledProcess):
     """A replica's rank processes, ended together (see the module docstring)."""
 
     def __init__(self, procs: Sequence):
@@ -58,20 +58,7 @@ class ReplicaProcesses:
 
     def _kill_running(self) -> None:
         self._killed = True
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-    def wait(self, timeout: float | None = None) -> int:
-        end = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if end is not None and time.monotonic() >= end:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.005)
-        return self.returncode
+        self.send_signal(signal.SIGKILL)
 
     def send_signal(self, sig: int) -> None:
         for p in self.procs:
@@ -80,9 +67,3 @@ class ReplicaProcesses:
                     os.kill(p.pid, sig)
                 except ProcessLookupError:
                     pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
