@@ -169,3 +169,32 @@ def _no_process_starts_in_the_fast_loop(request, monkeypatch):
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+def run_ranks_around_a_store(rank_argvs, timeout: float = 240) -> None:
+    """One process per argv, around a fresh TCPStore on port 0: `rank_argvs(port)` gives the
+    argvs. Waits for all; a rank that fails fails the test with its log; any process still
+    running at the end (a hang, a failure of this test) is SIGKILLed by its PID."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    procs = []
+    try:
+        for argv in rank_argvs(store.port):
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=env))
+        codes = [p.wait(timeout=timeout) for p in procs]
+        logs = [p.stdout.read() for p in procs]
+        assert codes == [0] * len(procs), "\n".join(f"rank {k}: rc {c}\n{log[-3000:]}" for k, (c, log) in
+                                                   enumerate(zip(codes, logs)) if c)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+            if p.stdout:
+                p.stdout.close()
+        del store

@@ -8,16 +8,13 @@ GradAccumulator, the same recipe) over the same M global ids per step.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
+
+from conftest import run_ranks_around_a_store
 
 pytestmark = pytest.mark.procs
 
@@ -28,28 +25,9 @@ import hsdp_worker as w  # noqa: E402  (the reference shares the worker's consta
 
 def _run_grid(out: Path, R: int, S: int, M: int, steps: int, *extra: str, timeout: float = 240) -> None:
     """Start R x S ranks around a fresh TCPStore (port 0); wait for all; kill leftovers by PID."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    procs = []
-    try:
-        for r in range(R):
-            for i in range(S):
-                procs.append(subprocess.Popen(
-                    [sys.executable, WORKER, str(store.port), str(out), str(r), str(i), str(R), str(S), str(M),
-                     str(steps), *extra],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-        codes = [p.wait(timeout=timeout) for p in procs]
-        logs = [p.stdout.read() for p in procs]
-        assert codes == [0] * len(procs), "\n".join(f"rank {k}: rc {c}\n{log[-3000:]}" for k, (c, log) in
-                                                   enumerate(zip(codes, logs)) if c)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait()
-            if p.stdout:
-                p.stdout.close()
-        del store
+    run_ranks_around_a_store(lambda port: [
+        [sys.executable, WORKER, str(port), str(out), str(r), str(i), str(R), str(S), str(M), str(steps), *extra]
+        for r in range(R) for i in range(S)], timeout)
 
 
 def _reference_losses(M: int, steps: int) -> list[float]:

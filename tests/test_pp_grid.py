@@ -9,15 +9,13 @@ redo) the accumulator holds the plain sum over the ids, exactly as one process f
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import run_ranks_around_a_store
 
 from recover.core.config import ConfigError, TrainConfig
 from recover.core.model import GPT
@@ -86,27 +84,9 @@ def test_stages_compose_to_the_whole_model_and_untie_the_head():
 
 
 def _run(out: Path, pp: int, schedule: str, tp: int = 1, timeout: float = 240) -> list[dict]:
-    import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    procs = []
-    try:
-        for i in range(pp * tp):
-            procs.append(subprocess.Popen([sys.executable, WORKER, str(store.port), str(out), str(i), str(pp),
-                                           schedule, str(tp)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          env=env))
-        codes = [p.wait(timeout=timeout) for p in procs]
-        logs = [p.stdout.read() for p in procs]
-        assert codes == [0] * len(procs), "\n".join(f"rank {k}: rc {c}\n{log[-3000:]}" for k, (c, log) in
-                                                   enumerate(zip(codes, logs)) if c)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait()
-            if p.stdout:
-                p.stdout.close()
-        del store
+    run_ranks_around_a_store(lambda port: [
+        [sys.executable, WORKER, str(port), str(out), str(i), str(pp), schedule, str(tp)] for i in range(pp * tp)],
+        timeout)
     return [json.loads((out / f"rank{i}.json").read_text()) for i in range(pp * tp)]
 
 
