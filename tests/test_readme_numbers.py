@@ -172,3 +172,42 @@ def test_coordinator_restart_numbers_match_the_committed_bench():
     for printed, name in ((replica, "replica_crash"), (crash, "coordinator_crash"), (commit, "mid_commit"),
                           (hang, "coordinator_hang")):
         same(printed, bench[name])
+
+
+def _bench(*parts: str) -> dict:
+    return json.loads(ROOT.joinpath("results", "bench", *parts).read_text())
+
+
+def _ratio(rows: dict, model: str, layout: str, tree: str) -> float:
+    return next(r["recover_over_plain"] for r in rows["ratios"]
+                if (r["model"], r["layout"], r["tree"]) == (model, layout, tree))
+
+
+def test_readiness_cost_matches_its_benchmarks():
+    tiny, both = _bench("iteration_readiness_tiny.json"), _bench("iteration_readiness.json")
+    tb, ta, sb, sa = found(r"recover / plain ([\d.]+) before, ([\d.]+) after on `tiny`[\s\S]*?"
+                           r"\(~165 ms a step,\s+results/bench/iteration_readiness.json, 3 rounds\) ([\d.]+) before, "
+                           r"([\d.]+) after")
+    same(tb, _ratio(tiny, "tiny", "4x1", "baseline"))
+    same(ta, _ratio(tiny, "tiny", "4x1", "this"))
+    same(sb, _ratio(both, "small", "4x1", "baseline"))
+    same(sa, _ratio(both, "small", "4x1", "this"))
+    after, before = found(r"kill -> next commit p50 (\d+) ms after, (\d+) ms before")
+    same(after, 1000 * _bench("readiness", "after", "recovery_recover.json")["kill_to_next_commit_s"]["p50"])
+    same(before, 1000 * _bench("readiness", "before", "recovery_recover.json")["kill_to_next_commit_s"]["p50"])
+
+
+def test_hsdp_numbers_match_their_benchmarks():
+    s2, s1 = _bench("hsdp", "recovery_recover_s2.json"), _bench("hsdp", "recovery_recover.json")
+    k2, it2, r2, k1, it1, r1 = found(r"kill -> next commit p50 (\d+) ms for 3 x 2 HSDP \(its failure-free iteration "
+                                     r"(\d+) ms: ([\d.]+)\s+of one\) against (\d+) ms for 3 x 1 data parallel "
+                                     r"\(iteration (\d+) ms: ([\d.]+) of one\)")
+    for printed_k, printed_it, printed_r, s in ((k2, it2, r2, s2), (k1, it1, r1, s1)):
+        k, it = s["kill_to_next_commit_s"]["p50"], s["failure_free_iteration_s"]["recover"]
+        same(printed_k, 1000 * k)
+        same(printed_it, 1000 * it)
+        same(printed_r, k / it)
+    hsdp = _bench("iteration_hsdp.json")
+    a, b = found(r"\(results/bench/iteration_hsdp.json\):\s+([\d.]+) at 3 x 2 and ([\d.]+) at 3 x 1")
+    same(a, _ratio(hsdp, "tiny", "3x2", "this"))
+    same(b, _ratio(hsdp, "tiny", "3x1", "this"))
