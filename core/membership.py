@@ -589,7 +589,8 @@ class MembershipService:
         if kind == "vote":
             conn.voted = True
         handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "ready": self.proto.on_ready,
-                   "fail": self.proto.on_fail, "healed": self.proto.on_healed}.get(kind)
+                   "fail": self.proto.on_fail, "healed": self.proto.on_healed,
+                   "stop_run": self.proto.on_stop_run}.get(kind)
         if handler is not None:
             self._apply(handler(r, msg, now))
 

@@ -129,6 +129,11 @@ worker -> coordinator:
                                            reduced loss sum is not finite; nonfinite: the ids of the voter's
                                            ledger whose own loss was not (core/nonfinite.py)
   fail   {gen, step, reason}               my collective failed
+  stop_run {reason}                        the run cannot go on for a reason of this member's own (its
+                                           checkpoint saves failed --checkpoint-failures times in a row):
+                                           every live replica hears `stop`, the run ends with exit 1,
+                                           steps committed before it are kept. Said before the member
+                                           exits, so its closed connection is no loss to recover from
   hb     {}                                heartbeat (handled by the service)
 launcher -> coordinator (the service's `launcher` connection):
   exited {replica, how}                    that replica's process exited (`on_exit`)
@@ -379,6 +384,19 @@ class Membership:
         self.go_at = now
         go = {"t": "go", "gen": self.gen, "step": self.step}
         return [Out("send", m, go) for m in self.members]
+
+    def on_stop_run(self, r: int, msg: dict, now: float) -> list[Out]:
+        """Replica r ends the run for a reason of its own (its storage is failing).
+
+        The run stops as the coordinator's own stop does: every live replica hears
+        `stop` with the reason. A member says it before it exits, so its connection
+        closing afterwards is not a replica lost (no recovery is recorded while the
+        job ends), and the reason is the one the run ends with."""
+        if self.state == "finished" or r not in self.alive:
+            return []
+        reason = f"replica {r} stopped the run: {msg.get('reason', 'no reason given')}"
+        rec = {"kind": "stop_run", "replica": r, "step": self.step, "reason": reason, "at": now}
+        return [Out("event", msg=rec, reason=reason)] + self._finish(1, reason, now)
 
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:

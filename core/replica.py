@@ -466,6 +466,11 @@ class Replica:
         except _Fenced:  # a coordinator that no longer counts it: nothing is left to rejoin
             self._log("after the last commit: the coordinator closed this replica's connection")
 
+    def stop_run(self, reason: str) -> None:
+        """End the run for a reason of this replica's own (protocol `stop_run`): every
+        replica hears `stop`, and this one's closing connection is not taken for a loss."""
+        self.control.send({"t": "stop_run", "reason": reason})
+
     def close(self) -> None:
         if self.link is not None:
             self.link.close()

@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         if leader:
             write_final(cfg.out, args.replica, replica.step, checksum)
     except CheckpointsFailing as e:
+        replica.stop_run(e.reason)  # before the exit closes the connection: a stop, not a lost replica
         print(worker_exit.line_of(who, e), file=sys.stderr, flush=True)
         return e.code
     except RunEnded as e:

@@ -74,6 +74,7 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "ready": {"gen": _INT, "step": _INT},
     "fail": {"gen": _INT, "step": _INT},
     "healed": {"gen": _INT, "step": _INT},
+    "stop_run": {"reason": _STR},
     # from the launcher (core/exit_notices.py), not from a worker
     "launcher": {"token": _STR},
     "exited": {"replica": _INT, "how": _STR},
