@@ -34,5 +34,16 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	RECOVER_FAST=1 $(PY) -m pytest -q -m "not procs and not slow"
 
+# Micro-benchmarks of the hot paths (benchmarks/micro/), serially: pytest-xdist would
+# disable them, and two at once would time each other. Each run's JSON is saved under
+# results/bench/micro/ (commit the one you want as the next baseline) and compared
+# with the last saved run, so a regression shows as a ratio. Not part of `make test`.
+BENCH_STORE := file://results/bench/micro
+bench: $(STAMP)
+	$(PY) -m pytest -q -p no:xdist -p no:randomly benchmarks/micro \
+		--benchmark-storage=$(BENCH_STORE) --benchmark-autosave \
+		$(if $(wildcard results/bench/micro/*/*.json),--benchmark-compare,) \
+		--benchmark-columns=min,median,mean,rounds --benchmark-sort=name
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,8 +1,8 @@
-"""Micro-benchmarks of the coordinator's hot path (pytest-benchmark).
+"""The benchmark commands still run: `make bench`'s micro-benchmarks and `recover bench coordinator`.
 
-They time, they do not judge: each asserts only that the benched call returned the
-right answer. `pytest --benchmark-only tests/test_benchmarks.py` prints the figures;
-`--benchmark-json FILE` writes them.
+The figures themselves are never judged here (the machine is shared and noisy);
+what is checked is that each benchmark runs and its benched call gives the right
+answer. `make bench` times them (benchmarks/micro/test_micro.py says how).
 """
 from __future__ import annotations
 
@@ -10,39 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from recover.core.data import iteration_ids
-from recover.core.policy import assign_quotas
-from recover.core.protocol import Membership
-from recover.core.results import step_ids
 
-from conftest import as_read
+@pytest.mark.procs
+def test_the_micro_benchmarks_run_and_check_their_answers():
+    """`make bench`'s micro-benchmarks (benchmarks/micro/), run once each with timing off:
+    each asserts its call's answer, so a bench that broke, or a fast path that went
+    wrong, fails the suite even though `make test` never times them."""
+    import subprocess
+    import sys
 
-
-def test_bench_quota_policy_512_replicas(benchmark):
-    ids = iteration_ids(7, 4096)
-    speeds = {r: 1.0 + (r % 7) / 10 for r in range(512)}
-    quotas = benchmark(assign_quotas, ids, list(range(512)), speeds)
-    assert sorted(i for q in quotas.values() for i in q) == ids
-
-
-def test_bench_commit_vote_64_replicas(benchmark):
-    """One iteration's votes through the coordinator's state machine, to the commit."""
-    R, M = 64, 256
-
-    def one_iteration():
-        proto = Membership(R, M, 1, join_timeout=30.0, now=0.0)
-        out = []
-        for r in range(R):
-            out += proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
-        quotas = {a.replica: as_read(a.msg, a.replica)["quota"] for a in out if a.kind == "send" and a.msg["t"] == "gen"}
-        for r in range(R):
-            out = proto.on_vote(r, {"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
-                                    "mb_seconds": 0.1}, 0.0)
-        return out
-
-    out = benchmark(one_iteration)
-    commits = [a for a in out if a.kind == "commit"]
-    assert len(commits) == 1 and step_ids(commits[0].msg) == iteration_ids(0, M)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "--benchmark-disable", str(root / "benchmarks" / "micro")],
+                          capture_output=True, text=True, timeout=240, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "6 passed" in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.mark.procs  # the CLI and the figure script

@@ -1,0 +1,116 @@
+"""Micro-benchmarks of the hot paths (pytest-benchmark), run by `make bench`, never by `make test`.
+
+They time, they do not judge: each asserts only that the benched call returned the
+right answer, so a wrong fast path fails here instead of looking good. `make bench`
+runs them serially (xdist disables pytest-benchmark), saves pytest-benchmark's JSON
+under results/bench/micro/ and prints each figure beside the last saved run's
+(`--benchmark-compare`): a regression shows as a ratio against its baseline.
+`tests/test_bench_coordinator_cli.py` runs this file once with benchmarking
+disabled, so a bench that no longer runs fails the suite.
+
+What each one times, and why it is on the hot path:
+- the quota policy over 512 replicas (every recovery and every speed change);
+- the state machine's commit at 4,096 replicas (every step: R votes to one commit);
+- the wire's parse of one vote (R per step, on the coordinator's one thread);
+- the weights digest and fingerprint of the small model (every --digest-every steps);
+- one microbatch's forward/backward folded into the accumulator (every microbatch).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from recover.core import idranges, wire
+from recover.core.accumulator import GradAccumulator, weights_digest, weights_fingerprint
+from recover.core.data import iteration_ids
+from recover.core.model import GPT
+from recover.core.policy import assign_quotas, quota_of
+from recover.core.protocol import Membership
+from recover.core.results import step_ids
+from recover.core.shapes import model_config
+
+
+def test_quota_policy_512_replicas(benchmark):
+    ids = iteration_ids(7, 4096)
+    speeds = {r: 1.0 + (r % 7) / 10 for r in range(512)}
+    quotas = benchmark(assign_quotas, ids, list(range(512)), speeds)
+    assert sorted(i for q in quotas.values() for i in q) == ids
+
+
+def _formed(R: int, M: int) -> tuple[Membership, dict[int, list]]:
+    """Generation 0 of R replicas formed, and each one's quota as its worker reads it."""
+    proto = Membership(R, M, 2, join_timeout=30.0, now=0.0)
+    gens = {}
+    for r in range(R):
+        for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0):
+            if a.kind == "send" and a.msg["t"] == "gen":
+                gens[a.replica] = a.msg
+    members = idranges.from_ids(range(R))
+    return proto, {r: quota_of(msg, msg.get("members", members), r) for r, msg in gens.items()}
+
+
+def test_state_machine_commit_4096_replicas(benchmark):
+    """One step's R ready messages and R votes through the state machine, to its commit."""
+    R, M = 4096, 4096 * 4
+
+    def setup():
+        return (_formed(R, M),), {}
+
+    def one_step(formed):
+        proto, quotas = formed
+        for r in range(R):
+            proto.on_ready(r, {"gen": 0, "step": 0}, 0.0)
+        out = []
+        for r in range(R):
+            out = proto.on_vote(r, {"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
+                                    "mb_seconds": 0.1}, 0.0)
+        return out
+
+    out = benchmark.pedantic(one_step, setup=setup, rounds=5, iterations=1)
+    commits = [a for a in out if a.kind == "commit"]
+    assert len(commits) == 1 and step_ids(commits[0].msg) == iteration_ids(0, M)
+
+
+def test_wire_parse_of_a_vote(benchmark):
+    line = json.dumps({"t": "vote", "gen": 3, "step": 1200, "ok": True, "ledger": [[4800, 4804]],
+                       "loss_sum": 10.25, "mb_seconds": 0.031, "lr": 0.0006}).encode()
+    msg, why = benchmark(wire.parse_line, line)
+    assert why == "" and msg["ledger"] == [[4800, 4804]]
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    torch.manual_seed(0)
+    return GPT(model_config("small"))
+
+
+def test_weights_digest_small_model(benchmark, small_model):
+    params = list(small_model.parameters())
+    digest = benchmark(weights_digest, params)
+    assert digest == weights_digest(params) and len(digest) == 64
+
+
+def test_weights_fingerprint_small_model(benchmark, small_model):
+    params = list(small_model.parameters())
+    fp = benchmark(weights_fingerprint, params)
+    assert fp == weights_fingerprint(params)
+
+
+def test_fold_one_microbatch_tiny_model(benchmark):
+    """Forward, backward into the accumulator's .grad views, and the ledger's fold."""
+    torch.manual_seed(0)
+    cfg = model_config("tiny")
+    model = GPT(cfg)
+    acc = GradAccumulator(model.parameters())
+    x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size))
+    ids = iter(range(10**9))
+
+    def fold_one():
+        _, loss = model(x, x)
+        loss.backward()
+        acc.fold(next(ids), float(loss.detach()))
+
+    benchmark(fold_one)
+    assert len(acc.ledger) >= 1 and acc.buffer[:-1].abs().sum() > 0 and not acc.detached()
