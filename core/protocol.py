@@ -148,6 +148,7 @@ from typing import Any
 from . import idranges
 from .nonfinite import ON_NONFINITE, describe
 from .policy import assign_quota_ranges, equal_share
+from .results import pack_members
 from .speeds import SpeedTable, measure, slowest_of
 from .vote_tally import VoteTally
 
@@ -814,9 +815,9 @@ class Membership:
     def _commit(self, now: float) -> list[Out]:
         lo, hi = self.step * self.M, (self.step + 1) * self.M
         # What the votes said was summed as each arrived (core/vote_tally.py): no pass
-        # over R vote objects here. `ledgers` and `folded` list members in arrival order.
+        # over R vote objects here. `ledgers` lists members in arrival order.
         votes = self.votes
-        ledgers, folded, lrs = votes.ledgers, votes.folded, votes.lrs
+        ledgers, lrs = votes.ledgers, votes.lrs
         # Never commit a gradient that is not exactly the M ids, each once: the
         # members' ledgers partition [lo, hi) (O(ranges), not O(M)).
         if not idranges.partitions(ledgers.values(), lo, hi):
@@ -836,7 +837,7 @@ class Membership:
         self._update_balancing()
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
         records = [self._commit_line(self.step, loss, got, ledgers, self.gen, list(self.members),
-                                     len(self.pending), lr, folded,
+                                     len(self.pending), lr,
                                      # the slowest microbatch a member reported (seconds): what a rejoin waits out
                                      slowest_microbatch_seconds=slowest)]
         return self._advance(now, loss, records)
@@ -1161,12 +1162,12 @@ class Membership:
             return None  # a step skipped for a non-finite loss: it has no metrics line
         lo, hi = step * self.M, (step + 1) * self.M
         return self._commit_line(step, first["loss_sum"] / self.M, got, ledgers, first.get("gen"), sorted(votes), 0,
-                                 first.get("lr"), {k: idranges.count(v) for k, v in ledgers.items()},
+                                 first.get("lr"),
                                  # the members that voted and did not report (dead since) leave their ids out
                                  rebuilt=True, complete=idranges.is_exactly(got, lo, hi))
 
     def _commit_line(self, step: int, loss: float, got: idranges.Ranges, ledgers: dict[str, list], generation: Any,
-                     members: list[int], recoveries: int, lr: Any, folded: dict[str, int], **extra: Any) -> Out:
+                     members: list[int], recoveries: int, lr: Any, **extra: Any) -> Out:
         """A step's metrics.jsonl line (the service adds the wall time and its own load): one shape
         for a commit and for one a restarted coordinator records from the votes reported."""
         return Out("commit", msg={
@@ -1174,11 +1175,11 @@ class Membership:
             # the ids the members reported folding (their ledgers' union, checked exactly, as
             # id ranges: core/results.py's contract), and each member's report as it voted it:
             # the evidence, not what was handed out
-            "microbatch_id_ranges": got, "ledgers": ledgers,
-            "generation": generation, "members": members, "recoveries": recoveries,
-            **({"lr": lr} if lr is not None else {}),
-            # how many microbatches each member folded: the policy's load balance, visible
-            "folded": folded, **extra})
+            # (members and ledgers run-length encoded, losslessly: the line does not grow with R;
+            # results.expand_members gives readers `members`, `ledgers` and `folded`)
+            "microbatch_id_ranges": got, **pack_members(members, ledgers),
+            "generation": generation, "recoveries": recoveries,
+            **({"lr": lr} if lr is not None else {}), **extra})
 
     # ---- attribution and fencing (persistent faults) ---------------------------------------
     def _implicated(self) -> int | None:

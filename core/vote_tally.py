@@ -5,8 +5,7 @@ Contract:
   its ledger by core.idranges.check's rules (ValueError, and nothing taken, if it
   is not a range list), and answers how many votes it holds. It keeps the vote
   (`votes`, in arrival order) and what the commit's metrics line and the speed
-  policy read from it: r's ledger and how many ids it folded (keyed by str(r), as
-  the line writes them), the learning rates seen, and the seconds per microbatch
+  policy read from it: r's ledger (keyed by str(r), as the line writes them), the learning rates seen, and the seconds per microbatch
   it reported (`seconds`, where it reported any). O(1) per vote (O(pairs) for a
   ledger of several ranges). A member's second vote for the step replaces its
   first in all of these (O(R), for a case no worker makes).
@@ -31,13 +30,12 @@ from . import idranges
 class VoteTally:
     """The ok votes of one (generation, step), and their sums."""
 
-    __slots__ = ("votes", "ledgers", "folded", "lrs", "seconds", "digested", "_keys")
+    __slots__ = ("votes", "ledgers", "lrs", "seconds", "digested", "_keys")
 
     def __init__(self, keys: list[str]):
         self._keys = keys  # replica -> its str key (made once per run, not per vote)
         self.votes: dict[int, dict[str, Any]] = {}  # replica -> its vote, in arrival order
         self.ledgers: dict[str, idranges.Ranges] = {}  # str(replica) -> the ledger it voted
-        self.folded: dict[str, int] = {}  # str(replica) -> how many ids its ledger names
         self.lrs: set[Any] = set()  # the learning rates the votes name (one, unless replicas disagree)
         self.seconds: dict[int, float] = {}  # replica -> the seconds per microbatch it reported (if any)
         self.digested = False  # some vote carries a weights digest
@@ -57,9 +55,8 @@ class VoteTally:
             p = ledger[0]
             if type(p) is not list or len(p) != 2 or type(p[0]) is not int or type(p[1]) is not int or p[0] >= p[1]:
                 idranges.check(ledger)  # raises, naming what is wrong
-            n = p[1] - p[0]
         else:
-            n = idranges.count(idranges.check(ledger))
+            idranges.check(ledger)
         votes = self.votes
         again = r in votes
         votes[r] = msg
@@ -71,7 +68,6 @@ class VoteTally:
             self.digested = any("weights_digest" in v for v in votes.values())
         key = self._keys[r]
         self.ledgers[key] = ledger
-        self.folded[key] = n
         self.lrs.add(msg.get("lr"))
         s = msg.get("mb_seconds")
         if s:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl, step_id_ranges
+from recover.core.results import read_jsonl, read_metrics, step_id_ranges
 from recover.fault_injection.kinds import KINDS
 
 from .labels import FAILURE_FREE, variant_label
@@ -101,7 +101,7 @@ def load_run(d: Path) -> Run | None:
         name=d.name, label=spec.get("label") or _label_of(config), system=train["system"],
         seed=int(train["seed"]), replicas=int(train["replicas"]), steps_expected=int(train["steps"]),
         reference=spec.get("reference", None) if spec else None, fault_kind=spec.get("fault_kind", ""),
-        metrics=read_jsonl(d / "metrics.jsonl"), summary=summary, faults=read_jsonl(d / "faults.jsonl"),
+        metrics=read_metrics(d / "metrics.jsonl"), summary=summary, faults=read_jsonl(d / "faults.jsonl"),
         events=read_jsonl(d / "events.jsonl"), shard=int(train.get("shard", 1)),
     )
 

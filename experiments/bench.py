@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from recover.core.config import TrainConfig
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 from recover.fault_injection.injector import attach_plan
 
 from .layout import ReplicaLayout
@@ -99,7 +99,7 @@ def measure_run(out: Path, warmup: int = 2) -> dict:
     iteration of the same run (for recover: the faulty iteration's duration minus
     the median one).
     """
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_metrics(out / "metrics.jsonl")
     events = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") != "run_end"]
     fired = read_jsonl(out / "faults.jsonl")
     dur = iteration_durations(metrics)

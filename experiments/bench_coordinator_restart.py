@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 
 SCENARIOS = {
     "replica_crash": {"kind": "crash", "replica": 1, "phase": "backward"},
@@ -51,7 +51,7 @@ def _one(work: Path, name: str, round_: int, args: argparse.Namespace) -> dict:
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     faults = read_jsonl(out / "faults.jsonl")
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_metrics(out / "metrics.jsonl")
     if proc.returncode != 0 or len(faults) != 1 or len(metrics) != args.steps:
         return {"ok": False, "why": (proc.stdout + proc.stderr)[-400:]}
     fired = faults[0]["wall_time"]

@@ -63,7 +63,7 @@ from recover.core.config import TrainConfig
 from recover.core.gc_pacing import take_over
 from recover.experiments.coordinator_results import write_results
 from recover.core.heartbeat import heartbeat_plan
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 
 from .bench_replica_clients import ClientSpec
 
@@ -151,7 +151,7 @@ def run_one(N: int, args: argparse.Namespace, rng: random.Random, work: Path) ->
 
 def _measure(N: int, args: argparse.Namespace, steps: int, faults: list[dict], t0: float, code: int, out: Path,
              seen: list[dict]) -> dict:
-    metrics = {m["step"]: m for m in read_jsonl(out / "metrics.jsonl")}
+    metrics = {m["step"]: m for m in read_metrics(out / "metrics.jsonl")}
     events = read_jsonl(out / "events.jsonl")
     if code != 0 or sorted(metrics) != list(range(steps)):
         raise RuntimeError(f"N={N}: the coordinator exited {code} with {len(metrics)}/{steps} steps committed "

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl, write_summary
+from recover.core.results import read_metrics, write_summary
 from recover.core.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
 
@@ -204,7 +204,7 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(30)
     (out / PLAN_INPUT).unlink(missing_ok=True)  # the run saved its own copy, fault_plan.json
-    committed = len(read_jsonl(out / "metrics.jsonl"))
+    committed = len(read_metrics(out / "metrics.jsonl"))
     ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode == "store")
     summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,
                             reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id)

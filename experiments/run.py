@@ -41,7 +41,7 @@ from recover.core.checkpoint_dir import CheckpointDir
 from recover.core.config import TrainConfig
 from recover.core.end_policy import CoordinatorEnds, FailFast
 from recover.core.launcher import Launcher, python_module_argv
-from recover.core.results import JsonlWriter, read_finals, read_jsonl, truncate_metrics, write_summary
+from recover.core.results import JsonlWriter, read_finals, read_jsonl, read_metrics, truncate_metrics, write_summary
 from recover.core.worker_exit import EXIT_CHECKPOINTS_FAILED
 from recover.fault_injection.injector import launcher_hooks
 from recover.fault_injection.plan import FaultPlan
@@ -151,7 +151,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         stops = [c for c in read_jsonl(out / "checkpoints.jsonl") if c.get("stops_run")]
         if stops:
             result.reason = stops[-1]["reason"]
-    done = len(read_jsonl(out / "metrics.jsonl"))
+    done = len(read_metrics(out / "metrics.jsonl"))
     if status == "ok" and done < cfg.steps:
         status, result.reason = "failed", f"only {done} of {cfg.steps} steps committed"
     return write_summary(

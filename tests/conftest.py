@@ -71,11 +71,11 @@ def run_recover(*args: str, timeout: float = 240, check: bool = False,
 
 
 def load_run(out: Path) -> tuple[dict, list[dict], dict]:
-    from recover.core.results import read_jsonl
+    from recover.core.results import read_metrics
 
     return (
         json.loads((out / "config.json").read_text()),
-        read_jsonl(out / "metrics.jsonl"),
+        read_metrics(out / "metrics.jsonl"),
         json.loads((out / "summary.json").read_text()),
     )
 
@@ -88,8 +88,8 @@ def user_loop_committed_every_step(out: Path, steps: int, microbatches: int) -> 
     once, each with exactly its ids by the members' reports, and with the example's
     LambdaLR as stepped only on commit (a 5-step warm-up to 0.05), whatever failed."""
     from recover.core.data import iteration_ids
-    from recover.core.results import read_jsonl, reported_ids
-    metrics = read_jsonl(out / "metrics.jsonl")
+    from recover.core.results import read_metrics, reported_ids
+    metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(steps))
     assert all(reported_ids(m) == iteration_ids(m["step"], microbatches) for m in metrics)
     assert [m["lr"] for m in metrics] == pytest.approx([0.05 * min(1.0, (s + 1) / 5) for s in range(steps)])
@@ -119,13 +119,13 @@ def run_recover_killing(args: list[str], out: Path, replica: int, after_commits:
     out/metrics.jsonl, SIGKILL replica `replica`'s worker (its rank `rank`, for a
     replica of many) by its PID (pids.json; replica -1: the coordinator's); wait
     for the run to end. Returns the finished process and the victim's PID."""
-    from recover.core.results import read_jsonl
+    from recover.core.results import read_metrics
 
     proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (len(read_jsonl(out / "metrics.jsonl")) < after_commits
+        while time.monotonic() < deadline and (len(read_metrics(out / "metrics.jsonl")) < after_commits
                                                or not (out / "pids.json").exists()):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.02)

@@ -14,7 +14,7 @@ import pytest
 from conftest import pid_alive, run_recover, run_recover_killing
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs  # every test here starts processes
 
@@ -26,14 +26,14 @@ ARGS = ["--replicas", "3", "--microbatches", "8", "--steps", str(STEPS), "--hear
 def test_user_loop_survives_a_killed_replica(tmp_path):
     ref = tmp_path / "ref"
     run_recover("launch", *ARGS, "--out", str(ref), "--", sys.executable, EXAMPLE, check=True)
-    ref_loss = [m["loss"] for m in read_jsonl(ref / "metrics.jsonl")]
+    ref_loss = [m["loss"] for m in read_metrics(ref / "metrics.jsonl")]
 
     out = tmp_path / "killed"
     proc, victim = run_recover_killing(["launch", *ARGS, "--out", str(out), "--", sys.executable, EXAMPLE],
                                        out, replica=2, after_commits=5)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not pid_alive(victim)
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert any(2 not in m["members"] for m in metrics)
     for m, r in zip(metrics, ref_loss):

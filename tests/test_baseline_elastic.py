@@ -26,7 +26,7 @@ import pytest
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, step_ids
+from recover.core.results import read_jsonl, read_metrics, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 
@@ -55,7 +55,7 @@ def _start(out: Path, *flags: str) -> subprocess.Popen:
 
 def _kill_node_after(out: Path, proc: subprocess.Popen, steps: int, node: str) -> int:
     deadline = time.monotonic() + 150
-    while len(read_jsonl(out / "metrics.jsonl")) < steps:
+    while len(read_metrics(out / "metrics.jsonl")) < steps:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     agent = json.loads((out / "pids.json").read_text())["replicas"][node][0]

@@ -30,7 +30,7 @@ from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_
 
 from recover.core.data import iteration_ids
 from recover.core.policy import assign_quotas
-from recover.core.results import read_jsonl, step_ids
+from recover.core.results import read_jsonl, read_metrics, step_ids
 
 pytest.importorskip("torchft", reason="the torchft extra is not installed: pip install -e '.[torchft]'")
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
@@ -87,7 +87,7 @@ def test_the_metrics_writer_killed_by_pid_hands_over_and_the_run_completes(tmp_p
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 150
-        while len(read_jsonl(out / "metrics.jsonl")) < 3:
+        while len(read_metrics(out / "metrics.jsonl")) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         pids = json.loads((out / "pids.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_recover
 from recover.core.heartbeat import MISSED_BEATS, heartbeat_plan
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 from recover.experiments.cli import main as recover
 
 HB_TIMEOUT = 1.0
@@ -34,7 +34,7 @@ def test_service_bench_measures_a_real_run(tmp_path):
     assert row["heartbeat_interval"] == pytest.approx(8 / 40) and row["heartbeat_timeout"] == HB_TIMEOUT
 
     # The step latency is the service's own record of each steady commit.
-    metrics = read_jsonl(work / "n8" / "metrics.jsonl")
+    metrics = read_metrics(work / "n8" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(row["steps"]))
     steady = [m["coordinator"]["vote_to_commit_s"] for m in metrics[2:5]]
     assert sorted(row["samples"]["step_latency_s"]) == sorted(steady) and all(s > 0 for s in steady)

@@ -28,7 +28,7 @@ import pytest
 from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
 from recover.core.checkpoint_dir import CheckpointDir
-from recover.core.results import read_jsonl, step_ids
+from recover.core.results import read_jsonl, read_metrics, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
 
@@ -94,7 +94,7 @@ def test_whole_job_killed_by_pid_resumes_from_its_last_checkpoint_with_the_same_
             proc.kill()
             proc.wait()
     assert ckpts.complete_steps() == [2, 4]
-    killed = read_jsonl(out / "metrics.jsonl")
+    killed = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in killed] == [0, 1, 2, 3]  # step 4 never committed: replica 1 was crawling
 
     _resume(out)

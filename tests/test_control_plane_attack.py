@@ -144,7 +144,8 @@ def run_under_attack(out: Path, connections: int, attack_for: float = 600.0, wai
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    metrics = _read_jsonl(run / "metrics.jsonl")
+    from recover.core.results import expand_members  # members as the results contract reads them
+    metrics = [expand_members(m) for m in _read_jsonl(run / "metrics.jsonl")]
     events = _read_jsonl(run / "events.jsonl")
     result.update(returncode=proc.returncode, steps=[m["step"] for m in metrics], metrics=metrics, events=events,
                   stderr_tail=stderr[-2000:])

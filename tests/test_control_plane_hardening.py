@@ -23,6 +23,7 @@ import threading
 from recover.core import idranges, membership
 from recover.core.config import TrainConfig
 from recover.core.membership import MembershipService, _Conn
+from recover.core.results import expand_members
 
 
 class FakeSock:
@@ -154,7 +155,7 @@ def _fenced_and_redone(svc, conns, bad: dict, why: str):
     gen = c1.sock.sent[-1]
     assert gen["t"] == "gen" and gen["members"] == [[1, 2]] and gen["split"] == q0  # replica 0's ids, redone
     send(svc, c1, vote(svc, 1, idranges.union_disjoint([q0, q1])))
-    (commit,) = svc.metrics
+    (commit,) = map(expand_members, svc.metrics)
     assert commit["members"] == [1] and commit["step"] == 0
 
 

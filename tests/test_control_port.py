@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 from recover.core.wire import MAX_LINE_BYTES, MAX_REFUSALS, _join_ok, _table_problem, _vote_ok, parse_line
 
 R, M, S, PAUSE_AT = 2, 4, 6, 2
@@ -211,12 +211,12 @@ def test_garbage_and_wrong_messages_at_a_live_coordinator_are_refused_and_the_ru
     peers: list[str] = []
     try:
         deadline = time.monotonic() + 150
-        while not (out / "control_addr").exists() or len(read_jsonl(out / "metrics.jsonl")) < PAUSE_AT:
+        while not (out / "control_addr").exists() or len(read_metrics(out / "metrics.jsonl")) < PAUSE_AT:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=30)
             time.sleep(0.05)
         host, port = (out / "control_addr").read_text().rsplit(":", 1)
         addr = (host, int(port))
-        assert len(read_jsonl(out / "metrics.jsonl")) == PAUSE_AT  # the run is live, paused mid-way
+        assert len(read_metrics(out / "metrics.jsonl")) == PAUSE_AT  # the run is live, paused mid-way
 
         @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
         @given(lines=lines)
@@ -235,7 +235,7 @@ def test_garbage_and_wrong_messages_at_a_live_coordinator_are_refused_and_the_ru
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, stdout + stderr
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(S))
     assert all(m["members"] == [0, 1] and m["generation"] == 0 for m in metrics)  # no member disturbed
     for m, want in zip(metrics, failure_free_losses(script)):

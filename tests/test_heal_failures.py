@@ -25,7 +25,7 @@ import pytest
 
 from conftest import user_loop_committed_every_step
 
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 
 pytestmark = pytest.mark.procs
 
@@ -44,7 +44,7 @@ def test_a_donor_survives_a_transfer_error_that_is_not_a_collectives_and_the_new
         env={**os.environ, "PYTHONUNBUFFERED": "1", "RECOVER_TEST_UNSENDABLE": "2"})
     try:
         deadline = time.monotonic() + 120
-        while len(read_jsonl(out / "metrics.jsonl")) < 3 or not (out / "pids.json").exists():
+        while len(read_metrics(out / "metrics.jsonl")) < 3 or not (out / "pids.json").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.02)
         victim = json.loads((out / "pids.json").read_text())["replicas"]["1"][0]

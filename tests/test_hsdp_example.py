@@ -10,7 +10,7 @@ import pytest
 from conftest import run_recover, run_recover_killing
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -27,12 +27,12 @@ def _args(out: Path) -> list[str]:
 def test_a_users_fsdp2_loop_loses_a_rank_and_keeps_its_trajectory(tmp_path):
     ref = run_recover(*_args(tmp_path / "ff"), timeout=300)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    failure_free = [m["loss"] for m in read_jsonl(tmp_path / "ff" / "metrics.jsonl")]
+    failure_free = [m["loss"] for m in read_metrics(tmp_path / "ff" / "metrics.jsonl")]
     out = tmp_path / "kill"
     proc, victim = run_recover_killing(_args(out), out, replica=1, after_commits=4, rank=1, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert victim == json.loads((out / "pids.json").read_text())["replicas"]["1"][1]  # rank 1, not the leader
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)  # the leaders' ledgers
     assert metrics[-1]["members"] == [0, 2]  # the killed rank's whole replica went

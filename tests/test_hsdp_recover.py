@@ -14,7 +14,7 @@ import pytest
 from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.procs
 def _train(out, *args: str, timeout: float = 300):
     proc = run_recover("train", *args, "--out", str(out), "--no-progress", timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, read_jsonl(out / "metrics.jsonl")
+    return proc, read_metrics(out / "metrics.jsonl")
 
 
 @pytest.mark.parametrize("replicas", [2, 3])

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 from recover.core.launcher import Launcher
 
 
+@pytest.mark.procs  # starts workers
 def test_starting_and_reaping_workers_leaves_the_launchers_descriptors_flat(tmp_path):
     (tmp_path / "logs").mkdir()
     launcher = Launcher(tmp_path, [sys.executable, "-c", "pass"],

@@ -24,7 +24,7 @@ import torch
 
 from conftest import run_recover_killing
 
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 
 pytestmark = pytest.mark.procs
 
@@ -101,7 +101,7 @@ def test_a_nan_loss_stops_the_run_within_seconds_naming_it(tmp_path):
     (rec,) = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "nonfinite"]
     assert (rec["step"], rec["nonfinite"], rec["action"]) == (NAN_STEP, {"0": [[NAN_ID, NAN_ID + 1]]}, "stop")
     assert not [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "refused"]  # no malformed vote
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_metrics(out / "metrics.jsonl")
     ref = reference_losses(None)
     assert [m["step"] for m in metrics] == list(range(NAN_STEP))  # everything before it, nothing after
     assert all(abs(m["loss"] - ref[m["step"]]) <= 1e-5 * ref[m["step"]] for m in metrics)
@@ -118,7 +118,7 @@ def test_with_skip_the_step_is_dropped_recorded_and_the_run_is_deterministic(tmp
         out = tmp_path / name
         proc, _ = launch(out, "--on-nonfinite", "skip")
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        runs.append((out, read_jsonl(out / "metrics.jsonl")))
+        runs.append((out, read_metrics(out / "metrics.jsonl")))
     ref = reference_losses(NAN_STEP)
     for out, metrics in runs:
         assert [m["step"] for m in metrics] == [s for s in range(STEPS) if s != NAN_STEP]

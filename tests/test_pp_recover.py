@@ -16,7 +16,7 @@ import pytest
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -27,7 +27,7 @@ def _train(out, *args: str, timeout: float = 300):
     proc = run_recover("train", *args, "--microbatches", str(M), "--steps", str(STEPS), "--out", str(out),
                        "--no-progress", timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_jsonl(out / "metrics.jsonl")
+    return read_metrics(out / "metrics.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
 from recover.core.membership import MembershipService, _Conn
 from recover.core.protocol import Membership, ProtocolError
-from recover.core.results import reported_ids, step_ids
+from recover.core.results import expand_members, reported_ids, step_ids
 
 from conftest import as_read
 
@@ -106,12 +106,13 @@ class FakeSocket:
 class Recorder:
     """Stands in for the service's JSON-lines writers."""
 
-    def __init__(self, into: list):
+    def __init__(self, into: list, read=lambda record: record):
         self.into = into
+        self.read = read  # how a reader of the file sees the line (metrics: results.expand_members)
 
     def write(self, record: dict) -> None:
         if record.get("kind") != "startup":  # start-up progress is not a recovery
-            self.into.append(record)
+            self.into.append(self.read(record))
 
     def close(self) -> None:
         pass
@@ -145,7 +146,7 @@ class World:
         self.reductions: dict[tuple[int, int], dict[int, int]] = {}
         self.commits: list[dict] = []
         self.recoveries: list[dict] = []
-        self.service.metrics = Recorder(self.commits)
+        self.service.metrics = Recorder(self.commits, expand_members)
         self.service.events = Recorder(self.recoveries)
         self.applied: list[tuple[int, int, int]] = []  # (replica, step, reduced value)
         self.declared_dead: set[int] = set()
@@ -500,7 +501,7 @@ def test_the_commit_record_is_what_the_members_reported():
     proto, quotas = _formed(2, 8)
     assert quotas == {0: [[0, 4]], 1: [[4, 8]]}
     outs = _vote(proto, 0, [[0, 2], [6, 8]]) + _vote(proto, 1, [[2, 6]])  # not the quotas: still M ids, once
-    (commit,) = [a.msg for a in outs if a.kind == "commit"]
+    (commit,) = [expand_members(a.msg) for a in outs if a.kind == "commit"]
     assert commit["ledgers"] == {"0": [[0, 2], [6, 8]], "1": [[2, 6]]}
     assert reported_ids(commit) == step_ids(commit) == list(range(8))
     # the line names the step's ids as ranges (issue 41 item 11): O(1) here, not M numbers
@@ -534,7 +535,7 @@ def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_sh
     assert sorted(i for m in gens.values() for i in idranges.to_ids(m["quota"])) == idranges.to_ids(quotas[1])
     # each votes its whole ledger: what it kept plus its share of the redo
     outs = [o for r in (0, 2) for o in _digest_vote(proto, r, idranges.union_disjoint([quotas[r], gens[r]["quota"]]), "aa")]
-    (commit,) = [a.msg for a in outs if a.kind == "commit"]
+    (commit,) = [expand_members(a.msg) for a in outs if a.kind == "commit"]
     assert commit["members"] == [0, 2] and reported_ids(commit) == list(range(6))
     (rec,) = [a.msg for a in outs if a.kind == "recovery"]
     assert "replica 1" in rec["fault"] and "weights digest" in rec["fault"] and "silent data corruption" in rec["fault"]

@@ -22,7 +22,7 @@ from recover.core import idranges
 from recover.core.data import iteration_ids
 from recover.core.protocol import Membership, Out
 from recover.core.wire import parse_line, dumps
-from recover.core.results import step_ids
+from recover.core.results import expand_members, step_ids
 
 from conftest import as_read
 
@@ -92,7 +92,7 @@ def test_members_at_one_step_are_aborted_into_a_new_generation_with_their_ledger
     out = vote_all(proto, ledgers, 6.0)
     (rec,) = [a.msg for a in out if a.kind == "recovery"]
     assert rec["fault"].startswith("coordinator restarted") and rec["generation"] == 4 and rec["step"] == 4
-    (commit,) = [a.msg for a in out if a.kind == "commit"]
+    (commit,) = [expand_members(a.msg) for a in out if a.kind == "commit"]
     assert commit["step"] == 4 and step_ids(commit) == ids
 
 
@@ -110,7 +110,7 @@ def test_members_that_missed_a_commit_hear_it_and_its_line_is_written_from_the_r
     assert set(commits) == {1, 2}
     assert all(c == {"t": "commit", "gen": 5, "step": 6, "loss": 2.0, "quota": [], "next": 6} for c in commits.values())
     assert set(sends(out, "abort")) == {0}
-    (line,) = [a.msg for a in out if a.kind == "commit"]
+    (line,) = [expand_members(a.msg) for a in out if a.kind == "commit"]
     assert line["step"] == 6 and step_ids(line) == prev and line["rebuilt"] and line["complete"]
     assert line["loss"] == 2.0 and line["generation"] == 5 and line["tokens"] == M * 2
     # recorded already: no second line for step 6
@@ -203,7 +203,7 @@ def test_a_commit_everyone_heard_but_no_one_recorded_is_written_from_the_committ
                               committed_vote=vote_of(6, 5, prev[2 * r:2 * r + 2])))
               for r in range(R)}
     out = fresh().rebuild(hellos, 9.0, recorded_step=5)
-    (line,) = [a.msg for a in out if a.kind == "commit"]
+    (line,) = [expand_members(a.msg) for a in out if a.kind == "commit"]
     assert line["step"] == 6 and step_ids(line) == prev and line["rebuilt"] and line["complete"]
     assert line["loss"] == 2.0 and sorted(map(int, line["ledgers"])) == [0, 1, 2]
     assert set(sends(out, "abort")) == {0, 1, 2} and not sends(out, "commit")  # step 7 restarts, ledgers kept
@@ -228,7 +228,7 @@ def test_a_coordinator_killed_after_sending_the_last_commit_ends_the_run_with_it
     for hellos, missed in (({0: finished[0], **waiting}, [1, 2]), (finished, [])):
         proto = fresh()
         out = proto.rebuild(hellos, 9.0, recorded_step=S - 2)
-        (line,) = [a.msg for a in out if a.kind == "commit"]
+        (line,) = [expand_members(a.msg) for a in out if a.kind == "commit"]
         assert line["step"] == S - 1 and step_ids(line) == last and line["rebuilt"] and line["complete"]
         assert sends(out, "commit") == {r: {"t": "commit", "gen": 5, "step": S - 1, "loss": 2.0, "quota": []}
                                         for r in missed}

@@ -28,7 +28,7 @@ from recover.core.data import iteration_ids
 from recover.core.membership import MembershipService
 from recover.core.protocol import Membership
 from recover.core.replica import Replica
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 
 M = 2  # microbatches of the one step
 
@@ -179,7 +179,7 @@ def test_a_run_whose_replicas_start_from_different_weights_stops_naming_the_repl
     proc = run_recover("launch", "--replicas", "2", "--microbatches", "2", "--steps", "3", "--out", str(out),
                        "--", sys.executable, str(script), timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert read_jsonl(out / "metrics.jsonl") == []  # nothing was committed
+    assert read_metrics(out / "metrics.jsonl") == []  # nothing was committed
     end = read_jsonl(out / "events.jsonl")[-1]
     assert end["kind"] == "run_end" and "initial weights differ: replica(s) [1] do not match replica(s) [0]" \
         in end["reason"], end

@@ -13,7 +13,7 @@ import pytest
 from conftest import load_run, run_recover
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -35,7 +35,7 @@ def failure_free(tmp_path_factory):
     out = tmp_path_factory.mktemp("plain") / "run"
     run_recover("train", "--system", "plain", "--replicas", str(REPLICAS), "--microbatches", str(MICROBATCHES),
                 "--steps", str(STEPS), "--out", str(out), "--no-progress", check=True)
-    return [m["loss"] for m in read_jsonl(out / "metrics.jsonl")]
+    return [m["loss"] for m in read_metrics(out / "metrics.jsonl")]
 
 
 def test_quotas_three_times_the_collective_timeout_lose_only_the_crashed_replica(tmp_path, out_dir, failure_free):

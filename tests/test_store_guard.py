@@ -73,6 +73,7 @@ for name, attempt in tries.items():
 """
 
 
+@pytest.mark.procs  # a client process beside the store
 def test_a_client_without_the_token_cannot_find_or_overwrite_the_runs_keys(tmp_path):
     import torch.distributed as dist
 

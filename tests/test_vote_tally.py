@@ -21,7 +21,6 @@ def test_the_tally_is_what_the_votes_said(ledgers, seconds):
         assert tally.add(r, msg) == n and tally[r] is msg
     assert len(tally) == len(ledgers) and list(tally.votes) == list(ledgers)  # arrival order
     assert tally.ledgers == {str(r): idranges.from_ids(ids) for r, ids in ledgers.items()}
-    assert tally.folded == {str(r): len(ids) for r, ids in ledgers.items()}
     assert tally.seconds == {r: seconds[r] for r in ledgers if seconds[r]}
     assert tally.lrs == {0.1} and not tally.digested
 
@@ -32,7 +31,7 @@ def test_a_malformed_ledger_is_refused_and_nothing_is_taken(bad):
     tally = VoteTally(KEYS)
     with pytest.raises(ValueError):
         tally.add(3, {"ledger": bad})
-    assert len(tally) == 0 and not tally.ledgers and not tally.folded
+    assert len(tally) == 0 and not tally.ledgers and not tally.votes
 
 
 def test_digests_and_disagreeing_rates_are_noted_for_the_commit_to_judge():
@@ -47,5 +46,5 @@ def test_a_second_vote_of_one_member_replaces_its_first_in_every_sum():
     tally.add(0, {"ledger": [[0, 2]], "lr": 0.1})
     tally.add(1, {"ledger": [[2, 4]], "lr": 0.5, "mb_seconds": 0.3, "weights_digest": "ab"})
     assert tally.add(1, {"ledger": [[2, 3]], "lr": 0.1}) == 2
-    assert tally.ledgers == {"0": [[0, 2]], "1": [[2, 3]]} and tally.folded == {"0": 2, "1": 1}
+    assert tally.ledgers == {"0": [[0, 2]], "1": [[2, 3]]}
     assert tally.lrs == {0.1} and tally.seconds == {} and not tally.digested

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl, step_ids_are
+from recover.core.results import read_jsonl, read_metrics, step_ids_are
 from recover.experiments.labels import variant_label
 
 from .calibration import local_calibration
@@ -90,7 +90,7 @@ def load_run(path: str | Path) -> RealRun:
     plan = None
     if (p / "fault_plan.json").is_file():
         plan = json.loads((p / "fault_plan.json").read_text())
-    return RealRun(p, json.loads((p / "config.json").read_text()), read_jsonl(p / "metrics.jsonl"),
+    return RealRun(p, json.loads((p / "config.json").read_text()), read_metrics(p / "metrics.jsonl"),
                    json.loads((p / "summary.json").read_text()), plan)
 
 
