@@ -272,6 +272,10 @@ def test_aggregation_of_fixture_results(tmp_path: Path) -> None:
     assert float(s["recover_s0"]["max_abs_loss_diff"]) == pytest.approx(1e-7, rel=1e-3)
     assert int(s["torchft_s0"]["steps_on_trajectory"]) == 3
     assert float(s["torchft_s0"]["effective_tokens"]) == 3 * 800
+    # goodput counts torchft's off-trajectory steps too: more tokens than its effective ones, same seconds
+    ft = s["torchft_s0"]
+    assert float(ft["goodput_tokens_per_s"]) == pytest.approx(float(ft["tokens"]) / float(ft["train_seconds"]))
+    assert float(ft["goodput_tokens_per_s"]) > float(ft["effective_tokens_per_s"])
     assert float(s["ckpt-restart_s0"]["weights_checksum_diff"]) == 0.0
     assert s["recover_s0"]["final_param_distance"] == ""  # not recorded by any system
     # recover: all 8 steps x 800 tokens in 8 s; ckpt-restart: the same tokens in 16 s

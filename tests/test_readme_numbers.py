@@ -211,3 +211,25 @@ def test_hsdp_numbers_match_their_benchmarks():
     a, b = found(r"\(results/bench/iteration_hsdp.json\):\s+([\d.]+) at 3 x 2 and ([\d.]+) at 3 x 1")
     same(a, _ratio(hsdp, "tiny", "3x2", "this"))
     same(b, _ratio(hsdp, "tiny", "3x1", "this"))
+
+
+def test_local_throughput_numbers_match_the_aggregated_summary():
+    """The throughput experiment's paragraph: both metrics, per label, from results/throughput_summary.csv
+    (mean over seeds, as aggregate.headline gives them)."""
+    from recover.experiments.aggregate import headline
+
+    rows = list(csv.DictReader(open(ROOT / "results" / "throughput_summary.csv")))
+    h = headline(rows)
+    per_s, per_h = found(r"recover over checkpoint-restart \*\*([\d.]+)x per wall second, ([\d.]+)x per process-hour\*\*")
+    same(per_s, h["recover_over_ckpt_restart"]["effective_tokens_per_s"])
+    same(per_h, h["recover_over_ckpt_restart"]["effective_tokens_per_process_hour"])
+    eff = found(r"\(recover ([\d,]+) effective tokens/s, checkpoint-restart ([\d,]+), elastic keep-global\s+([\d,]+), "
+                r"torchft ([\d,]+), elastic keep-per-replica ([\d,]+), failure-free ([\d,]+)\)")
+    labels = ("recover", "ckpt-restart", "elastic-keep-global", "torchft", "elastic-keep-per-replica", "failure-free")
+    for printed, label in zip(eff, labels):
+        same(printed.replace(",", ""), h[label]["effective_tokens_per_s"])
+    ft, rec, epr = found(r"the systems that shrink the batch: torchft ([\d,]+) tokens/s, more than recover's ([\d,]+),"
+                         r"\s+and elastic keep-per-replica ([\d,]+);")
+    same(ft.replace(",", ""), h["torchft"]["goodput_tokens_per_s"])
+    same(rec.replace(",", ""), h["recover"]["goodput_tokens_per_s"])
+    same(epr.replace(",", ""), h["elastic-keep-per-replica"]["goodput_tokens_per_s"])

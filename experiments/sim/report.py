@@ -115,11 +115,9 @@ DEFINITIONS = {
     "effective_tokens": "tokens of committed iterations kept at the end that processed exactly M microbatches "
                         "(the failure-free run's batch); shrunk-batch iterations count in tokens only",
     "exact_tokens": "effective tokens committed before the first shrunk-batch iteration",
-    "effective_throughput_tokens_per_s": "effective tokens / wall seconds (the horizon, or the last commit when "
-                                         "the run stops at max_iterations)",
-    "effective_tokens_per_gpu_hour": "effective tokens / GPU-hours held (working, restarting or stalled; not dead)",
-    "goodput_tokens_per_s": "kept tokens (any batch size) / wall seconds",
-    "goodput_tokens_per_gpu_hour": "kept tokens (any batch size) / GPU-hours held",
+    "wall_seconds": "the horizon, or the last commit when the run stops at max_iterations (the denominator of "
+                    "both throughput metrics per second)",
+    "gpu_hours": "GPU-hours held: working, restarting or stalled; not dead (the denominator per GPU-hour)",
     "ettr": "failure-free duration of every kept effective iteration (at its replica count) / wall seconds",
     "effective_throughput_last_quarter_tokens_per_s": "effective tokens gained in the last 25% of the horizon "
                                                       "per second: the rate after most failures happened",
