@@ -1,7 +1,7 @@
 """Calibration: every cost the simulator charges, each with where its value comes from.
 
 Contract:
-- `Costs` holds the per-event costs of every system (seconds); `Calibration` pairs
+- `Costs` (costs.py) holds the per-event costs of every system (seconds); `Calibration` pairs
   it with a `JobModel` and a `sources` map that names, for every field of both, the
   measurement or publication it comes from, or says "assumed" and why. Nothing
   enters the simulator without a source string; `Calibration.table()` lists them.
@@ -45,39 +45,13 @@ from typing import Any
 
 from recover.core.fields import doc_field as _f
 
+from .costs import Costs, save_stall_seconds  # noqa: F401  (Costs is part of this module's interface)
+from .failures import FailureEvents
 from .model import JobModel
+from .policies import simulate_one
 
 LLAMA3_GPU_MTBF_HOURS = 54 * 24 * 16384 / 419
 """Per-GPU mean time between failures implied by Llama 3's 419 interruptions in 54 days on 16,384 GPUs."""
-
-
-@dataclass(frozen=True)
-class Costs:
-    """What each system pays per event, in seconds."""
-
-    startup_seconds: float = _f(0.0, "launch before the first iteration (all systems, counted in wall time)")
-    recover_detect_seconds: float = _f(0.04, "recover: a crash to every survivor knowing of it")
-    recover_rebuild_seconds: float = _f(0.002, "recover: survivors build the next generation's communicator")
-    hang_detect_seconds: float = _f(3.0, "extra detection of a hang (frozen, not dead): only a deadline catches it")
-    restart_seconds: float = _f(60.0, "ckpt-restart: fault to job running again (detect, tear down, relaunch), without the load")
-    checkpoint_save_seconds: float = _f(10.0, "blocking checkpoint save (training stalls)")
-    checkpoint_load_seconds: float = _f(20.0, "checkpoint load after a restart")
-    checkpoint_async_stall_seconds: float | None = _f(None, "async save (dcp.async_save): training stalls only for "
-                                                           "the snapshot, this long; None: a blocking save")
-    elastic_restart_seconds: float = _f(90.0, "elastic: fault to workers running again (re-rendezvous, worker restart), without the load")
-    torchft_detect_seconds: float = _f(5.0, "torchft: a crash to the survivors' next quorum (heartbeat-bound)")
-    torchft_quorum_seconds: float = _f(0.5, "torchft: forming the new quorum / reconfiguring the process group")
-    join_seconds: float = _f(10.0, "a replacement's launch and state transfer before it can join in place (recover, torchft)")
-    recover_commit_seconds: float = _f(0.0, "recover: the coordinator's work per commit (last vote in -> commits "
-                                            "out), on every iteration's critical path")
-
-
-def save_stall_seconds(costs: Costs) -> float:
-    """How long training stalls per checkpoint: the whole save, or an async save's snapshot.
-    The async save's background write is taken as complete at the end of the stall: a failure
-    during the write would really fall back one more checkpoint, so this favours the baseline."""
-    a = costs.checkpoint_async_stall_seconds
-    return costs.checkpoint_save_seconds if a is None else a
 
 
 @dataclass(frozen=True)
@@ -223,9 +197,6 @@ def _redo_mean(job: JobModel) -> float:
     uniformly random point of the iteration and no detection or rebuild cost: used to turn the
     bench's recovery overhead (which includes the redo) into detection + rebuild without
     counting the redo twice. Computed with the simulator's own recover policy."""
-    from .policies import simulate_one  # late import: the policies refer to this module (Costs) in their type hints
-    from .failures import FailureEvents
-
     if job.replicas < 2:
         return 0.0
     t_it = job.iteration_seconds(job.replicas)

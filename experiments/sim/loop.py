@@ -27,7 +27,7 @@ import numpy as np
 
 from .failures import FailureEvents, StepFault
 from .model import JobModel
-from .calibration import save_stall_seconds
+from .costs import save_stall_seconds
 from .policy import INF, Policy
 from .record import RunRecord
 

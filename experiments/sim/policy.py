@@ -20,14 +20,11 @@ Contract:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .calibration import save_stall_seconds
+from .costs import Costs, save_stall_seconds
 from .model import JobModel
 from .record import RunRecord
-
-if TYPE_CHECKING:
-    from .calibration import Costs
 
 INF = float("inf")
 
@@ -38,7 +35,7 @@ class Policy:
     name = "?"
     admits_at_commit = False  # replacements join at the next commit (else: at the next restart)
 
-    def __init__(self, job: JobModel, costs: "Costs", run: RunRecord, checkpoint_every: int = 0,
+    def __init__(self, job: JobModel, costs: Costs, run: RunRecord, checkpoint_every: int = 0,
                  max_iterations: int | None = None, replacement_delay: float | None = None,
                  wait_for_replacement: bool = False, mtbf_seconds: float = INF,
                  settings: dict[str, Any] | None = None):

@@ -21,7 +21,8 @@ from typing import Any
 
 from recover.core.fields import doc_field as _f
 
-from .calibration import Calibration, save_stall_seconds
+from .calibration import Calibration
+from .costs import save_stall_seconds
 from .failures import FailureEvents, FailureModel
 from .policies import SYSTEMS, simulate_one
 from .record import RunRecord
