@@ -233,3 +233,20 @@ def test_local_throughput_numbers_match_the_aggregated_summary():
     same(ft.replace(",", ""), h["torchft"]["goodput_tokens_per_s"])
     same(rec.replace(",", ""), h["recover"]["goodput_tokens_per_s"])
     same(epr.replace(",", ""), h["elastic-keep-per-replica"]["goodput_tokens_per_s"])
+
+
+def test_validation_table_matches_validation_json():
+    """Each system's row: errors after the first step (runs A, B, pooled) and from the start (A, B)."""
+    v = json.loads((SIM / "validation.json").read_text())
+    runs = {(r["simulated_as"], r["run"].rsplit("_plan_", 1)[-1]): r for r in v["runs"] if r["role"] == "validated"}
+    pct = r"([+-][\d.]+)%"
+    for system in ("recover", "ckpt-restart", "elastic-keep-global", "torchft"):
+        a, b, pooled, a0, b0 = found(rf"\| {system} \| {pct} \| {pct} \| {pct} \| {pct} \| {pct} \|")
+        same(a, 100 * runs[(system, "a")]["error_after_first_step"])
+        same(b, 100 * runs[(system, "b")]["error_after_first_step"])
+        same(pooled, 100 * v["pooled_by_system"][system]["error"])
+        same(a0, 100 * runs[(system, "a")]["error_from_start"])
+        same(b0, 100 * runs[(system, "b")]["error_from_start"])
+    outside = sum(abs(r["error_from_start"]) > v["tolerance"] for r in runs.values())
+    (n,) = found(r"From the start \(launch included\) (\d+) of 8 runs are outside 10%")
+    assert int(n) == outside and len(runs) == 8

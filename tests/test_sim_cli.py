@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import run_recover
 
-from recover.experiments.sim.calibration import LOCAL_MEASURED, _redo_mean, local_calibration
+from recover.experiments.sim.calibration import _redo_mean, local_calibration
+from recover.experiments.sim.measured import local_measured
 from recover.experiments.sim.report import write_result, write_rows
 from recover.experiments.sim.scenario import run_scenario
 from recover.experiments.sim.scenarios import SCENARIOS
@@ -139,7 +140,7 @@ def test_validate_command_writes_validation_json(tmp_path):
 # ---- calibration from `recover bench` ----------------------------------------------------------
 def test_local_calibration_reads_bench_files(tmp_path):
     default = local_calibration(tmp_path / "none")
-    assert default.costs.restart_seconds == LOCAL_MEASURED["restart_seconds"][0]
+    assert default.costs.restart_seconds == local_measured()["restart_seconds"][0]
     b = tmp_path / "bench"
     b.mkdir()
     (b / "recovery_recover.json").write_text(json.dumps({

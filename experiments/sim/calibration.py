@@ -5,8 +5,9 @@ Contract:
   it with a `JobModel` and a `sources` map that names, for every field of both, the
   measurement or publication it comes from, or says "assumed" and why. Nothing
   enters the simulator without a source string; `Calibration.table()` lists them.
-- `local_calibration()` is the tiny model on this machine: values measured here
-  (see LOCAL_MEASURED), overridden by what `recover bench` wrote to results/bench/
+- `local_calibration()` is the tiny model on this machine: values measured here and
+  computed by code from the committed runs and benches (measured.py: no measured number is
+  typed in), overridden by what `recover bench` wrote to results/bench/
   when it exists: its recovery_<system>.json files, and a flat calibration.json
   (schema: BENCH_KEYS below; every key optional) that wins over both.
 - `cluster_costs(n_gpus, gpus_per_replica, bench)` scales the restart-like costs with the
@@ -47,8 +48,10 @@ from recover.core.fields import doc_field as _f
 
 from .costs import Costs, save_stall_seconds  # noqa: F401  (Costs is part of this module's interface)
 from .failures import FailureEvents
+from .measured import LOCAL_CPU_SLOTS, LOOPBACK_BANDWIDTH, TINY_GRAD_BYTES, Measured, local_measured
 from .model import JobModel
-from .policies import simulate_one
+from .policies import (BASELINE_HEARTBEAT_TIMEOUT_MS, BASELINE_LAST_CALL_S, UPSTREAM_HEARTBEAT_TIMEOUT_MS,
+                       UPSTREAM_LAST_CALL_S, simulate_one)
 
 LLAMA3_GPU_MTBF_HOURS = 54 * 24 * 16384 / 419
 """Per-GPU mean time between failures implied by Llama 3's 419 interruptions in 54 days on 16,384 GPUs."""
@@ -76,39 +79,9 @@ class Calibration:
 
 
 # ---- the local machine ----------------------------------------------------------------
-# Measured on this machine (2 CPU cores, torch 2.13 CPU, gloo over loopback), tiny model,
-# M=8, 4 sequences x 64 tokens per microbatch. How each was measured is in its source.
-LOCAL_MEASURED: dict[str, tuple[float, str]] = {
-    "iteration_seconds": (0.056, "measured here: median step-to-step wall_time in metrics.jsonl of "
-                          "`recover train --replicas 4 --microbatches 8 --steps 20 --no-progress`"),
-    "microbatch_seconds": (0.00825, "measured here: 0.066 s per iteration / 8 microbatches with --replicas 1 "
-                           "(one process, no all-reduce)"),
-    "allreduce2_seconds": (0.0048, "measured here: --replicas 2 iteration 0.0378 s minus 4 microbatches"),
-    "startup_seconds": (12.3, "measured here: wall_time of the first committed step of a 4-replica run "
-                        "(launcher, 5 processes importing torch on 2 cores, first iteration)"),
-    "checkpoint_save_seconds": (0.018, "measured here: median torch.distributed.checkpoint.save of the tiny "
-                                "model + AdamW state, one process"),
-    "checkpoint_load_seconds": (0.019, "measured here: median dcp.load of the same state"),
-    "recover_detect_seconds": (0.040, "measured here: median of 4 recoveries of `recover train --system recover` "
-                               "(results/sim/real/batch1/recover_plan_*), fault fired (faults.jsonl) to detected_at "
-                               "(events.jsonl); DESIGN.md's first prototype measured ~60 ms"),
-    "recover_rebuild_seconds": (0.002, "measured here: the same 4 recoveries, detected_at to formed_at (the next "
-                                "generation's group built)"),
-    "restart_seconds": (14.3, "measured here: median of 4 restarts of `recover train --system ckpt-restart` "
-                        "(results/sim/real/batch1/ckpt-restart_plan_*, 8.8-16.1 s), events.jsonl restart_seconds minus "
-                        "the redone steps, the committing step and the load"),
-    "torchft_seconds": (1.1, "measured here: `recover train --system torchft` (the baseline's 100 ms heartbeat, "
-                        "1 s quorum join timeout), loss to next committed step in results/sim/real/batch3 (1.08-1.14 s); "
-                        "with torchft's default settings issue 4 measured 5.1 s"),
-    "elastic_restart_seconds": (15.5, "measured here: median of 4 restarts of `recover train --system elastic` "
-                                "(results/sim/real/batch2/elastic_plan_*, 14.6-19.3 s; torchrun agents restarting "
-                                "every worker after a crash), as for restart_seconds"),
-}
-
-TINY_GRAD_BYTES = (119_104 + 1) * 4
-"""The tiny model's 119,104 trainable parameters in fp32, plus the loss slot the accumulator carries."""
-
-LOOPBACK_BANDWIDTH = 1e9  # assumed; on loopback the latency term dominates, so its value hardly matters
+# The tiny model on this machine (2 CPU cores, torch 2.13 CPU, gloo over loopback), M=8, 4
+# sequences x 64 tokens per microbatch: every measured value is computed by measured.py from
+# the committed runs (results/sim/real) and benches (results/bench), with its source.
 
 BENCH_KEYS: dict[str, str] = {
     "iteration_seconds": "failure-free iteration, tiny model, 4 replicas, M=8 (recover or plain)",
@@ -212,13 +185,16 @@ def _redo_mean(job: JobModel) -> float:
 
 
 def local_calibration(bench: str | Path | None = None, replicas: int = 4, microbatches: int = 8,
-                      same_session: Bench | None = None) -> Calibration:
-    """The tiny model on this machine: measured defaults, overridden by `recover bench` results if
-    present, and those by `same_session` (iteration_seconds and startup_seconds of a failure-free
-    run measured beside the runs being validated, for this replicas/microbatches: on a shared,
-    noisy machine only numbers measured together compare)."""
-    meas = {k: v for k, (v, _) in LOCAL_MEASURED.items()}
-    src = {k: s for k, (_, s) in LOCAL_MEASURED.items()}
+                      same_session: Bench | None = None, real: str | Path | None = None,
+                      measured: Measured | None = None) -> Calibration:
+    """The tiny model on this machine: the values measured.py computes from the committed runs under
+    `real` (default results/sim/real; or `measured`, already computed), overridden by `recover bench`
+    results if present, and those by `same_session` (iteration_seconds and startup_seconds of a
+    failure-free run measured beside the runs being validated, for this replicas/microbatches: on a
+    shared, noisy machine only numbers measured together compare)."""
+    measured = measured if measured is not None else local_measured(real, bench)
+    meas = {k: v for k, (v, _) in measured.items()}
+    src = {k: s for k, (_, s) in measured.items()}
     b = load_bench(bench)
     b.update(same_session or {})
     sources: dict[str, str] = {}
@@ -227,7 +203,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
     lat = (meas["allreduce2_seconds"] - TINY_GRAD_BYTES / LOOPBACK_BANDWIDTH) / 2
     job = JobModel(n_gpus=replicas, gpus_per_replica=1, microbatches=microbatches, tokens_per_microbatch=4 * 64,
                    microbatch_seconds=meas["microbatch_seconds"], grad_bytes=TINY_GRAD_BYTES,
-                   link_bandwidth=LOOPBACK_BANDWIDTH, link_latency=lat, cpu_slots=2)
+                   link_bandwidth=LOOPBACK_BANDWIDTH, link_latency=lat, cpu_slots=LOCAL_CPU_SLOTS)
     sources.update({
         "n_gpus": "the local scenario: one worker process (one 'GPU') per replica",
         "gpus_per_replica": "plain data parallelism: a replica is one process",
@@ -312,15 +288,6 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
 RESTART_ANCHOR_LARGE = (100_000, 600.0)  # FT-HSDP: a synchronous restart stalls ~10 minutes at 100k GPUs
 """Published (FT-HSDP), not measured here: the large anchor of the restart power law."""
 
-TORCHFT_DEFAULT_DETECT = (5.0, "torchft's default heartbeat and quorum timeouts: issue 4 measured ~5 s kill to next "
-                          "step (that run is not committed under results/bench; a documented-default setting, "
-                          "stated as an assumption)")
-"""torchft at its defaults: used only for the untuned (`tuned=False`) cluster costs."""
-
-ELASTIC_LAST_CALL_DEFAULT = 30.0
-"""TorchElastic's c10d rendezvous last-call default (documented setting, not a measurement)."""
-
-
 @dataclass(frozen=True)
 class RestartLaw:
     """restart(n) = small_seconds * (n / small_gpus) ** exponent, through a measured small anchor
@@ -341,8 +308,8 @@ class RestartLaw:
 
 def restart_law(bench: str | Path | None = None) -> RestartLaw:
     """The power law anchored on the restart the committed bench measured (results/bench/
-    recovery_ckpt-restart.json, via local_calibration's derivation); LOCAL_MEASURED only when
-    no bench file exists."""
+    recovery_ckpt-restart.json, via local_calibration's derivation); without a bench file, the
+    restart measured.py computes from the committed ckpt-restart runs."""
     local = local_calibration(bench)
     return RestartLaw(local.job.n_gpus, local.costs.restart_seconds, local.sources["restart_seconds"])
 
@@ -420,10 +387,9 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
                   tuned: bool = True, state_bytes: float | None = None) -> tuple[Costs, dict[str, str]]:
     """Costs at cluster scale with their sources; everything restart-like scales with the restart law.
     Every small-scale value comes from `local_calibration(bench)`, i.e. from the committed results/bench
-    measurements (or, only where none exists, LOCAL_MEASURED). `tuned`: the baselines set as a competent
-    user would (torchft's heartbeat and elastic's last-call as short as the local baselines use, 1 s);
-    otherwise their defaults (torchft's ~5 s detection measured with its default heartbeat, elastic's
-    30 s last-call). `state_bytes`: the checkpointed state of one model copy (weights + optimizer); with
+    measurements and the committed real runs (measured.py). `tuned`: the baselines set as a competent
+    user would (torchft's heartbeat timeout and elastic's last-call as short as the local baselines use,
+    1 s); otherwise their upstream defaults (5 s and 30 s), charged by the difference. `state_bytes`: the checkpointed state of one model copy (weights + optimizer); with
     it and results/bench/checkpoint_dcp.json the save (async, as the baseline saves: its stall and its
     completion) and the load are state_bytes / gpus_per_replica (what each GPU writes or reads) over
     the throughput measured here, assumed to be what each GPU gets from its storage."""
@@ -433,8 +399,11 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
     scale = law(n_gpus) / law.small_seconds
     law_src = (f"restart_seconds(n) = {law.small_seconds:.3f} s * (n/{law.small_gpus})^{law.exponent:.3f} through the "
                f"restart measured here ({law.source}) and FT-HSDP's ~600 s at 100k GPUs (assumed shape)")
-    last_call = 1.0 if tuned else ELASTIC_LAST_CALL_DEFAULT
-    ft_detect = lc.torchft_detect_seconds if tuned else TORCHFT_DEFAULT_DETECT[0]
+    # Untuned: the upstream defaults, charged as the policies charge their variants: the longer
+    # last-call and heartbeat timeout add their difference from the settings measured here.
+    last_call = float(BASELINE_LAST_CALL_S if tuned else UPSTREAM_LAST_CALL_S)
+    ft_extra = 0.0 if tuned else (UPSTREAM_HEARTBEAT_TIMEOUT_MS - BASELINE_HEARTBEAT_TIMEOUT_MS) / 1000.0
+    ft_detect = lc.torchft_detect_seconds + ft_extra
     costs = Costs(
         startup_seconds=0.0,
         recover_detect_seconds=lc.recover_detect_seconds * scale,
@@ -478,8 +447,10 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
         "elastic_restart_seconds": f"restart_seconds + a rendezvous last-call of {last_call:g} s ("
                                    + ("tuned as the local baseline sets it" if tuned
                                       else "TorchElastic's default") + ")",
-        "torchft_detect_seconds": (f"measured here with a 100 ms heartbeat: {ls['torchft_detect_seconds']}"
-                                   if tuned else TORCHFT_DEFAULT_DETECT[1]) + "; assumed not to grow with scale",
+        "torchft_detect_seconds": f"measured here with a 100 ms heartbeat: {ls['torchft_detect_seconds']}"
+                                  + ("" if tuned else f"; plus {ft_extra:g} s for torchft's default heartbeat timeout "
+                                     f"({UPSTREAM_HEARTBEAT_TIMEOUT_MS} ms, not {BASELINE_HEARTBEAT_TIMEOUT_MS})")
+                                  + "; assumed not to grow with scale",
         "torchft_quorum_seconds": "as recover_rebuild_seconds (a process-group reconfiguration): assumed",
         "join_seconds": "a replica-sized launch, restart_seconds(gpus_per_replica): assumed",
         "checkpoint_async_stall_seconds": "None: a blocking save",

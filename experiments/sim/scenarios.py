@@ -29,6 +29,7 @@ from typing import Callable
 from ..layout import ReplicaLayout
 from .calibration import LLAMA3_GPU_MTBF_HOURS, Calibration, cluster_costs, local_calibration
 from .failures import FailureModel
+from .measured import STATE_BYTES_PER_PARAMETER
 from .model import JobModel
 from .scenario import Scenario
 
@@ -36,9 +37,6 @@ PAPER = {"effective_throughput_ratio": 2.23, "more_tokens_percent_at_gpu_hours":
          "source": "ReCoVer (arXiv 2605.11215), abstract: 512 GPUs, 256 lost spread across the run"}
 
 
-STATE_BYTES_PER_PARAMETER = 12
-"""Checkpointed state per parameter: fp32 weights and AdamW's two fp32 moments (assumed; bf16 copies
-are derived, not saved)."""
 PAPER_512_STATE_BYTES = 7e9 * STATE_BYTES_PER_PARAMETER  # the assumed 7B-class model
 LLAMA3_STATE_BYTES = 405e9 * STATE_BYTES_PER_PARAMETER  # Llama 3 405B
 
