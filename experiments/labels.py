@@ -42,6 +42,9 @@ VARIANT_SETTINGS: tuple[VariantSetting, ...] = (
     # local baselines are set) and at the upstream defaults (torch's 30 s last-call, torchft's 5 s).
     VariantSetting("elastic", "rdzv_last_call_timeout", 1, lambda v: f"lastcall{v:g}s"),
     VariantSetting("torchft", "torchft_heartbeat_timeout_ms", 1000, lambda v: f"hb{v / 1000:g}s"),
+    # Checkpoint-restart saving with dcp.async_save (training stalls for the snapshot only): the
+    # setting a competent user picks at cluster scale; the default saves blocking.
+    VariantSetting("ckpt-restart", "ckpt_async", False, lambda v: "async" if v else "sync"),
 )
 
 

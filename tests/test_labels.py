@@ -37,7 +37,7 @@ def test_grids_aggregation_and_simulator_share_the_labels():
     for label, (_, system, settings) in SIM_SYSTEMS.items():
         assert system in SYSTEMS and label == variant_label(system, settings)
         # Every simulated system is one the experiments run for real, or (the cluster-scale
-        # upstream-default variants) one of them with only its timeout settings changed.
-        timeouts = {"rdzv_last_call_timeout", "torchft_heartbeat_timeout_ms"}
+        # variants) one of them with only its timeout or checkpoint-save settings changed.
+        timeouts = {"rdzv_last_call_timeout", "torchft_heartbeat_timeout_ms", "ckpt_async"}
         real = variant_label(system, {k: v for k, v in settings.items() if k not in timeouts})
         assert label in faulty or (real in faulty and set(settings) & timeouts), label

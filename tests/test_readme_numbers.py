@@ -37,22 +37,27 @@ def same(printed: str, value: float) -> None:
 
 def test_scenario_table_matches_results():
     p5 = summary("paper-512")["ratio_recover_over_ckpt_restart"]
-    whole, last, more = found(r"\| `paper-512`[^|]*\| ([\d.]+)x whole run, ([\d.]+)x in its last quarter; "
-                              r"\+([\d.]+)% tokens at 234 GPU-h")
+    whole, last, more, blocking = found(r"\| `paper-512`[^|]*\| ([\d.]+)x whole run, ([\d.]+)x in its last quarter; "
+                                        r"\+([\d.]+)% tokens at 234 GPU-h \(blocking: ([\d.]+)x\)")
+    assert summary("paper-512")["comparator"] == "ckpt-restart-async"
+    same(blocking, summary("paper-512")["ratio_recover_over"]["ckpt-restart"]["effective_throughput"])
     same(whole, p5["effective_throughput"])
     same(last, p5["effective_throughput_last_quarter"])
     same(more, p5["more_tokens_percent_at_gpu_hour_mark"])
     l16 = summary("llama3-16k")
-    ratio, ettr = found(r"\| `llama3-16k`[^|]*\| ([\d.]+)x \| ckpt-restart's ETTR ([\d.]+)")
+    ratio, blocking, ettr = found(r"\| `llama3-16k`[^|]*\| ([\d.]+)x \(blocking: ([\d.]+)x\) \| "
+                                  r"ckpt-restart-async's ETTR ([\d.]+)")
     same(ratio, l16["ratio_recover_over_ckpt_restart"]["effective_throughput"])
-    same(ettr, l16["systems"]["ckpt-restart"]["ettr"])
+    same(blocking, l16["ratio_recover_over"]["ckpt-restart"]["effective_throughput"])
+    same(ettr, l16["systems"][l16["comparator"]]["ettr"])
     k = summary("100k")
-    ratio, ck, rec, ft_good, ft_ettr = found(
-        r"\| `100k`[^|]*\| ([\d.]+)x \| ckpt-restart's ETTR ([\d.]+), recover's ([\d.]+); torchft's goodput is "
-        r"([\d.]+)x recover's, its ETTR ([\d.]+)")
+    ratio, blocking, ck, rec, ft_good, ft_ettr = found(
+        r"\| `100k`[^|]*\| ([\d.]+)x \(blocking: ([\d.]+)x\) \| ckpt-restart-async's ETTR ([\d.]+), recover's "
+        r"([\d.]+); torchft's goodput is ([\d.]+)x recover's, its ETTR ([\d.]+)")
     s = k["systems"]
     same(ratio, k["ratio_recover_over_ckpt_restart"]["effective_throughput"])
-    same(ck, s["ckpt-restart"]["ettr"])
+    same(blocking, k["ratio_recover_over"]["ckpt-restart"]["effective_throughput"])
+    same(ck, s[k["comparator"]]["ettr"])
     same(rec, s["recover"]["ettr"])
     same(ft_good, s["torchft"]["goodput_tokens_per_s"] / s["recover"]["goodput_tokens_per_s"])
     same(ft_ettr, s["torchft"]["ettr"])

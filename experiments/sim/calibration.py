@@ -234,6 +234,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
 
     startup = pick("startup_seconds")
     save, load = pick("checkpoint_save_seconds"), pick("checkpoint_load_seconds")
+    async_stall = pick("checkpoint_async_stall_seconds")
 
     def from_kill(tag: str, key: str, default: float, default_src: str) -> float:
         """A baseline's restart cost: the bench's kill-to-next-commit minus the redone work
@@ -275,7 +276,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
     costs = Costs(
         startup_seconds=startup, recover_detect_seconds=detect, recover_rebuild_seconds=rebuild,
         hang_detect_seconds=3.0, restart_seconds=restart, checkpoint_save_seconds=save,
-        checkpoint_load_seconds=load, elastic_restart_seconds=elastic, torchft_detect_seconds=ft_detect,
+        checkpoint_load_seconds=load, checkpoint_async_stall_seconds=async_stall, elastic_restart_seconds=elastic, torchft_detect_seconds=ft_detect,
         torchft_quorum_seconds=0.0, join_seconds=startup,
     )
     sources["hang_detect_seconds"] = "recover train's default --heartbeat-timeout (3 s); a run's own config.json wins"
@@ -390,8 +391,7 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
     measurements and the committed real runs (measured.py). `tuned`: the baselines set as a competent
     user would (torchft's heartbeat timeout and elastic's last-call as short as the local baselines use,
     1 s); otherwise their upstream defaults (5 s and 30 s), charged by the difference. `state_bytes`: the checkpointed state of one model copy (weights + optimizer); with
-    it and results/bench/checkpoint_dcp.json the save (async, as the baseline saves: its stall and its
-    completion) and the load are state_bytes / gpus_per_replica (what each GPU writes or reads) over
+    it and results/bench/checkpoint_dcp.json the blocking save, the async save's stall and the load are state_bytes / gpus_per_replica (what each GPU writes or reads) over
     the throughput measured here, assumed to be what each GPU gets from its storage."""
     local = local_calibration(bench)
     lc, ls = local.costs, local.sources
@@ -424,13 +424,13 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
     tput = checkpoint_throughput(bench) if state_bytes else None
     if tput:
         per_gpu = state_bytes / gpus_per_replica
-        costs = replace(costs, checkpoint_save_seconds=per_gpu / tput["async_total_s"][0],
+        costs = replace(costs, checkpoint_save_seconds=per_gpu / tput["save_s"][0],
                         checkpoint_async_stall_seconds=per_gpu / tput["async_stall_s"][0],
                         checkpoint_load_seconds=per_gpu / tput["load_s"][0])
         head = f"{per_gpu / 1e9:.2f} GB per GPU (state / {gpus_per_replica} GPUs per replica) over "
-        ck_src = {"checkpoint_save_seconds": head + tput["async_total_s"][1],
-                  "checkpoint_async_stall_seconds": head + tput["async_stall_s"][1] + " (the baseline saves with "
-                                                    "dcp.async_save)",
+        ck_src = {"checkpoint_save_seconds": head + tput["save_s"][1] + " (a blocking save: ckpt-restart's default)",
+                  "checkpoint_async_stall_seconds": head + tput["async_stall_s"][1] + " (ckpt-restart-async, "
+                                                    "ckpt_async: dcp.async_save)",
                   "checkpoint_load_seconds": head + tput["load_s"][1]}
     sources = {
         "startup_seconds": "0: every system pays the same first launch, so it is left out at cluster scale",

@@ -2,7 +2,7 @@
 
 Contract: `Costs` holds, in seconds, what each system pays per event (detection, rebuild,
 restart, checkpoint save and load, joins, the coordinator's commit); `save_stall_seconds`
-says how long training stalls per checkpoint. Where each value comes from is
+says how long training stalls per checkpoint, for a blocking save or an async one. Where each value comes from is
 calibration.py's business (it builds Costs with a source per field); this module imports
 nothing of the simulator, so the policies (policy.py, policies.py) and the loop depend
 on it and not on the calibration, which runs the policies.
@@ -23,10 +23,11 @@ class Costs:
     recover_rebuild_seconds: float = _f(0.002, "recover: survivors build the next generation's communicator")
     hang_detect_seconds: float = _f(3.0, "extra detection of a hang (frozen, not dead): only a deadline catches it")
     restart_seconds: float = _f(60.0, "ckpt-restart: fault to job running again (detect, tear down, relaunch), without the load")
-    checkpoint_save_seconds: float = _f(10.0, "blocking checkpoint save (training stalls)")
+    checkpoint_save_seconds: float = _f(10.0, "blocking checkpoint save, dcp.save (training stalls)")
     checkpoint_load_seconds: float = _f(20.0, "checkpoint load after a restart")
-    checkpoint_async_stall_seconds: float | None = _f(None, "async save (dcp.async_save): training stalls only for "
-                                                           "the snapshot, this long; None: a blocking save")
+    checkpoint_async_stall_seconds: float | None = _f(None, "async save (dcp.async_save, a baseline's ckpt_async): "
+                                                           "training stalls only for the snapshot, this long; None: "
+                                                           "not measured, an async save stalls as a blocking one")
     elastic_restart_seconds: float = _f(90.0, "elastic: fault to workers running again (re-rendezvous, worker restart), without the load")
     torchft_detect_seconds: float = _f(5.0, "torchft: a crash to the survivors' next quorum (heartbeat-bound)")
     torchft_quorum_seconds: float = _f(0.5, "torchft: forming the new quorum / reconfiguring the process group")
@@ -35,9 +36,10 @@ class Costs:
                                             "out), on every iteration's critical path")
 
 
-def save_stall_seconds(costs: Costs) -> float:
-    """How long training stalls per checkpoint: the whole save, or an async save's snapshot.
-    The async save's background write is taken as complete at the end of the stall: a failure
-    during the write would really fall back one more checkpoint, so this favours the baseline."""
+def save_stall_seconds(costs: Costs, asynchronous: bool = False) -> float:
+    """How long training stalls per checkpoint: the whole blocking save, or (`asynchronous`, the
+    baseline's ckpt_async) an async save's snapshot. The async save's background write is taken as
+    complete at the end of the stall: a failure during the write would really fall back one more
+    checkpoint, so this favours the baseline."""
     a = costs.checkpoint_async_stall_seconds
-    return costs.checkpoint_save_seconds if a is None else a
+    return a if asynchronous and a is not None else costs.checkpoint_save_seconds

@@ -9,8 +9,9 @@ whose files are missing raises, naming what is missing (no silent fallback to a 
 - microbatch_seconds and allreduce2_seconds: the model's iteration formula solved for the
   microbatch time and the ring's latency from failure-free runs of 2 and 4 replicas of one
   folder (measured together; `fit_microbatch_and_latency`);
-- checkpoint_save_seconds, checkpoint_load_seconds: the tiny model's checkpointed state
-  (TINY_STATE_BYTES) over the DCP save and load throughput of results/bench/checkpoint_dcp.json
+- checkpoint_save_seconds, checkpoint_async_stall_seconds, checkpoint_load_seconds: the tiny
+  model's checkpointed state (TINY_STATE_BYTES) over the DCP save, async-save stall and load
+  throughput of results/bench/checkpoint_dcp.json
   (`recover bench checkpoint`);
 - recover_detect_seconds, recover_rebuild_seconds: medians over the recover runs' recoveries
   (`realruns.recovery_samples`: fault fired -> detected, detected -> next group formed);
@@ -70,7 +71,8 @@ def fit_microbatch_and_latency(step_seconds: dict[int, float], microbatches: int
 
 
 MEASURED_KEYS = ("iteration_seconds", "microbatch_seconds", "allreduce2_seconds", "startup_seconds",
-                 "checkpoint_save_seconds", "checkpoint_load_seconds", "recover_detect_seconds",
+                 "checkpoint_save_seconds", "checkpoint_load_seconds", "checkpoint_async_stall_seconds",
+                 "recover_detect_seconds",
                  "recover_rebuild_seconds", "restart_seconds", "torchft_seconds", "elastic_restart_seconds")
 
 Measured = dict[str, tuple[float, str]]
@@ -99,13 +101,13 @@ def _rel(paths) -> str:
 
 
 def checkpoint_throughput_local(bench: Path) -> dict[str, tuple[float, str]]:
-    """DCP save and load bytes/s from bench/checkpoint_dcp.json."""
+    """DCP save, async-save stall and load bytes/s from bench/checkpoint_dcp.json."""
     f = bench / "checkpoint_dcp.json"
     if not f.is_file():
         raise FileNotFoundError(f"{f}: `recover bench checkpoint`'s results are missing")
     d = json.loads(f.read_text())
     out = {}
-    for op in ("save_s", "load_s"):
+    for op in ("save_s", "async_stall_s", "load_s"):
         v = (d.get(op) or {}).get("bytes_per_s")
         if not isinstance(v, (int, float)) or v <= 0:
             raise ValueError(f"{f}: {op}.bytes_per_s must be a number > 0, got {v!r}")
@@ -159,7 +161,8 @@ def local_measured(real: str | Path | None = None, bench: str | Path | None = No
                                                          f"time ({where})")
 
     tput = checkpoint_throughput_local(bench)
-    for key, op in (("checkpoint_save_seconds", "save_s"), ("checkpoint_load_seconds", "load_s")):
+    for key, op in (("checkpoint_save_seconds", "save_s"), ("checkpoint_async_stall_seconds", "async_stall_s"),
+                    ("checkpoint_load_seconds", "load_s")):
         v, s = tput[op]
         out[key] = (TINY_STATE_BYTES / v, f"computed: the tiny model's state ({TINY_PARAMETERS:,} parameters x "
                                           f"{STATE_BYTES_PER_PARAMETER} bytes) over {s}")

@@ -143,11 +143,16 @@ class Policy:
             if self.resume_at is None:
                 self.start_iteration(end)
 
+    def save_stall(self) -> float:
+        """What one checkpoint stalls training: a blocking save, or with the setting ckpt_async the
+        async save's snapshot (costs.save_stall_seconds)."""
+        return save_stall_seconds(self.costs, bool(self.settings.get("ckpt_async", False)))
+
     def checkpoint_due(self, t: float) -> bool:
         """Start a blocking save at t if K iterations have passed since the last checkpoint."""
         if self.K and self.run.since_checkpoint >= self.K:
             self.saving = True
-            self.stall(t + save_stall_seconds(self.costs))
+            self.stall(t + self.save_stall())
             return True
         return False
 
@@ -175,7 +180,7 @@ class Policy:
             since += 1
             t = end
             if self.K and since >= self.K:
-                t += save_stall_seconds(self.costs)
+                t += self.save_stall()
                 since = 0
             start, end = t, t + T
             j += 1
