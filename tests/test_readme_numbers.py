@@ -255,3 +255,17 @@ def test_validation_table_matches_validation_json():
     outside = sum(abs(r["error_from_start"]) > v["tolerance"] for r in runs.values())
     (n,) = found(r"From the start \(launch included\) (\d+) of 8 runs are outside 10%")
     assert int(n) == outside and len(runs) == 8
+
+
+def test_throughput_fault_steps_match_the_committed_runs():
+    """The steps at which each seed's replicas are lost, as faults.jsonl of its recover run has them."""
+    def steps(seed: int) -> list[int]:
+        lines = (ROOT / "results" / "throughput" / f"recover_s{seed}" / "faults.jsonl").read_text().splitlines()
+        return sorted(json.loads(x)["step"] for x in lines if x.strip())
+
+    a0, b0, n1, c1, d1 = found(r"seed 0 loses (\d) of 4 replicas\s+at step (\d+) and a third at step (\d+), the last; "
+                               r"seed 1 loses (\d), at steps (\d+) and")
+    s0 = steps(0)
+    assert s0.count(int(b0)) == int(a0) and s0[-1] == int(n1) and len(s0) == int(a0) + 1
+    (e1,) = found(r"seed 1 loses \d, at steps \d+ and (\d+)\)")
+    assert steps(1) == [int(d1), int(e1)] and len(steps(1)) == int(c1)
