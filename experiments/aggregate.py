@@ -52,7 +52,7 @@ from typing import Any
 from recover.core.results import read_jsonl, step_id_ranges
 from recover.fault_injection.kinds import KINDS
 
-from .labels import FAILURE_FREE, variant_label
+from .labels import FAILURE_FREE, config_settings, variant_label
 from .throughput import COLUMNS, columns, rates
 
 RATE_COLUMNS = tuple(COLUMNS["aggregate"].values())
@@ -92,7 +92,7 @@ class Run:
 
 
 def _label_of(config: dict) -> str:
-    return variant_label(config["train"]["system"], config.get("baseline"))
+    return variant_label(config["train"]["system"], config_settings(config))
 
 
 def load_run(d: Path) -> Run | None:

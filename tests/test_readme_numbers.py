@@ -269,3 +269,10 @@ def test_throughput_fault_steps_match_the_committed_runs():
     assert s0.count(int(b0)) == int(a0) and s0[-1] == int(n1) and len(s0) == int(a0) + 1
     (e1,) = found(r"seed 1 loses \d, at steps \d+ and (\d+)\)")
     assert steps(1) == [int(d1), int(e1)] and len(steps(1)) == int(c1)
+
+
+def test_recovery_hang_rows_at_one_detection_bound_match_the_summary():
+    rows = {r["run"]: r for r in csv.DictReader(open(ROOT / "results" / "recovery_summary.csv"))}
+    printed = found(r"recover takes ([\d.]+) / ([\d.]+) / ([\d.]+) s: its hang recovery is its detection setting")
+    for p, r in zip(printed, (2, 4, 8)):
+        same(p, float(rows[f"recover-hb10s_hang_r{r}_s0"]["recovery_seconds"]))
