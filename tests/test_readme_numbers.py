@@ -276,3 +276,9 @@ def test_recovery_hang_rows_at_one_detection_bound_match_the_summary():
     printed = found(r"recover takes ([\d.]+) / ([\d.]+) / ([\d.]+) s: its hang recovery is its detection setting")
     for p, r in zip(printed, (2, 4, 8)):
         same(p, float(rows[f"recover-hb10s_hang_r{r}_s0"]["recovery_seconds"]))
+
+
+def test_100k_run_size_matches_its_summary():
+    k = summary("100k")
+    failures, systems = found(r"100k GPUs x 30 days \(([\d,]+)\s+failures, (\d+) simulated systems and settings\)")
+    assert int(failures.replace(",", "")) == k["failures_drawn"] and int(systems) == len(k["systems"])
