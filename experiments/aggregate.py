@@ -12,7 +12,9 @@ Contract (ROOT = the results folder, EXP = the experiment):
   running totals of effective tokens and process-seconds.
 - Writes ROOT/EXP_summary.csv: one row per run: final loss and its difference
   from failure-free, the largest per-step difference, goodput and effective
-  (trajectory-equivalent) throughput per wall second and per process-hour, the weights checksum where the system
+  (trajectory-equivalent) throughput per wall second and per process-hour, and
+  per second from the first commit on with the start-up it leaves out (the
+  first commit's wall time), the weights checksum where the system
   records one, and for a run with faults the time from its first fault to the
   next committed iteration.
 - Definitions (stated once, here):
@@ -55,8 +57,10 @@ from recover.fault_injection.kinds import KINDS
 from .labels import FAILURE_FREE, config_settings, variant_label
 from .throughput import COLUMNS, columns, rates
 
-RATE_COLUMNS = tuple(COLUMNS["aggregate"].values())
-"""The summary's throughput columns (goodput and trajectory-equivalent, per second and per process-hour)."""
+RATE_COLUMNS = tuple(COLUMNS["aggregate"].values()) + ("goodput_tokens_per_s_from_first_commit",
+                                                      "effective_tokens_per_s_from_first_commit", "startup_seconds")
+"""The summary's throughput columns (goodput and trajectory-equivalent, per second and per process-hour, and
+per second from the first commit on) and the start-up they leave out: headline averages each."""
 
 REL_TOL = 1e-4  # relative loss difference still counted as "the same trajectory" (fp summation order is ~1e-7)
 
@@ -68,7 +72,8 @@ SUMMARY_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "s
                   "steps_expected", "steps", "steps_on_trajectory", "faults_fired", "final_loss", "ref_final_loss",
                   "final_loss_diff", "max_abs_loss_diff", "max_rel_loss_diff", "train_seconds", "tokens",
                   "goodput_tokens_per_s", "effective_tokens", "effective_tokens_per_s", "process_hours",
-                  "goodput_tokens_per_process_hour", "effective_tokens_per_process_hour", "weights_checksum", "ref_weights_checksum",
+                  "goodput_tokens_per_process_hour", "effective_tokens_per_process_hour", "startup_seconds",
+                  "goodput_tokens_per_s_from_first_commit", "effective_tokens_per_s_from_first_commit", "weights_checksum", "ref_weights_checksum",
                   "weights_checksum_diff", "final_param_distance", "recovery_seconds", "detection_seconds"]
 
 
@@ -195,6 +200,20 @@ def _first_recovery(run: Run) -> tuple[float | None, float | None]:
     return rec, (min(det) - f["wall_time"]) if det else None
 
 
+def _from_first_commit(run: Run, rows: list[dict], eff: float | None) -> dict[str, Any]:
+    """Start-up (the first commit's wall time: launch, imports, the first step) and both throughput
+    metrics from the first commit to the last, so that a short run measures training, not start-up."""
+    if not run.metrics:
+        return {"startup_seconds": None}
+    first, last = run.metrics[0], run.metrics[-1]
+    first_on = bool(rows) and rows[0]["on_trajectory"] is True
+    r = rates(sum(m["tokens"] for m in run.metrics[1:]),
+              None if eff is None else eff - (first["tokens"] if first_on else 0),
+              last["wall_time"] - first["wall_time"], None)
+    return {"startup_seconds": first["wall_time"], "goodput_tokens_per_s_from_first_commit": r.goodput_per_s,
+            "effective_tokens_per_s_from_first_commit": r.trajectory_per_s}
+
+
 def summary_row(experiment: str, run: Run, ref: Run | None, rows: list[dict]) -> dict[str, Any]:
     last = run.metrics[-1] if run.metrics else None
     train_s = last["wall_time"] if last else None
@@ -219,6 +238,7 @@ def summary_row(experiment: str, run: Run, ref: Run | None, rows: list[dict]) ->
         "max_abs_loss_diff": max(diffs) if diffs else None, "max_rel_loss_diff": max(rels) if rels else None,
         "train_seconds": train_s, "tokens": tokens, "effective_tokens": eff, "process_hours": proc_h,
         **columns(rates(tokens, eff, train_s, proc_h), "aggregate"),
+        **_from_first_commit(run, rows, eff),
         "weights_checksum": ck, "ref_weights_checksum": ref_ck,
         "weights_checksum_diff": (ck - ref_ck) if ck is not None and ref_ck is not None else None,
         "final_param_distance": None, "recovery_seconds": rec, "detection_seconds": det,
@@ -266,11 +286,16 @@ def headline(summaries: list[dict]) -> dict[str, Any]:
             if row[k] != "":
                 d[k].append(float(row[k]))
     for d in out.values():
+        per_run = d["effective_tokens_per_s_from_first_commit"]
+        # how far apart runs of one label are (two failure-free runs of one set-up measure the machine's noise)
+        d["effective_tokens_per_s_from_first_commit_spread"] = (max(per_run) / min(per_run)
+                                                                if len(per_run) > 1 and min(per_run) > 0 else None)
         for k in RATE_COLUMNS:
             d[k] = sum(d[k]) / len(d[k]) if d[k] else None
     rec, ckpt = out.get("recover"), out.get("ckpt-restart")
     if rec and ckpt and rec["effective_tokens_per_s"] and ckpt["effective_tokens_per_s"]:
-        out["recover_over_ckpt_restart"] = {k: rec[k] / ckpt[k] for k in RATE_COLUMNS if rec[k] and ckpt[k]}
+        out["recover_over_ckpt_restart"] = {k: rec[k] / ckpt[k] for k in RATE_COLUMNS
+                                            if rec[k] and ckpt[k] and k != "startup_seconds"}
     return out
 
 

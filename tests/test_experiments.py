@@ -281,6 +281,10 @@ def test_aggregation_of_fixture_results(tmp_path: Path) -> None:
     # recover: all 8 steps x 800 tokens in 8 s; ckpt-restart: the same tokens in 16 s
     assert float(s["recover_s0"]["effective_tokens_per_s"]) == pytest.approx(800.0)
     assert float(s["ckpt-restart_s0"]["effective_tokens_per_s"]) == pytest.approx(400.0)
+    # start-up apart: the first commit's wall time; throughput from it to the last commit (7 steps after it)
+    assert float(s["recover_s0"]["startup_seconds"]) == 1.0 and float(s["ckpt-restart_s0"]["startup_seconds"]) == 2.0
+    assert float(s["recover_s0"]["effective_tokens_per_s_from_first_commit"]) == pytest.approx(7 * 800 / 7)
+    assert float(s["ckpt-restart_s0"]["effective_tokens_per_s_from_first_commit"]) == pytest.approx(7 * 800 / 14)
     # process-seconds: 4 processes until the loss at 2.5 s, then 3 (to the last commit at 8 s)
     assert float(s["recover_s0"]["process_hours"]) * 3600 == pytest.approx(2.5 * 4 + 5.5 * 3)
     # ckpt-restart holds all 4 until its loss at 2.5 s (its members never shrink in the fixture: 4 throughout)

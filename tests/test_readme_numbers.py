@@ -282,3 +282,18 @@ def test_100k_run_size_matches_its_summary():
     k = summary("100k")
     failures, systems = found(r"100k GPUs x 30 days \(([\d,]+)\s+failures, (\d+) simulated systems and settings\)")
     assert int(failures.replace(",", "")) == k["failures_drawn"] and int(systems) == len(k["systems"])
+
+
+def test_throughput_from_first_commit_matches_the_aggregated_summary():
+    from recover.experiments.aggregate import headline
+
+    h = headline(list(csv.DictReader(open(ROOT / "results" / "throughput_summary.csv"))))
+    ff, rec, ck, ratio, spread = found(
+        r"(?s)`startup_seconds`: failure-free ([\d.]+) s, recover ([\d.]+) s,\s+checkpoint-restart ([\d.]+) s on average\), "
+        r"recover over checkpoint-restart is ([\d.]+)x.*?\s+commit; and the two failure-free runs \(one per seed, "
+        r"same set-up\) differ ([\d.]+)x")
+    same(ff, h["failure-free"]["startup_seconds"])
+    same(rec, h["recover"]["startup_seconds"])
+    same(ck, h["ckpt-restart"]["startup_seconds"])
+    same(ratio, h["recover_over_ckpt_restart"]["effective_tokens_per_s_from_first_commit"])
+    same(spread, h["failure-free"]["effective_tokens_per_s_from_first_commit_spread"])
