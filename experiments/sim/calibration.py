@@ -46,7 +46,7 @@ from typing import Any
 
 from recover.core.fields import doc_field as _f
 
-from .costs import Costs, save_stall_seconds  # noqa: F401  (Costs is part of this module's interface)
+from .costs import Costs
 from .failures import FailureEvents
 from .measured import LOCAL_CPU_SLOTS, LOOPBACK_BANDWIDTH, TINY_GRAD_BYTES, Measured, local_measured
 from .model import JobModel
