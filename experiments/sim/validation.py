@@ -15,13 +15,14 @@ Contract:
   batch) calibrates the iteration time and the launch of the runs of its shape in the
   same folder (a folder = a batch of runs measured together), since
   this shared machine's speed drifts between sessions (DESIGN.md: only numbers measured
-  together compare); otherwise `recover bench` results or the measured defaults are used.
+  together compare); otherwise `recover bench` results or the values measured.py
+  computes from the committed runs.
 - Per-fault costs are calibrated leave-one-out, from the *other* compared runs of the
   same system in the same folder, never the run itself: a baseline's restart time from their events.jsonl
   restart records; recover's detection (fault fired -> detected_at) and rebuild
   (detected_at -> formed_at) from their faults.jsonl and events.jsonl; torchft's
   loss-to-next-commit from their quorum_change records. Without such
-  runs: `recover bench` results, or the measured defaults.
+  runs: `recover bench` results, or measured.py's (from the committed runs).
 - `simulate_like(run)` builds the local scenario from the run's own config.json
   (train: system, replicas, M, steps, batch and block size, its hang deadline;
   baseline: the BaselineConfig the run recorded, i.e. its checkpoint interval,
