@@ -11,8 +11,10 @@ Contract (ROOT = the results folder, EXP = the experiment):
   wall time, members, whether the step is on the failure-free trajectory, and the
   running totals of effective tokens and process-seconds.
 - Writes ROOT/EXP_summary.csv: one row per run: final loss and its difference
-  from failure-free, the largest per-step difference, effective throughput per
-  wall second and per process-hour, the weights checksum where the system
+  from failure-free, the largest per-step difference, goodput and effective
+  (trajectory-equivalent) throughput per wall second and per process-hour, and
+  per second from the first commit on with the start-up it leaves out (the
+  first commit's wall time), the weights checksum where the system
   records one, and for a run with faults the time from its first fault to the
   next committed iteration.
 - Definitions (stated once, here):
@@ -20,8 +22,10 @@ Contract (ROOT = the results folder, EXP = the experiment):
     seed committed the same step, with exactly the same ids (`step_id_ranges`), and the
     run's loss is within REL_TOL (relative) of the failure-free loss;
   * effective tokens = tokens of the committed steps on the trajectory;
-    effective throughput = effective tokens / the run's training time (the
-    wall_time of its last commit), and / its process-hours;
+    the two throughput metrics (experiments/throughput.py defines both, for every
+    reader): goodput = all committed tokens, and trajectory-equivalent ("effective")
+    throughput = effective tokens, each / the run's training time (the wall_time of
+    its last commit) and / its process-hours;
   * process-seconds = the integral, from the start to the last commit, of the
     processes the job holds: S ranks per replica times R minus the replicas lost so far (faults of a kind that
     takes a replica out, by their wall_time in faults.jsonl: no replacement, as in
@@ -50,7 +54,13 @@ from typing import Any
 from recover.core.results import read_jsonl, read_metrics, step_id_ranges
 from recover.fault_injection.kinds import KINDS
 
-from .labels import FAILURE_FREE, variant_label
+from .labels import FAILURE_FREE, config_settings, variant_label
+from .throughput import COLUMNS, columns, rates
+
+RATE_COLUMNS = tuple(COLUMNS["aggregate"].values()) + ("goodput_tokens_per_s_from_first_commit",
+                                                      "effective_tokens_per_s_from_first_commit", "startup_seconds")
+"""The summary's throughput columns (goodput and trajectory-equivalent, per second and per process-hour, and
+per second from the first commit on) and the start-up they leave out: headline averages each."""
 
 REL_TOL = 1e-4  # relative loss difference still counted as "the same trajectory" (fp summation order is ~1e-7)
 
@@ -61,8 +71,9 @@ STEP_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "shar
 SUMMARY_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "shard", "fault_kind", "status", "reason",
                   "steps_expected", "steps", "steps_on_trajectory", "faults_fired", "final_loss", "ref_final_loss",
                   "final_loss_diff", "max_abs_loss_diff", "max_rel_loss_diff", "train_seconds", "tokens",
-                  "tokens_per_s", "effective_tokens", "effective_tokens_per_s", "process_hours",
-                  "effective_tokens_per_process_hour", "weights_checksum", "ref_weights_checksum",
+                  "goodput_tokens_per_s", "effective_tokens", "effective_tokens_per_s", "process_hours",
+                  "goodput_tokens_per_process_hour", "effective_tokens_per_process_hour", "startup_seconds",
+                  "goodput_tokens_per_s_from_first_commit", "effective_tokens_per_s_from_first_commit", "weights_checksum", "ref_weights_checksum",
                   "weights_checksum_diff", "final_param_distance", "recovery_seconds", "detection_seconds"]
 
 
@@ -86,7 +97,7 @@ class Run:
 
 
 def _label_of(config: dict) -> str:
-    return variant_label(config["train"]["system"], config.get("baseline"))
+    return variant_label(config["train"]["system"], config_settings(config))
 
 
 def load_run(d: Path) -> Run | None:
@@ -189,6 +200,20 @@ def _first_recovery(run: Run) -> tuple[float | None, float | None]:
     return rec, (min(det) - f["wall_time"]) if det else None
 
 
+def _from_first_commit(run: Run, rows: list[dict], eff: float | None) -> dict[str, Any]:
+    """Start-up (the first commit's wall time: launch, imports, the first step) and both throughput
+    metrics from the first commit to the last, so that a short run measures training, not start-up."""
+    if not run.metrics:
+        return {"startup_seconds": None}
+    first, last = run.metrics[0], run.metrics[-1]
+    first_on = bool(rows) and rows[0]["on_trajectory"] is True
+    r = rates(sum(m["tokens"] for m in run.metrics[1:]),
+              None if eff is None else eff - (first["tokens"] if first_on else 0),
+              last["wall_time"] - first["wall_time"], None)
+    return {"startup_seconds": first["wall_time"], "goodput_tokens_per_s_from_first_commit": r.goodput_per_s,
+            "effective_tokens_per_s_from_first_commit": r.trajectory_per_s}
+
+
 def summary_row(experiment: str, run: Run, ref: Run | None, rows: list[dict]) -> dict[str, Any]:
     last = run.metrics[-1] if run.metrics else None
     train_s = last["wall_time"] if last else None
@@ -211,10 +236,9 @@ def summary_row(experiment: str, run: Run, ref: Run | None, rows: list[dict]) ->
         "ref_final_loss": ref_last["loss"] if ref_last else None,
         "final_loss_diff": (last["loss"] - ref_last["loss"]) if last and ref_last and last["step"] == ref_last["step"] else None,
         "max_abs_loss_diff": max(diffs) if diffs else None, "max_rel_loss_diff": max(rels) if rels else None,
-        "train_seconds": train_s, "tokens": tokens, "tokens_per_s": tokens / train_s if train_s else None,
-        "effective_tokens": eff, "effective_tokens_per_s": eff / train_s if eff is not None and train_s else None,
-        "process_hours": proc_h,
-        "effective_tokens_per_process_hour": eff / proc_h if eff is not None and proc_h else None,
+        "train_seconds": train_s, "tokens": tokens, "effective_tokens": eff, "process_hours": proc_h,
+        **columns(rates(tokens, eff, train_s, proc_h), "aggregate"),
+        **_from_first_commit(run, rows, eff),
         "weights_checksum": ck, "ref_weights_checksum": ref_ck,
         "weights_checksum_diff": (ck - ref_ck) if ck is not None and ref_ck is not None else None,
         "final_param_distance": None, "recovery_seconds": rec, "detection_seconds": det,
@@ -248,28 +272,30 @@ def aggregate(root: str | Path, experiment: str) -> tuple[Path, Path, list[dict]
 
 
 def headline(summaries: list[dict]) -> dict[str, Any]:
-    """Per label: the largest loss difference from failure-free and the mean effective throughput."""
+    """Per label: the largest loss difference from failure-free and the mean of each throughput metric
+    (goodput and trajectory-equivalent, per second and per process-hour); recover over ckpt-restart."""
     out: dict[str, Any] = {}
     for row in summaries:
         d = out.setdefault(row["label"], {"runs": 0, "max_abs_loss_diff": 0.0, "max_rel_loss_diff": 0.0,
-                                          "effective_tokens_per_s": [], "effective_tokens_per_process_hour": []})
+                                          **{k: [] for k in RATE_COLUMNS}})
         d["runs"] += 1
         for k in ("max_abs_loss_diff", "max_rel_loss_diff"):
             if row[k] != "":
                 d[k] = max(d[k], float(row[k]))
-        for k in ("effective_tokens_per_s", "effective_tokens_per_process_hour"):
+        for k in RATE_COLUMNS:
             if row[k] != "":
                 d[k].append(float(row[k]))
     for d in out.values():
-        for k in ("effective_tokens_per_s", "effective_tokens_per_process_hour"):
+        per_run = d["effective_tokens_per_s_from_first_commit"]
+        # how far apart runs of one label are (two failure-free runs of one set-up measure the machine's noise)
+        d["effective_tokens_per_s_from_first_commit_spread"] = (max(per_run) / min(per_run)
+                                                                if len(per_run) > 1 and min(per_run) > 0 else None)
+        for k in RATE_COLUMNS:
             d[k] = sum(d[k]) / len(d[k]) if d[k] else None
     rec, ckpt = out.get("recover"), out.get("ckpt-restart")
     if rec and ckpt and rec["effective_tokens_per_s"] and ckpt["effective_tokens_per_s"]:
-        out["recover_over_ckpt_restart"] = {
-            "effective_tokens_per_s": rec["effective_tokens_per_s"] / ckpt["effective_tokens_per_s"],
-            "effective_tokens_per_process_hour":
-                rec["effective_tokens_per_process_hour"] / ckpt["effective_tokens_per_process_hour"],
-        }
+        out["recover_over_ckpt_restart"] = {k: rec[k] / ckpt[k] for k in RATE_COLUMNS
+                                            if rec[k] and ckpt[k] and k != "startup_seconds"}
     return out
 
 

@@ -4,6 +4,10 @@ Contract:
 - Kills are real: seeded fault plans SIGKILL a replica at a random phase of a
   random step (the fault-injection harness), several kills per run, runs repeated
   until `--kills` kills have been measured. The same seed gives the same kills.
+  Each kill's step is drawn uniformly within its 5-step window (`--kill-placement
+  random`, the default): against the baselines' checkpoint every 5 steps a kill lands
+  anywhere in the period, not always where it loses the most; `fixed` puts every kill
+  at its window's first step (how the results before this option were measured).
   With `--shard S` > 1 each replica is S ranks and a kill strikes one of them,
   drawn per kill (any rank dying takes the replica).
 - Per kill it records: the fault (step, phase, replica), the time from the kill
@@ -42,6 +46,10 @@ from .run import run_training
 from .systems import runs_layout
 
 KILL_PHASES = ("forward", "backward", "between_microbatches", "allreduce", "commit", "optimizer_step")
+KILL_PLACEMENTS = ("random", "fixed")
+KILL_WINDOW = 5
+"""Steps per kill window: BaselineConfig's default checkpoint interval (ckpt_every), so a random
+placement is uniform over the checkpoint period."""
 
 
 def iteration_durations(metrics: list[dict]) -> dict[int, float]:
@@ -59,14 +67,21 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def kill_plan(rng: random.Random, replicas: int, kills: int, steps: int, first: int, gap: int,
-              shard: int = 1) -> list[dict]:
-    """`kills` crashes of distinct replicas at random phases, `gap` steps apart; with `shard` > 1
-    ranks per replica, each at a random rank of its replica (drawn only then: S = 1 plans are unchanged)."""
+              shard: int = 1, placement: str = "random") -> list[dict]:
+    """`kills` crashes of distinct replicas at random phases, one per window of `gap` steps from
+    `first`; `placement` "random": at a uniformly drawn step of its window, so that against a
+    checkpoint every `gap` steps a kill lands anywhere in the checkpoint period (the lost work is
+    the period's average, not its worst); "fixed": at the window's first step (the placement of
+    results measured before it, which with checkpoints every `gap` steps is the worst one). With
+    `shard` > 1 ranks per replica, each at a random rank of its replica."""
+    if placement not in KILL_PLACEMENTS:
+        raise ValueError(f"placement {placement!r}: choose from {', '.join(KILL_PLACEMENTS)}")
     victims = rng.sample(range(replicas), kills)
     faults = []
     for i, r in enumerate(victims):
         phase = rng.choice(KILL_PHASES)
-        f = {"kind": "crash", "replica": r, "step": first + i * gap, "phase": phase}
+        offset = rng.randrange(gap) if placement == "random" else 0
+        f = {"kind": "crash", "replica": r, "step": first + i * gap + offset, "phase": phase}
         if phase == "between_microbatches":
             f["microbatch"] = 1
         if shard > 1:
@@ -153,14 +168,15 @@ def bench_recovery(args: argparse.Namespace) -> int:
     # plain is the failure-free reference: at the same layout where it runs it
     shards = {args.system: shard, "plain": shard if runs_layout("plain", ReplicaLayout(shard=shard)) else 1}
     per_run = min(args.replicas - 1, args.kills)
-    gap = 5
+    gap = KILL_WINDOW
+    placement = getattr(args, "kill_placement", "random")
     steps = 4 + per_run * gap + 3
     kills: list[dict] = []
     runs = 0
     t_start = time.time()
     while len(kills) < args.kills:
         n = min(per_run, args.kills - len(kills))
-        plan = kill_plan(rng, args.replicas, n, steps, first=4, gap=gap, shard=shard * tp * pp)
+        plan = kill_plan(rng, args.replicas, n, steps, first=4, gap=gap, shard=shard * tp * pp, placement=placement)
         cfg = TrainConfig(system=args.system, steps=steps, out=str(work / f"faulty{runs}"), shard=shard, **inner,
                           **base)
         out = _train(cfg, plan)
@@ -187,6 +203,9 @@ def bench_recovery(args: argparse.Namespace) -> int:
         **({"pp_schedule": schedule} if pp > 1 else {}), "plain_shard": shards["plain"],
         "microbatches": args.microbatches, "seed": args.seed,
         "kills": len(kills), "runs": runs,
+        "kill_placement": f"{placement}: one kill per {gap}-step window from step 4"
+                          + (" at a uniformly drawn step of it" if placement == "random" else " at its first step"),
+        "kill_steps": [k.get("fault_step") for k in kills],
         "recovery_overhead_s": stat("recovery_overhead_s"),
         "kill_to_next_commit_s": stat("kill_to_next_commit_s"),
         "kill_to_progress_s": stat("kill_to_progress_s"),

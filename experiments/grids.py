@@ -290,13 +290,19 @@ KNOWN_BROKEN: dict[tuple[str, str], str] = {
 }
 
 
+HANG_TIMEOUT_S = 10.0
+"""The recovery grid's hang-detection bound: every system's collective timeout, and recover-hb10s's heartbeat timeout."""
+
+
 def recovery(seeds: list[int], scale: Scale) -> list[RunSpec]:
     """Time from a fault to the next committed iteration, against the number of replicas.
 
     One fault per run, in the middle of it, on the last replica: a crash (SIGKILL
     in the backward pass) or a hang (SIGSTOP for good in the all-reduce: only a
-    timeout can catch it). Every system gets the same detection bound for a
-    hang, a 10 s collective timeout (recover's heartbeat timeout stays 3 s).
+    timeout can catch it). Every system gets a 10 s collective timeout; recover
+    catches a hang by its heartbeat timeout, so its hang runs are there twice: at
+    its default 3 s (`recover`) and at the baselines' 10 s (`recover-hb10s`), one
+    hang-detection bound for every system.
     """
     runs = []
     for seed in seeds:
@@ -314,6 +320,12 @@ def recovery(seeds: list[int], scale: Scale) -> list[RunSpec]:
                     runs.append(_spec("recovery", f"{v.label}_{kind}_r{replicas}_s{seed}", v, seed, replicas,
                                       scale.recovery_steps, scale, plan, "", fault_kind=kind,
                                       overrides={"collective_timeout": 10.0}))
+                if kind == "hang":
+                    same = {"heartbeat_timeout": HANG_TIMEOUT_S}
+                    v = SystemVariant(variant_label("recover", same), "recover")
+                    runs.append(_spec("recovery", f"{v.label}_{kind}_r{replicas}_s{seed}", v, seed, replicas,
+                                      scale.recovery_steps, scale, plan, "", fault_kind=kind,
+                                      overrides={"collective_timeout": HANG_TIMEOUT_S, **same}))
     return runs
 
 

@@ -13,7 +13,9 @@ Contract:
   default run gets is the bare name.
 - `plain`, the failure-free reference, is labelled "failure-free" (its role in
   every comparison).
-- The defaults recorded here are BaselineConfig's (a test checks they agree); this
+- The defaults recorded here are BaselineConfig's, or TrainConfig's for a setting of
+  section "train" (a test checks they agree); `config_settings(config)` gathers a run's
+  labelled settings from its config.json sections; this
   module imports nothing of the project, so the simulator stays free of torch.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ class VariantSetting:
     default: Any  # BaselineConfig's default (checked by a test)
     tag: Callable[[Any], str]  # the label's suffix for a value
     always: bool = False  # shown even at the default value
+    section: str = "baseline"  # config.json section that records it: "baseline" (BaselineConfig) or "train"
 
 
 VARIANT_SETTINGS: tuple[VariantSetting, ...] = (
@@ -42,11 +45,18 @@ VARIANT_SETTINGS: tuple[VariantSetting, ...] = (
     # local baselines are set) and at the upstream defaults (torch's 30 s last-call, torchft's 5 s).
     VariantSetting("elastic", "rdzv_last_call_timeout", 1, lambda v: f"lastcall{v:g}s"),
     VariantSetting("torchft", "torchft_heartbeat_timeout_ms", 1000, lambda v: f"hb{v / 1000:g}s"),
+    # Checkpoint-restart saving with dcp.async_save (training stalls for the snapshot only): the
+    # setting a competent user picks at cluster scale; the default saves blocking.
+    VariantSetting("ckpt-restart", "ckpt_async", False, lambda v: "async" if v else "sync"),
+    # recover's hang detection (TrainConfig's heartbeat timeout): the recovery grid also runs it at
+    # the baselines' collective timeout, so that every system gets one hang-detection bound.
+    VariantSetting("recover", "heartbeat_timeout", 3.0, lambda v: f"hb{v:g}s", section="train"),
 )
 
 
 def variant_label(system: str, settings: Mapping[str, Any] | None = None) -> str:
-    """The label of `system` run with `settings` (BaselineConfig fields; absent ones take their default)."""
+    """The label of `system` run with `settings` (BaselineConfig fields, or TrainConfig ones for the
+    settings of section "train"; absent ones take their default)."""
     if system == "plain":
         return FAILURE_FREE
     settings = settings or {}
@@ -58,3 +68,12 @@ def variant_label(system: str, settings: Mapping[str, Any] | None = None) -> str
         if v.always or value != v.default:
             parts.append(v.tag(value))
     return "-".join(parts)
+
+
+def config_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The labelled settings a run's config.json records: its "baseline" section, plus the fields of
+    its "train" section that a VARIANT_SETTINGS entry of section "train" names."""
+    train = config.get("train") or {}
+    out = dict(config.get("baseline") or {})
+    out.update({v.name: train[v.name] for v in VARIANT_SETTINGS if v.section == "train" and v.name in train})
+    return out

@@ -24,7 +24,7 @@ import seaborn as sns  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from style import LABEL_ORDER, PALETTE, order, palette  # noqa: E402,F401 - one colour per system, every figure
+from style import LABEL_ORDER, PALETTE, dashes, order, palette  # noqa: E402,F401 - one colour per system, every figure
 
 
 def args(description: str, experiment: str, name: str) -> argparse.Namespace:

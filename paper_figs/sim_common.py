@@ -20,7 +20,7 @@ import seaborn as sns  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from style import order, palette  # noqa: E402,F401 - one colour per system, every figure
+from style import dashes, linestyle, order, palette  # noqa: E402,F401 - one colour per system, every figure
 
 
 def args(description: str) -> argparse.Namespace:

@@ -3,8 +3,8 @@
 Reads results/sim/scale/scale.csv (`recover simulate scale`); writes
 paper_figs/sim_scale.{png,pdf}. Left: trajectory-equivalent throughput as a fraction of
 the failure-free job's; middle: goodput (all kept tokens) likewise; right: ETTR. A
-baseline at its upstream defaults (torchft-hb5s, elastic-keep-global-lastcall30s) is
-drawn dashed in its tuned variant's colour. Llama 3's per-GPU failure rate, 30 days, replicas of
+settings variant (ckpt-restart-async, torchft-hb5s, elastic-keep-global-lastcall30s) is
+drawn dashed in its system's colour (style.py). Llama 3's per-GPU failure rate, 30 days, replicas of
 128 GPUs replaced after an hour (see results/sim/scale and the README).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_common import args, order, palette, plt, save, sns, theme  # noqa: E402
+from sim_common import args, dashes, order, palette, plt, save, sns, theme  # noqa: E402
 
 
 def main(results: str, out: str) -> list[Path]:
@@ -27,12 +27,9 @@ def main(results: str, out: str) -> list[Path]:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), sharex=True)
     systems = order(df.system)
     pal = palette(systems)
-    upstream = {"torchft-hb5s": "torchft", "elastic-keep-global-lastcall30s": "elastic-keep-global"}
-    pal.update({k: pal[v] for k, v in upstream.items() if v in pal})
-    dashes = {s: (4, 2) if s in upstream else "" for s in systems}
     for ax, (col, label) in zip(axes, panels):
         sns.lineplot(data=df, x="gpus", y=col, hue="system", hue_order=systems, palette=pal, marker="o",
-                     style="system", style_order=systems, dashes=dashes, ax=ax, errorbar=None)
+                     style="system", style_order=systems, dashes=dashes(systems), ax=ax, errorbar=None)
         ax.set_xscale("log")
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("GPUs")

@@ -8,7 +8,7 @@ nothing); right: the ratio against the
 loss unit (GPUs per replica; 256 GPUs lost in 256/unit events). The paper's 2.23x is
 the dashed line. Third panel (restart_x_save.csv): the ratio over restart time x checkpoint
 stall (a blocking save's length, or an async save's snapshot), cells within 10% of 2.23x in
-brackets.
+brackets, and a star where paper-512 as calibrated sits (results/sim/paper-512/summary.json).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm
 
@@ -73,6 +74,19 @@ def main(results: str, out: str) -> list[Path]:
         axes[2].set_xlabel("checkpoint stall per save (s; load = 2x)")
         axes[2].set_ylabel("restart time (s)")
         axes[2].set_title(f"Young/Daly interval; [x]: within 10% of {PAPER_RATIO}x", fontsize=9)
+        # Where the calibrated paper-512 sits (results/sim/paper-512: the bench-anchored restart and the
+        # comparator's measured stall per save), placed on the grid's log axes between the cells.
+        p512 = d.parent / "paper-512" / "summary.json"
+        if p512.is_file():
+            summ = json.loads(p512.read_text())
+            vals = {r["name"]: r["value"] for r in summ["calibration"]["values"]}
+            restart, stall = vals.get("restart_seconds"), summ["checkpoint"].get("checkpoint_stall_seconds")
+            if restart and stall:
+                def at(v, ticks):
+                    return float(np.interp(np.log(v), np.log(np.asarray(ticks, float)), np.arange(len(ticks)))) + 0.5
+                axes[2].plot(at(stall, piv.columns), at(restart, piv.index), marker="*", ms=14, color="red",
+                             markeredgecolor="white", label=f"paper-512 as calibrated ({restart:.0f} s, {stall:.1f} s)")
+                axes[2].legend(fontsize=7, loc="lower right")
     return save(fig, out, "sim_sensitivity")
 
 

@@ -4,7 +4,7 @@ Reads results/sim/paper-512/{summary.json,timeseries.csv}; writes
 paper_figs/sim_tokens_vs_gpu_hours.{png,pdf}. The vertical line is the paper's 234
 GPU-hour point; the title states the simulated ratios beside the paper's 2.23x and 74.9%.
 Dotted lines: all tokens of the systems that shrink the batch (off the failure-free
-trajectory, so not effective).
+trajectory, so not effective). Dashed: a settings variant, in its system's colour.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_common import args, order, palette, plt, save, theme  # noqa: E402
+from sim_common import args, linestyle, order, palette, plt, save, theme  # noqa: E402
 
 
 def main(results: str, out: str) -> list[Path]:
@@ -28,7 +28,8 @@ def main(results: str, out: str) -> list[Path]:
     pal = palette(systems)
     for system in systems:
         t = ts[ts.system == system]
-        ax.plot(t.gpu_hours, t.effective_tokens / 1e6, color=pal[system], label=system, lw=1.8)
+        ax.plot(t.gpu_hours, t.effective_tokens / 1e6, color=pal[system], label=system, lw=1.8,
+                ls=linestyle(system))
         if (t.tokens - t.effective_tokens).abs().max() > 0:
             ax.plot(t.gpu_hours, t.tokens / 1e6, color=pal[system], lw=1, ls=":")
     mark = summary.get("ratio_recover_over_ckpt_restart", {}).get("gpu_hour_mark") or 234.0
@@ -38,7 +39,8 @@ def main(results: str, out: str) -> list[Path]:
     paper = summary.get("paper", {})
     title = "paper-512 (simulated)"
     if r.get("effective_throughput"):
-        title += f": recover/ckpt-restart {r['effective_throughput']:.2f}x trajectory-equivalent"
+        title += f": recover/{summary.get('comparator', 'ckpt-restart')} {r['effective_throughput']:.2f}x " \
+                 "trajectory-equivalent"
         if r.get("more_tokens_percent_at_gpu_hour_mark") is not None:
             title += f", +{r['more_tokens_percent_at_gpu_hour_mark']:.0f}% tokens at {mark:g} GPU-h"
     if paper:

@@ -4,13 +4,16 @@ Reads RESULTS/throughput.csv and throughput_summary.csv only (see exp_common). E
 tokens are the tokens of committed iterations on the failure-free trajectory (same
 microbatch ids, loss within the aggregation's tolerance: experiments/aggregate.py). Left:
 running effective tokens against wall-clock seconds; middle: against process-hours (live
-processes x time); x marks: faults. Right: effective tokens per second per system (mean
-over seeds, dots: seeds).
+processes x time); x marks: faults. Right: both throughput metrics per system
+(experiments/throughput.py): trajectory-equivalent (solid) and goodput (hatched), tokens per
+second, mean over seeds, dots: seeds.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from matplotlib.patches import Patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exp_common import args, fault_points, load, order, palette, plt, save, sns, theme  # noqa: E402
@@ -32,12 +35,21 @@ def main(results: str, experiment: str, out: str, name: str) -> list[Path]:
         ax.set(xlabel=xlabel, ylabel="effective tokens (on the failure-free trajectory)")
     axes[0].set_title("effective tokens vs wall time")
     axes[1].set_title("effective tokens vs process-hours")
+    # Both throughput metrics (experiments/throughput.py): trajectory-equivalent (solid) and
+    # goodput (hatched: every committed token, the shrunk-batch systems' included).
     s = summary.dropna(subset=["effective_tokens_per_s"])
-    sns.barplot(s, x="label", y="effective_tokens_per_s", order=[x for x in labels if x in set(s["label"])],
-                hue="label", palette=pal, errorbar=None, ax=axes[2], legend=False)
-    sns.stripplot(s, x="label", y="effective_tokens_per_s", order=[x for x in labels if x in set(s["label"])],
-                  color="black", size=4, ax=axes[2])
-    axes[2].set(title="effective throughput (tokens/s)", xlabel="", ylabel="effective tokens / s")
+    shown = [x for x in labels if x in set(s["label"])]
+    for i, lab in enumerate(shown):
+        rows = s[s["label"] == lab]
+        for dx, col, kw in ((-0.2, "effective_tokens_per_s", {}),
+                            (0.2, "goodput_tokens_per_s", {"hatch": "//", "alpha": 0.45})):
+            axes[2].bar(i + dx, rows[col].mean(), width=0.38, color=pal[lab], edgecolor=pal[lab], **kw)
+            axes[2].scatter([i + dx] * len(rows), rows[col], color="black", s=10, zorder=5)
+    axes[2].set_xticks(range(len(shown)), shown)
+    axes[2].legend(handles=[Patch(facecolor="0.4", label="trajectory-equivalent"),
+                            Patch(facecolor="0.4", alpha=0.45, hatch="//", label="goodput (all committed tokens)")],
+                   fontsize=8)
+    axes[2].set(title="throughput (mean over seeds; dots: seeds)", xlabel="", ylabel="tokens / s")
     axes[2].tick_params(axis="x", rotation=30)
     fig.suptitle(f"{experiment}: successive failures at a per-GPU failure rate; x = a fault fired")
     return save(fig, out, name)

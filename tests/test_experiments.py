@@ -272,11 +272,19 @@ def test_aggregation_of_fixture_results(tmp_path: Path) -> None:
     assert float(s["recover_s0"]["max_abs_loss_diff"]) == pytest.approx(1e-7, rel=1e-3)
     assert int(s["torchft_s0"]["steps_on_trajectory"]) == 3
     assert float(s["torchft_s0"]["effective_tokens"]) == 3 * 800
+    # goodput counts torchft's off-trajectory steps too: more tokens than its effective ones, same seconds
+    ft = s["torchft_s0"]
+    assert float(ft["goodput_tokens_per_s"]) == pytest.approx(float(ft["tokens"]) / float(ft["train_seconds"]))
+    assert float(ft["goodput_tokens_per_s"]) > float(ft["effective_tokens_per_s"])
     assert float(s["ckpt-restart_s0"]["weights_checksum_diff"]) == 0.0
     assert s["recover_s0"]["final_param_distance"] == ""  # not recorded by any system
     # recover: all 8 steps x 800 tokens in 8 s; ckpt-restart: the same tokens in 16 s
     assert float(s["recover_s0"]["effective_tokens_per_s"]) == pytest.approx(800.0)
     assert float(s["ckpt-restart_s0"]["effective_tokens_per_s"]) == pytest.approx(400.0)
+    # start-up apart: the first commit's wall time; throughput from it to the last commit (7 steps after it)
+    assert float(s["recover_s0"]["startup_seconds"]) == 1.0 and float(s["ckpt-restart_s0"]["startup_seconds"]) == 2.0
+    assert float(s["recover_s0"]["effective_tokens_per_s_from_first_commit"]) == pytest.approx(7 * 800 / 7)
+    assert float(s["ckpt-restart_s0"]["effective_tokens_per_s_from_first_commit"]) == pytest.approx(7 * 800 / 14)
     # process-seconds: 4 processes until the loss at 2.5 s, then 3 (to the last commit at 8 s)
     assert float(s["recover_s0"]["process_hours"]) * 3600 == pytest.approx(2.5 * 4 + 5.5 * 3)
     # ckpt-restart holds all 4 until its loss at 2.5 s (its members never shrink in the fixture: 4 throughout)

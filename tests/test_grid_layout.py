@@ -154,6 +154,22 @@ def test_kill_plans_strike_a_rank_only_when_replicas_have_many():
     assert all(0 <= f["rank"] < 2 for f in two)
 
 
+def test_random_kill_placement_covers_the_checkpoint_period():
+    """Each kill lands at a uniformly drawn step of its window, so against a checkpoint every `gap`
+    steps every offset in the period occurs; `fixed` keeps every kill at its window's first step."""
+    offsets = set()
+    for seed in range(40):
+        plan = kill_plan(random.Random(seed), 4, 3, 30, first=4, gap=5)
+        for i, f in enumerate(plan):
+            assert 4 + 5 * i <= f["step"] < 4 + 5 * (i + 1)
+            offsets.add(f["step"] - 4 - 5 * i)
+    assert offsets == set(range(5))
+    fixed = kill_plan(random.Random(3), 4, 3, 30, first=4, gap=5, placement="fixed")
+    assert [f["step"] for f in fixed] == [4, 9, 14]
+    with pytest.raises(ValueError):
+        kill_plan(random.Random(3), 4, 3, 30, first=4, gap=5, placement="worst")
+
+
 def _bench_args(**kw) -> Namespace:
     base = dict(system="recover", kills=1, replicas=2, microbatches=4, seed=0, heartbeat_timeout=3.0,
                 clean_steps=3, repeats=1, out="x", work="", shard=2)

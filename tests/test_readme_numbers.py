@@ -37,22 +37,27 @@ def same(printed: str, value: float) -> None:
 
 def test_scenario_table_matches_results():
     p5 = summary("paper-512")["ratio_recover_over_ckpt_restart"]
-    whole, last, more = found(r"\| `paper-512`[^|]*\| ([\d.]+)x whole run, ([\d.]+)x in its last quarter; "
-                              r"\+([\d.]+)% tokens at 234 GPU-h")
+    whole, last, more, blocking = found(r"\| `paper-512`[^|]*\| ([\d.]+)x whole run, ([\d.]+)x in its last quarter; "
+                                        r"\+([\d.]+)% tokens at 234 GPU-h \(blocking: ([\d.]+)x\)")
+    assert summary("paper-512")["comparator"] == "ckpt-restart-async"
+    same(blocking, summary("paper-512")["ratio_recover_over"]["ckpt-restart"]["effective_throughput"])
     same(whole, p5["effective_throughput"])
     same(last, p5["effective_throughput_last_quarter"])
     same(more, p5["more_tokens_percent_at_gpu_hour_mark"])
     l16 = summary("llama3-16k")
-    ratio, ettr = found(r"\| `llama3-16k`[^|]*\| ([\d.]+)x \| ckpt-restart's ETTR ([\d.]+)")
+    ratio, blocking, ettr = found(r"\| `llama3-16k`[^|]*\| ([\d.]+)x \(blocking: ([\d.]+)x\) \| "
+                                  r"ckpt-restart-async's ETTR ([\d.]+)")
     same(ratio, l16["ratio_recover_over_ckpt_restart"]["effective_throughput"])
-    same(ettr, l16["systems"]["ckpt-restart"]["ettr"])
+    same(blocking, l16["ratio_recover_over"]["ckpt-restart"]["effective_throughput"])
+    same(ettr, l16["systems"][l16["comparator"]]["ettr"])
     k = summary("100k")
-    ratio, ck, rec, ft_good, ft_ettr = found(
-        r"\| `100k`[^|]*\| ([\d.]+)x \| ckpt-restart's ETTR ([\d.]+), recover's ([\d.]+); torchft's goodput is "
-        r"([\d.]+)x recover's, its ETTR ([\d.]+)")
+    ratio, blocking, ck, rec, ft_good, ft_ettr = found(
+        r"\| `100k`[^|]*\| ([\d.]+)x \(blocking: ([\d.]+)x\) \| ckpt-restart-async's ETTR ([\d.]+), recover's "
+        r"([\d.]+); torchft's goodput is ([\d.]+)x recover's, its ETTR ([\d.]+)")
     s = k["systems"]
     same(ratio, k["ratio_recover_over_ckpt_restart"]["effective_throughput"])
-    same(ck, s["ckpt-restart"]["ettr"])
+    same(blocking, k["ratio_recover_over"]["ckpt-restart"]["effective_throughput"])
+    same(ck, s[k["comparator"]]["ettr"])
     same(rec, s["recover"]["ettr"])
     same(ft_good, s["torchft"]["goodput_tokens_per_s"] / s["recover"]["goodput_tokens_per_s"])
     same(ft_ettr, s["torchft"]["ettr"])
@@ -211,3 +216,84 @@ def test_hsdp_numbers_match_their_benchmarks():
     a, b = found(r"\(results/bench/iteration_hsdp.json\):\s+([\d.]+) at 3 x 2 and ([\d.]+) at 3 x 1")
     same(a, _ratio(hsdp, "tiny", "3x2", "this"))
     same(b, _ratio(hsdp, "tiny", "3x1", "this"))
+
+
+def test_local_throughput_numbers_match_the_aggregated_summary():
+    """The throughput experiment's paragraph: both metrics, per label, from results/throughput_summary.csv
+    (mean over seeds, as aggregate.headline gives them)."""
+    from recover.experiments.aggregate import headline
+
+    rows = list(csv.DictReader(open(ROOT / "results" / "throughput_summary.csv")))
+    h = headline(rows)
+    per_s, per_h = found(r"recover over checkpoint-restart \*\*([\d.]+)x per wall second, ([\d.]+)x per process-hour\*\*")
+    same(per_s, h["recover_over_ckpt_restart"]["effective_tokens_per_s"])
+    same(per_h, h["recover_over_ckpt_restart"]["effective_tokens_per_process_hour"])
+    eff = found(r"\(recover ([\d,]+) effective tokens/s, checkpoint-restart ([\d,]+), elastic keep-global\s+([\d,]+), "
+                r"torchft ([\d,]+), elastic keep-per-replica ([\d,]+), failure-free ([\d,]+)\)")
+    labels = ("recover", "ckpt-restart", "elastic-keep-global", "torchft", "elastic-keep-per-replica", "failure-free")
+    for printed, label in zip(eff, labels):
+        same(printed.replace(",", ""), h[label]["effective_tokens_per_s"])
+    ft, rec, epr = found(r"the systems that shrink the batch: torchft ([\d,]+) tokens/s, more than recover's ([\d,]+),"
+                         r"\s+and elastic keep-per-replica ([\d,]+);")
+    same(ft.replace(",", ""), h["torchft"]["goodput_tokens_per_s"])
+    same(rec.replace(",", ""), h["recover"]["goodput_tokens_per_s"])
+    same(epr.replace(",", ""), h["elastic-keep-per-replica"]["goodput_tokens_per_s"])
+
+
+def test_validation_table_matches_validation_json():
+    """Each system's row: errors after the first step (runs A, B, pooled) and from the start (A, B)."""
+    v = json.loads((SIM / "validation.json").read_text())
+    runs = {(r["simulated_as"], r["run"].rsplit("_plan_", 1)[-1]): r for r in v["runs"] if r["role"] == "validated"}
+    pct = r"([+-][\d.]+)%"
+    for system in ("recover", "ckpt-restart", "elastic-keep-global", "torchft"):
+        a, b, pooled, a0, b0 = found(rf"\| {system} \| {pct} \| {pct} \| {pct} \| {pct} \| {pct} \|")
+        same(a, 100 * runs[(system, "a")]["error_after_first_step"])
+        same(b, 100 * runs[(system, "b")]["error_after_first_step"])
+        same(pooled, 100 * v["pooled_by_system"][system]["error"])
+        same(a0, 100 * runs[(system, "a")]["error_from_start"])
+        same(b0, 100 * runs[(system, "b")]["error_from_start"])
+    outside = sum(abs(r["error_from_start"]) > v["tolerance"] for r in runs.values())
+    (n,) = found(r"From the start \(launch included\) (\d+) of 8 runs are outside 10%")
+    assert int(n) == outside and len(runs) == 8
+
+
+def test_throughput_fault_steps_match_the_committed_runs():
+    """The steps at which each seed's replicas are lost, as faults.jsonl of its recover run has them."""
+    def steps(seed: int) -> list[int]:
+        lines = (ROOT / "results" / "throughput" / f"recover_s{seed}" / "faults.jsonl").read_text().splitlines()
+        return sorted(json.loads(x)["step"] for x in lines if x.strip())
+
+    a0, b0, n1, c1, d1 = found(r"seed 0 loses (\d) of 4 replicas\s+at step (\d+) and a third at step (\d+), the last; "
+                               r"seed 1 loses (\d), at steps (\d+) and")
+    s0 = steps(0)
+    assert s0.count(int(b0)) == int(a0) and s0[-1] == int(n1) and len(s0) == int(a0) + 1
+    (e1,) = found(r"seed 1 loses \d, at steps \d+ and (\d+)\)")
+    assert steps(1) == [int(d1), int(e1)] and len(steps(1)) == int(c1)
+
+
+def test_recovery_hang_rows_at_one_detection_bound_match_the_summary():
+    rows = {r["run"]: r for r in csv.DictReader(open(ROOT / "results" / "recovery_summary.csv"))}
+    printed = found(r"recover takes ([\d.]+) / ([\d.]+) / ([\d.]+) s: its hang recovery is its detection setting")
+    for p, r in zip(printed, (2, 4, 8)):
+        same(p, float(rows[f"recover-hb10s_hang_r{r}_s0"]["recovery_seconds"]))
+
+
+def test_100k_run_size_matches_its_summary():
+    k = summary("100k")
+    failures, systems = found(r"100k GPUs x 30 days \(([\d,]+)\s+failures, (\d+) simulated systems and settings\)")
+    assert int(failures.replace(",", "")) == k["failures_drawn"] and int(systems) == len(k["systems"])
+
+
+def test_throughput_from_first_commit_matches_the_aggregated_summary():
+    from recover.experiments.aggregate import headline
+
+    h = headline(list(csv.DictReader(open(ROOT / "results" / "throughput_summary.csv"))))
+    ff, rec, ck, ratio, spread = found(
+        r"(?s)`startup_seconds`: failure-free ([\d.]+) s, recover ([\d.]+) s,\s+checkpoint-restart ([\d.]+) s on average\), "
+        r"recover over checkpoint-restart is ([\d.]+)x.*?\s+commit; and the two failure-free runs \(one per seed, "
+        r"same set-up\) differ ([\d.]+)x")
+    same(ff, h["failure-free"]["startup_seconds"])
+    same(rec, h["recover"]["startup_seconds"])
+    same(ck, h["ckpt-restart"]["startup_seconds"])
+    same(ratio, h["recover_over_ckpt_restart"]["effective_tokens_per_s_from_first_commit"])
+    same(spread, h["failure-free"]["effective_tokens_per_s_from_first_commit_spread"])

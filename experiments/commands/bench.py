@@ -53,6 +53,10 @@ def add_parser(sub) -> None:
     r.add_argument("--pp", type=int, default=1, help="pipeline stages per replica P (recover only; default: 1)")
     r.add_argument("--pp-schedule", default="1f1b", help="afab or 1f1b, with --pp > 1 (default: 1f1b)")
     r.add_argument("--seed", type=int, default=0, help="seed of the kill schedule and the runs (default: 0)")
+    r.add_argument("--kill-placement", choices=("random", "fixed"), default="random",
+                   help="random: each kill at a uniformly drawn step of its 5-step window, anywhere in the "
+                        "baselines' 5-step checkpoint period; fixed: at the window's first step, where a "
+                        "checkpointing baseline loses the most (how earlier results were measured) (default: random)")
     r.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
                    help="heartbeat timeout of the runs (default: the config's)")
     r.add_argument("--clean-steps", type=int, default=40, help="steps of each failure-free run (default: 40)")

@@ -157,13 +157,17 @@ def _print_summary(s: dict) -> None:
               f"{d['ettr']:6.3f}")
     r = s.get("ratio_recover_over_ckpt_restart") or {}
     if r.get("effective_throughput") is not None:
-        line = (f"  recover / ckpt-restart trajectory-equivalent throughput: {r['effective_throughput']:.2f}x, "
+        line = (f"  recover / {s.get('comparator', 'ckpt-restart')} trajectory-equivalent throughput: "
+                f"{r['effective_throughput']:.2f}x, "
                 f"goodput {r['goodput']:.2f}x")
         if r.get("effective_throughput_last_quarter"):
             line += f" (last quarter {r['effective_throughput_last_quarter']:.2f}x)"
         if r.get("more_tokens_percent_at_gpu_hour_mark") is not None:
             line += f"; {r['more_tokens_percent_at_gpu_hour_mark']:.1f}% more tokens at {r['gpu_hour_mark']:g} GPU-hours"
         print(line)
+    for name, other in (s.get("ratio_recover_over") or {}).items():
+        if name != s.get("comparator") and other.get("effective_throughput") is not None:
+            print(f"  recover / {name}: {other['effective_throughput']:.2f}x")
     if s.get("paper"):
         p = s["paper"]
         print(f"  paper: {p['effective_throughput_ratio']}x, {p['more_tokens_percent_at_gpu_hours']}% more tokens "

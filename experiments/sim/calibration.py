@@ -1,12 +1,13 @@
 """Calibration: every cost the simulator charges, each with where its value comes from.
 
 Contract:
-- `Costs` holds the per-event costs of every system (seconds); `Calibration` pairs
+- `Costs` (costs.py) holds the per-event costs of every system (seconds); `Calibration` pairs
   it with a `JobModel` and a `sources` map that names, for every field of both, the
   measurement or publication it comes from, or says "assumed" and why. Nothing
   enters the simulator without a source string; `Calibration.table()` lists them.
-- `local_calibration()` is the tiny model on this machine: values measured here
-  (see LOCAL_MEASURED), overridden by what `recover bench` wrote to results/bench/
+- `local_calibration()` is the tiny model on this machine: values measured here and
+  computed by code from the committed runs and benches (measured.py: no measured number is
+  typed in), overridden by what `recover bench` wrote to results/bench/
   when it exists: its recovery_<system>.json files, and a flat calibration.json
   (schema: BENCH_KEYS below; every key optional) that wins over both.
 - `cluster_costs(n_gpus, gpus_per_replica, bench)` scales the restart-like costs with the
@@ -45,39 +46,15 @@ from typing import Any
 
 from recover.core.fields import doc_field as _f
 
+from .costs import Costs
+from .failures import FailureEvents
+from .measured import LOCAL_CPU_SLOTS, LOOPBACK_BANDWIDTH, TINY_GRAD_BYTES, Measured, local_measured
 from .model import JobModel
+from .policies import (BASELINE_HEARTBEAT_TIMEOUT_MS, BASELINE_LAST_CALL_S, UPSTREAM_HEARTBEAT_TIMEOUT_MS,
+                       UPSTREAM_LAST_CALL_S, simulate_one)
 
 LLAMA3_GPU_MTBF_HOURS = 54 * 24 * 16384 / 419
 """Per-GPU mean time between failures implied by Llama 3's 419 interruptions in 54 days on 16,384 GPUs."""
-
-
-@dataclass(frozen=True)
-class Costs:
-    """What each system pays per event, in seconds."""
-
-    startup_seconds: float = _f(0.0, "launch before the first iteration (all systems, counted in wall time)")
-    recover_detect_seconds: float = _f(0.04, "recover: a crash to every survivor knowing of it")
-    recover_rebuild_seconds: float = _f(0.002, "recover: survivors build the next generation's communicator")
-    hang_detect_seconds: float = _f(3.0, "extra detection of a hang (frozen, not dead): only a deadline catches it")
-    restart_seconds: float = _f(60.0, "ckpt-restart: fault to job running again (detect, tear down, relaunch), without the load")
-    checkpoint_save_seconds: float = _f(10.0, "blocking checkpoint save (training stalls)")
-    checkpoint_load_seconds: float = _f(20.0, "checkpoint load after a restart")
-    checkpoint_async_stall_seconds: float | None = _f(None, "async save (dcp.async_save): training stalls only for "
-                                                           "the snapshot, this long; None: a blocking save")
-    elastic_restart_seconds: float = _f(90.0, "elastic: fault to workers running again (re-rendezvous, worker restart), without the load")
-    torchft_detect_seconds: float = _f(5.0, "torchft: a crash to the survivors' next quorum (heartbeat-bound)")
-    torchft_quorum_seconds: float = _f(0.5, "torchft: forming the new quorum / reconfiguring the process group")
-    join_seconds: float = _f(10.0, "a replacement's launch and state transfer before it can join in place (recover, torchft)")
-    recover_commit_seconds: float = _f(0.0, "recover: the coordinator's work per commit (last vote in -> commits "
-                                            "out), on every iteration's critical path")
-
-
-def save_stall_seconds(costs: Costs) -> float:
-    """How long training stalls per checkpoint: the whole save, or an async save's snapshot.
-    The async save's background write is taken as complete at the end of the stall: a failure
-    during the write would really fall back one more checkpoint, so this favours the baseline."""
-    a = costs.checkpoint_async_stall_seconds
-    return costs.checkpoint_save_seconds if a is None else a
 
 
 @dataclass(frozen=True)
@@ -102,39 +79,9 @@ class Calibration:
 
 
 # ---- the local machine ----------------------------------------------------------------
-# Measured on this machine (2 CPU cores, torch 2.13 CPU, gloo over loopback), tiny model,
-# M=8, 4 sequences x 64 tokens per microbatch. How each was measured is in its source.
-LOCAL_MEASURED: dict[str, tuple[float, str]] = {
-    "iteration_seconds": (0.056, "measured here: median step-to-step wall_time in metrics.jsonl of "
-                          "`recover train --replicas 4 --microbatches 8 --steps 20 --no-progress`"),
-    "microbatch_seconds": (0.00825, "measured here: 0.066 s per iteration / 8 microbatches with --replicas 1 "
-                           "(one process, no all-reduce)"),
-    "allreduce2_seconds": (0.0048, "measured here: --replicas 2 iteration 0.0378 s minus 4 microbatches"),
-    "startup_seconds": (12.3, "measured here: wall_time of the first committed step of a 4-replica run "
-                        "(launcher, 5 processes importing torch on 2 cores, first iteration)"),
-    "checkpoint_save_seconds": (0.018, "measured here: median torch.distributed.checkpoint.save of the tiny "
-                                "model + AdamW state, one process"),
-    "checkpoint_load_seconds": (0.019, "measured here: median dcp.load of the same state"),
-    "recover_detect_seconds": (0.040, "measured here: median of 4 recoveries of `recover train --system recover` "
-                               "(results/sim/real/batch1/recover_plan_*), fault fired (faults.jsonl) to detected_at "
-                               "(events.jsonl); DESIGN.md's first prototype measured ~60 ms"),
-    "recover_rebuild_seconds": (0.002, "measured here: the same 4 recoveries, detected_at to formed_at (the next "
-                                "generation's group built)"),
-    "restart_seconds": (14.3, "measured here: median of 4 restarts of `recover train --system ckpt-restart` "
-                        "(results/sim/real/batch1/ckpt-restart_plan_*, 8.8-16.1 s), events.jsonl restart_seconds minus "
-                        "the redone steps, the committing step and the load"),
-    "torchft_seconds": (1.1, "measured here: `recover train --system torchft` (the baseline's 100 ms heartbeat, "
-                        "1 s quorum join timeout), loss to next committed step in results/sim/real/batch3 (1.08-1.14 s); "
-                        "with torchft's default settings issue 4 measured 5.1 s"),
-    "elastic_restart_seconds": (15.5, "measured here: median of 4 restarts of `recover train --system elastic` "
-                                "(results/sim/real/batch2/elastic_plan_*, 14.6-19.3 s; torchrun agents restarting "
-                                "every worker after a crash), as for restart_seconds"),
-}
-
-TINY_GRAD_BYTES = (119_104 + 1) * 4
-"""The tiny model's 119,104 trainable parameters in fp32, plus the loss slot the accumulator carries."""
-
-LOOPBACK_BANDWIDTH = 1e9  # assumed; on loopback the latency term dominates, so its value hardly matters
+# The tiny model on this machine (2 CPU cores, torch 2.13 CPU, gloo over loopback), M=8, 4
+# sequences x 64 tokens per microbatch: every measured value is computed by measured.py from
+# the committed runs (results/sim/real) and benches (results/bench), with its source.
 
 BENCH_KEYS: dict[str, str] = {
     "iteration_seconds": "failure-free iteration, tiny model, 4 replicas, M=8 (recover or plain)",
@@ -223,9 +170,6 @@ def _redo_mean(job: JobModel) -> float:
     uniformly random point of the iteration and no detection or rebuild cost: used to turn the
     bench's recovery overhead (which includes the redo) into detection + rebuild without
     counting the redo twice. Computed with the simulator's own recover policy."""
-    from .policies import simulate_one  # late import: the policies refer to this module (Costs) in their type hints
-    from .failures import FailureEvents
-
     if job.replicas < 2:
         return 0.0
     t_it = job.iteration_seconds(job.replicas)
@@ -241,13 +185,16 @@ def _redo_mean(job: JobModel) -> float:
 
 
 def local_calibration(bench: str | Path | None = None, replicas: int = 4, microbatches: int = 8,
-                      same_session: Bench | None = None) -> Calibration:
-    """The tiny model on this machine: measured defaults, overridden by `recover bench` results if
-    present, and those by `same_session` (iteration_seconds and startup_seconds of a failure-free
-    run measured beside the runs being validated, for this replicas/microbatches: on a shared,
-    noisy machine only numbers measured together compare)."""
-    meas = {k: v for k, (v, _) in LOCAL_MEASURED.items()}
-    src = {k: s for k, (_, s) in LOCAL_MEASURED.items()}
+                      same_session: Bench | None = None, real: str | Path | None = None,
+                      measured: Measured | None = None) -> Calibration:
+    """The tiny model on this machine: the values measured.py computes from the committed runs under
+    `real` (default results/sim/real; or `measured`, already computed), overridden by `recover bench`
+    results if present, and those by `same_session` (iteration_seconds and startup_seconds of a
+    failure-free run measured beside the runs being validated, for this replicas/microbatches: on a
+    shared, noisy machine only numbers measured together compare)."""
+    measured = measured if measured is not None else local_measured(real, bench)
+    meas = {k: v for k, (v, _) in measured.items()}
+    src = {k: s for k, (_, s) in measured.items()}
     b = load_bench(bench)
     b.update(same_session or {})
     sources: dict[str, str] = {}
@@ -256,7 +203,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
     lat = (meas["allreduce2_seconds"] - TINY_GRAD_BYTES / LOOPBACK_BANDWIDTH) / 2
     job = JobModel(n_gpus=replicas, gpus_per_replica=1, microbatches=microbatches, tokens_per_microbatch=4 * 64,
                    microbatch_seconds=meas["microbatch_seconds"], grad_bytes=TINY_GRAD_BYTES,
-                   link_bandwidth=LOOPBACK_BANDWIDTH, link_latency=lat, cpu_slots=2)
+                   link_bandwidth=LOOPBACK_BANDWIDTH, link_latency=lat, cpu_slots=LOCAL_CPU_SLOTS)
     sources.update({
         "n_gpus": "the local scenario: one worker process (one 'GPU') per replica",
         "gpus_per_replica": "plain data parallelism: a replica is one process",
@@ -287,6 +234,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
 
     startup = pick("startup_seconds")
     save, load = pick("checkpoint_save_seconds"), pick("checkpoint_load_seconds")
+    async_stall = pick("checkpoint_async_stall_seconds")
 
     def from_kill(tag: str, key: str, default: float, default_src: str) -> float:
         """A baseline's restart cost: the bench's kill-to-next-commit minus the redone work
@@ -328,7 +276,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
     costs = Costs(
         startup_seconds=startup, recover_detect_seconds=detect, recover_rebuild_seconds=rebuild,
         hang_detect_seconds=3.0, restart_seconds=restart, checkpoint_save_seconds=save,
-        checkpoint_load_seconds=load, elastic_restart_seconds=elastic, torchft_detect_seconds=ft_detect,
+        checkpoint_load_seconds=load, checkpoint_async_stall_seconds=async_stall, elastic_restart_seconds=elastic, torchft_detect_seconds=ft_detect,
         torchft_quorum_seconds=0.0, join_seconds=startup,
     )
     sources["hang_detect_seconds"] = "recover train's default --heartbeat-timeout (3 s); a run's own config.json wins"
@@ -340,15 +288,6 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
 # ---- cluster scale -----------------------------------------------------------------------
 RESTART_ANCHOR_LARGE = (100_000, 600.0)  # FT-HSDP: a synchronous restart stalls ~10 minutes at 100k GPUs
 """Published (FT-HSDP), not measured here: the large anchor of the restart power law."""
-
-TORCHFT_DEFAULT_DETECT = (5.0, "torchft's default heartbeat and quorum timeouts: issue 4 measured ~5 s kill to next "
-                          "step (that run is not committed under results/bench; a documented-default setting, "
-                          "stated as an assumption)")
-"""torchft at its defaults: used only for the untuned (`tuned=False`) cluster costs."""
-
-ELASTIC_LAST_CALL_DEFAULT = 30.0
-"""TorchElastic's c10d rendezvous last-call default (documented setting, not a measurement)."""
-
 
 @dataclass(frozen=True)
 class RestartLaw:
@@ -370,8 +309,8 @@ class RestartLaw:
 
 def restart_law(bench: str | Path | None = None) -> RestartLaw:
     """The power law anchored on the restart the committed bench measured (results/bench/
-    recovery_ckpt-restart.json, via local_calibration's derivation); LOCAL_MEASURED only when
-    no bench file exists."""
+    recovery_ckpt-restart.json, via local_calibration's derivation); without a bench file, the
+    restart measured.py computes from the committed ckpt-restart runs."""
     local = local_calibration(bench)
     return RestartLaw(local.job.n_gpus, local.costs.restart_seconds, local.sources["restart_seconds"])
 
@@ -449,12 +388,10 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
                   tuned: bool = True, state_bytes: float | None = None) -> tuple[Costs, dict[str, str]]:
     """Costs at cluster scale with their sources; everything restart-like scales with the restart law.
     Every small-scale value comes from `local_calibration(bench)`, i.e. from the committed results/bench
-    measurements (or, only where none exists, LOCAL_MEASURED). `tuned`: the baselines set as a competent
-    user would (torchft's heartbeat and elastic's last-call as short as the local baselines use, 1 s);
-    otherwise their defaults (torchft's ~5 s detection measured with its default heartbeat, elastic's
-    30 s last-call). `state_bytes`: the checkpointed state of one model copy (weights + optimizer); with
-    it and results/bench/checkpoint_dcp.json the save (async, as the baseline saves: its stall and its
-    completion) and the load are state_bytes / gpus_per_replica (what each GPU writes or reads) over
+    measurements and the committed real runs (measured.py). `tuned`: the baselines set as a competent
+    user would (torchft's heartbeat timeout and elastic's last-call as short as the local baselines use,
+    1 s); otherwise their upstream defaults (5 s and 30 s), charged by the difference. `state_bytes`: the checkpointed state of one model copy (weights + optimizer); with
+    it and results/bench/checkpoint_dcp.json the blocking save, the async save's stall and the load are state_bytes / gpus_per_replica (what each GPU writes or reads) over
     the throughput measured here, assumed to be what each GPU gets from its storage."""
     local = local_calibration(bench)
     lc, ls = local.costs, local.sources
@@ -462,8 +399,11 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
     scale = law(n_gpus) / law.small_seconds
     law_src = (f"restart_seconds(n) = {law.small_seconds:.3f} s * (n/{law.small_gpus})^{law.exponent:.3f} through the "
                f"restart measured here ({law.source}) and FT-HSDP's ~600 s at 100k GPUs (assumed shape)")
-    last_call = 1.0 if tuned else ELASTIC_LAST_CALL_DEFAULT
-    ft_detect = lc.torchft_detect_seconds if tuned else TORCHFT_DEFAULT_DETECT[0]
+    # Untuned: the upstream defaults, charged as the policies charge their variants: the longer
+    # last-call and heartbeat timeout add their difference from the settings measured here.
+    last_call = float(BASELINE_LAST_CALL_S if tuned else UPSTREAM_LAST_CALL_S)
+    ft_extra = 0.0 if tuned else (UPSTREAM_HEARTBEAT_TIMEOUT_MS - BASELINE_HEARTBEAT_TIMEOUT_MS) / 1000.0
+    ft_detect = lc.torchft_detect_seconds + ft_extra
     costs = Costs(
         startup_seconds=0.0,
         recover_detect_seconds=lc.recover_detect_seconds * scale,
@@ -484,13 +424,13 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
     tput = checkpoint_throughput(bench) if state_bytes else None
     if tput:
         per_gpu = state_bytes / gpus_per_replica
-        costs = replace(costs, checkpoint_save_seconds=per_gpu / tput["async_total_s"][0],
+        costs = replace(costs, checkpoint_save_seconds=per_gpu / tput["save_s"][0],
                         checkpoint_async_stall_seconds=per_gpu / tput["async_stall_s"][0],
                         checkpoint_load_seconds=per_gpu / tput["load_s"][0])
         head = f"{per_gpu / 1e9:.2f} GB per GPU (state / {gpus_per_replica} GPUs per replica) over "
-        ck_src = {"checkpoint_save_seconds": head + tput["async_total_s"][1],
-                  "checkpoint_async_stall_seconds": head + tput["async_stall_s"][1] + " (the baseline saves with "
-                                                    "dcp.async_save)",
+        ck_src = {"checkpoint_save_seconds": head + tput["save_s"][1] + " (a blocking save: ckpt-restart's default)",
+                  "checkpoint_async_stall_seconds": head + tput["async_stall_s"][1] + " (ckpt-restart-async, "
+                                                    "ckpt_async: dcp.async_save)",
                   "checkpoint_load_seconds": head + tput["load_s"][1]}
     sources = {
         "startup_seconds": "0: every system pays the same first launch, so it is left out at cluster scale",
@@ -507,8 +447,10 @@ def cluster_costs(n_gpus: int, gpus_per_replica: int, bench: str | Path | None =
         "elastic_restart_seconds": f"restart_seconds + a rendezvous last-call of {last_call:g} s ("
                                    + ("tuned as the local baseline sets it" if tuned
                                       else "TorchElastic's default") + ")",
-        "torchft_detect_seconds": (f"measured here with a 100 ms heartbeat: {ls['torchft_detect_seconds']}"
-                                   if tuned else TORCHFT_DEFAULT_DETECT[1]) + "; assumed not to grow with scale",
+        "torchft_detect_seconds": f"measured here with a 100 ms heartbeat: {ls['torchft_detect_seconds']}"
+                                  + ("" if tuned else f"; plus {ft_extra:g} s for torchft's default heartbeat timeout "
+                                     f"({UPSTREAM_HEARTBEAT_TIMEOUT_MS} ms, not {BASELINE_HEARTBEAT_TIMEOUT_MS})")
+                                  + "; assumed not to grow with scale",
         "torchft_quorum_seconds": "as recover_rebuild_seconds (a process-group reconfiguration): assumed",
         "join_seconds": "a replica-sized launch, restart_seconds(gpus_per_replica): assumed",
         "checkpoint_async_stall_seconds": "None: a blocking save",

@@ -35,6 +35,8 @@ M = microbatches per iteration, R0 = replicas at the start):
   in flight is discarded; the next starts after torchft_detect (heartbeat-bound) +
   torchft_quorum. No checkpoints; a replacement heals from a peer (join_seconds)
   and is admitted at the next step with a new quorum.
+A checkpointing system stalls per save for the whole blocking save, or with the setting
+ckpt_async (`ckpt-restart-async`) for the async save's snapshot only (Policy.save_stall).
 Settings variants (labels.VARIANT_SETTINGS): the costs hold each baseline as tuned here
 (BaselineConfig's 1 s last-call and 1 s torchft heartbeat timeout);
 `elastic-keep-global-lastcall30s` adds the 29 s more of torch's default last-call to
@@ -302,6 +304,7 @@ POLICIES: dict[str, type[Policy]] = {
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("recover", {}),
     ("ckpt-restart", {}),
+    ("ckpt-restart", {"ckpt_async": True}),
     ("elastic", {"elastic_batch": "keep-global"}),
     ("elastic", {"elastic_batch": "keep-per-replica"}),
     ("torchft", {}),

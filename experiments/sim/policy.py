@@ -20,14 +20,11 @@ Contract:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .calibration import save_stall_seconds
+from .costs import Costs, save_stall_seconds
 from .model import JobModel
 from .record import RunRecord
-
-if TYPE_CHECKING:
-    from .calibration import Costs
 
 INF = float("inf")
 
@@ -38,7 +35,7 @@ class Policy:
     name = "?"
     admits_at_commit = False  # replacements join at the next commit (else: at the next restart)
 
-    def __init__(self, job: JobModel, costs: "Costs", run: RunRecord, checkpoint_every: int = 0,
+    def __init__(self, job: JobModel, costs: Costs, run: RunRecord, checkpoint_every: int = 0,
                  max_iterations: int | None = None, replacement_delay: float | None = None,
                  wait_for_replacement: bool = False, mtbf_seconds: float = INF,
                  settings: dict[str, Any] | None = None):
@@ -146,11 +143,16 @@ class Policy:
             if self.resume_at is None:
                 self.start_iteration(end)
 
+    def save_stall(self) -> float:
+        """What one checkpoint stalls training: a blocking save, or with the setting ckpt_async the
+        async save's snapshot (costs.save_stall_seconds)."""
+        return save_stall_seconds(self.costs, bool(self.settings.get("ckpt_async", False)))
+
     def checkpoint_due(self, t: float) -> bool:
         """Start a blocking save at t if K iterations have passed since the last checkpoint."""
         if self.K and self.run.since_checkpoint >= self.K:
             self.saving = True
-            self.stall(t + save_stall_seconds(self.costs))
+            self.stall(t + self.save_stall())
             return True
         return False
 
@@ -178,7 +180,7 @@ class Policy:
             since += 1
             t = end
             if self.K and since >= self.K:
-                t += save_stall_seconds(self.costs)
+                t += self.save_stall()
                 since = 0
             start, end = t, t + T
             j += 1

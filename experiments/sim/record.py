@@ -18,14 +18,10 @@ rollback, set_working) and read by the reports; it holds no policy logic. Defini
   restarting or idle in a stall, not yet dead) over wall time;
 - *ETTR* (effective training time ratio): the failure-free duration of every kept
   effective iteration, with the replica count it committed with, over wall seconds;
-- the two throughput metrics (THROUGHPUT_METRICS says them in words; every report,
-  sweep and figure takes them from here):
-  *goodput*: tokens committed and kept, whatever the trajectory, per wall second and
-  per GPU-hour. A system that shrinks the batch (torchft, elastic-keep-per-replica)
-  keeps training, and its tokens count;
-  *trajectory-equivalent throughput* (the "effective throughput" of the summaries):
-  effective tokens per wall second, and per GPU-hour: only progress the failure-free
-  run would also have made.
+- the two throughput metrics, goodput (kept tokens, whatever the trajectory) and
+  trajectory-equivalent throughput (effective tokens), per wall second and per GPU-hour,
+  are defined once in experiments/throughput.py for every reader; `summary()` takes
+  its numbers and names from there.
 The series (s_*) get one point per state change, so a figure can draw tokens
 against time or GPU-hours without re-running the simulation.
 """
@@ -35,17 +31,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from recover.experiments.throughput import METRICS, columns, rates
+
 from .model import JobModel
 
 
-THROUGHPUT_METRICS: dict[str, str] = {
-    "goodput": "tokens committed and kept (not rolled back), whatever the trajectory, per wall second "
-               "(goodput_tokens_per_s) and per GPU-hour held (goodput_tokens_per_gpu_hour)",
-    "trajectory_equivalent": "tokens of kept iterations that processed exactly the failure-free run's M "
-                             "microbatches, per wall second (effective_throughput_tokens_per_s) and per GPU-hour "
-                             "(effective_tokens_per_gpu_hour): progress on the failure-free trajectory only",
-}
-"""The two throughput metrics, defined once (summary.json carries this text)."""
+THROUGHPUT_METRICS = METRICS
+"""The two throughput metrics in words (experiments/throughput.py; summary.json carries this text)."""
 
 
 @dataclass
@@ -177,13 +169,13 @@ class RunRecord:
 
     @property
     def effective_throughput(self) -> float:
-        """Effective tokens per wall second."""
-        return self.effective_tokens / self.end_seconds if self.end_seconds > 0 else 0.0
+        """Effective tokens per wall second (trajectory-equivalent throughput)."""
+        return rates(self.tokens, self.effective_tokens, self.end_seconds, None).trajectory_per_s or 0.0
 
     @property
     def goodput(self) -> float:
-        """Kept tokens per wall second, whatever the trajectory."""
-        return self.tokens / self.end_seconds if self.end_seconds > 0 else 0.0
+        """Kept tokens per wall second, whatever the trajectory (goodput)."""
+        return rates(self.tokens, self.effective_tokens, self.end_seconds, None).goodput_per_s or 0.0
 
     @property
     def ettr(self) -> float:
@@ -208,10 +200,8 @@ class RunRecord:
             "effective_iterations": self.effective_iterations,
             "wall_seconds": self.end_seconds,
             "gpu_hours": gh,
-            "goodput_tokens_per_s": self.goodput,
-            "goodput_tokens_per_gpu_hour": self.tokens / gh if gh > 0 else 0.0,
-            "effective_throughput_tokens_per_s": self.effective_throughput,
-            "effective_tokens_per_gpu_hour": self.effective_tokens / gh if gh > 0 else 0.0,
+            **{k: (v if v is not None else 0.0)
+               for k, v in columns(rates(self.tokens, self.effective_tokens, self.end_seconds, gh), "simulator").items()},
             "ettr": self.ettr,
             "failures": self.failures,
             "lost_iterations": self.lost_iterations,

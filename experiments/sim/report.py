@@ -4,7 +4,9 @@ Contract:
 - `summarize(res)` is the summary.json object: per system (its label) the RunRecord's
   numbers (record.py defines them; DEFINITIONS says them in words in the file
   itself), effective throughput against the failure-free job, tokens at the
-  scenario's GPU-hour mark, and the ratios of recover to ckpt-restart; the
+  scenario's GPU-hour mark, the ratios of recover to the scenario's comparator
+  (ratio_recover_over_ckpt_restart, the headline) and to every checkpointing baseline
+  (ratio_recover_over); the
   scenario's failure model, checkpoint plan, calibration with every value's source,
   assumptions and published numbers.
 - `write_result(res, out)` writes out/summary.json and out/timeseries.csv (per
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .record import THROUGHPUT_METRICS, RunRecord, interp_last
+from .policies import CHECKPOINTING
 from .scenario import ScenarioResult
 
 
@@ -60,27 +63,7 @@ def summarize(res: ScenarioResult) -> dict[str, Any]:
         if run.first_commit_at is not None and run.last_commit_at is not None and run.iterations > 1:
             d["first_commit_seconds"], d["last_commit_seconds"] = run.first_commit_at, run.last_commit_at
         systems[name] = d
-    ratios: dict[str, Any] = {}
-    if "recover" in systems and "ckpt-restart" in systems:
-        a, b = systems["recover"], systems["ckpt-restart"]
-
-        def ratio(key: str) -> float | None:
-            x, y = a.get(key), b.get(key)
-            if x is None or y is None or not y or (isinstance(y, float) and math.isnan(y)):
-                return None
-            return x / y
-        ratios = {
-            "goodput": ratio("goodput_tokens_per_s"),
-            "goodput_per_gpu_hour": ratio("goodput_tokens_per_gpu_hour"),
-            "effective_throughput": ratio("effective_throughput_tokens_per_s"),
-            "effective_throughput_last_quarter": ratio("effective_throughput_last_quarter_tokens_per_s"),
-            "effective_tokens_per_gpu_hour": ratio("effective_tokens_per_gpu_hour"),
-            "ettr": ratio("ettr"),
-        }
-        if sc.gpu_hour_mark is not None:
-            x, y = a.get("effective_tokens_at_gpu_hour_mark"), b.get("effective_tokens_at_gpu_hour_mark")
-            ratios["gpu_hour_mark"] = sc.gpu_hour_mark
-            ratios["more_tokens_percent_at_gpu_hour_mark"] = (100.0 * (x / y - 1)) if x and y else None
+    ratios = _ratios(systems, sc.comparator, sc.gpu_hour_mark)
     out = {
         "scenario": sc.name,
         "description": sc.description,
@@ -99,7 +82,10 @@ def summarize(res: ScenarioResult) -> dict[str, Any]:
                          "throughput_tokens_per_s": ff_tput,
                          "tokens_per_gpu_hour": ff_tput * 3600.0 / job.gpus_used},
         "systems": systems,
+        "comparator": sc.comparator,
         "ratio_recover_over_ckpt_restart": ratios,
+        "ratio_recover_over": {name: _ratios(systems, name, sc.gpu_hour_mark) for name in systems
+                               if name in CHECKPOINTING},
         "assumptions": sc.assumptions or {},
         "calibration": {"name": sc.calibration.name, "values": sc.calibration.table()},
         "definitions": DEFINITIONS,
@@ -110,16 +96,40 @@ def summarize(res: ScenarioResult) -> dict[str, Any]:
     return out
 
 
+def _ratios(systems: dict[str, Any], baseline: str, mark: float | None) -> dict[str, Any]:
+    """recover's numbers over `baseline`'s ({} when either was not simulated)."""
+    ratios: dict[str, Any] = {}
+    if "recover" in systems and baseline in systems:
+        a, b = systems["recover"], systems[baseline]
+
+        def ratio(key: str) -> float | None:
+            x, y = a.get(key), b.get(key)
+            if x is None or y is None or not y or (isinstance(y, float) and math.isnan(y)):
+                return None
+            return x / y
+        ratios = {
+            "goodput": ratio("goodput_tokens_per_s"),
+            "goodput_per_gpu_hour": ratio("goodput_tokens_per_gpu_hour"),
+            "effective_throughput": ratio("effective_throughput_tokens_per_s"),
+            "effective_throughput_last_quarter": ratio("effective_throughput_last_quarter_tokens_per_s"),
+            "effective_tokens_per_gpu_hour": ratio("effective_tokens_per_gpu_hour"),
+            "ettr": ratio("ettr"),
+        }
+        if mark is not None:
+            x, y = a.get("effective_tokens_at_gpu_hour_mark"), b.get("effective_tokens_at_gpu_hour_mark")
+            ratios["gpu_hour_mark"] = mark
+            ratios["more_tokens_percent_at_gpu_hour_mark"] = (100.0 * (x / y - 1)) if x and y else None
+    return ratios
+
+
 DEFINITIONS = {
     "throughput_metrics": THROUGHPUT_METRICS,
     "effective_tokens": "tokens of committed iterations kept at the end that processed exactly M microbatches "
                         "(the failure-free run's batch); shrunk-batch iterations count in tokens only",
     "exact_tokens": "effective tokens committed before the first shrunk-batch iteration",
-    "effective_throughput_tokens_per_s": "effective tokens / wall seconds (the horizon, or the last commit when "
-                                         "the run stops at max_iterations)",
-    "effective_tokens_per_gpu_hour": "effective tokens / GPU-hours held (working, restarting or stalled; not dead)",
-    "goodput_tokens_per_s": "kept tokens (any batch size) / wall seconds",
-    "goodput_tokens_per_gpu_hour": "kept tokens (any batch size) / GPU-hours held",
+    "wall_seconds": "the horizon, or the last commit when the run stops at max_iterations (the denominator of "
+                    "both throughput metrics per second)",
+    "gpu_hours": "GPU-hours held: working, restarting or stalled; not dead (the denominator per GPU-hour)",
     "ettr": "failure-free duration of every kept effective iteration (at its replica count) / wall seconds",
     "effective_throughput_last_quarter_tokens_per_s": "effective tokens gained in the last 25% of the horizon "
                                                       "per second: the rate after most failures happened",

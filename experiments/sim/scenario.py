@@ -6,8 +6,12 @@ Contract:
   rule, the systems to run (labels of policies.SYSTEMS), published numbers it is
   compared with, and its own assumptions written out in words. The named ones are in
   scenarios.py.
-- `checkpoint_plan(sc)` is the interval the checkpointing systems use: fixed, or
-  Daly's optimum (youngdaly.py) for the scenario's expected failure rate.
+- `checkpoint_plan(sc, system)` is the interval a checkpointing system uses: fixed, or
+  Daly's optimum (youngdaly.py) for the scenario's expected failure rate and that
+  system's stall per save (a blocking save, or an async save's snapshot: the
+  `ckpt_async` setting of its variant), as a competent user would set it.
+- `Scenario.comparator` names the checkpointing baseline the headline ratio
+  (summary.json's ratio_recover_over_ckpt_restart) is taken against.
 - `run_scenario(sc)` draws the failure events once and simulates every system of
   `sc` against the *same* events; it returns a `ScenarioResult` (reports in
   report.py).
@@ -21,9 +25,10 @@ from typing import Any
 
 from recover.core.fields import doc_field as _f
 
-from .calibration import Calibration, save_stall_seconds
+from .calibration import Calibration
+from .costs import save_stall_seconds
 from .failures import FailureEvents, FailureModel
-from .policies import SYSTEMS, simulate_one
+from .policies import CHECKPOINTING, SYSTEMS, simulate_one
 from .record import RunRecord
 from .youngdaly import daly_interval, interval_iterations, young_interval
 
@@ -45,6 +50,7 @@ class Scenario:
     wait_for_replacement: bool = _f(False, "ckpt-restart waits for the replacement before restarting")
     checkpoint_every: int | str = _f("young-daly", "iterations between checkpoints, or 'young-daly'")
     systems: tuple[str, ...] = _f(ALL_SYSTEMS, "systems to simulate")
+    comparator: str = _f("ckpt-restart", "the checkpointing baseline recover's headline ratio is taken against")
     gpu_hour_mark: float | None = _f(None, "report tokens at this many GPU-hours (paper-512: 234)")
     published: dict[str, Any] = _f(None, "published numbers this scenario is compared with (paper-512: the paper's)")
     assumptions: dict[str, str] = _f(None, "what the scenario assumes, in words")
@@ -61,20 +67,24 @@ class ScenarioResult:
 
     scenario: Scenario  # what was run
     runs: dict[str, RunRecord]  # system -> its record
-    checkpoint: dict[str, Any]  # mode, MTBF, Young and Daly intervals, K
+    checkpoint: dict[str, Any]  # the comparator's plan: mode, MTBF, Young and Daly intervals, K; by_system: K each
     failures_drawn: int  # timed + step failures in the events
     skipped_faults: tuple[str, ...]  # plan faults the simulator does not model
     runtime_seconds: float  # wall time of the simulation itself
 
 
 # ---- checkpoint interval ------------------------------------------------------------------
-def checkpoint_plan(sc: Scenario) -> dict[str, Any]:
-    """K (iterations between checkpoints) and how it was chosen."""
+def checkpoint_plan(sc: Scenario, system: str | None = None) -> dict[str, Any]:
+    """K (iterations between checkpoints) for `system` (default: the scenario's comparator) and how
+    it was chosen."""
     job, costs = sc.calibration.job, sc.calibration.costs
+    system = system or sc.comparator
     t_it = job.iteration_seconds(job.replicas)
     mtbf = sc.failures.job_mtbf_seconds(job, sc.horizon_seconds)
-    stall = save_stall_seconds(costs)  # what a checkpoint costs the run, blocking or async
-    out: dict[str, Any] = {"job_mtbf_seconds": mtbf, "checkpoint_save_seconds": costs.checkpoint_save_seconds,
+    asynchronous = bool(SYSTEMS[system][2].get("ckpt_async", False)) if system in SYSTEMS else False
+    stall = save_stall_seconds(costs, asynchronous)  # what a checkpoint costs the run, blocking or async
+    out: dict[str, Any] = {"system": system, "job_mtbf_seconds": mtbf,
+                           "checkpoint_save_seconds": costs.checkpoint_save_seconds,
                            "checkpoint_stall_seconds": stall, "iteration_seconds": t_it}
     if math.isfinite(mtbf):
         out["young_seconds"] = young_interval(stall, mtbf)
@@ -105,11 +115,13 @@ def run_scenario(sc: Scenario, events: FailureEvents | None = None) -> ScenarioR
     if events is None:
         events = draw_events(sc)
     ck = checkpoint_plan(sc)
+    plans = {s: checkpoint_plan(sc, s) for s in sc.systems}
+    ck["by_system"] = {s: p["interval_iterations"] for s, p in plans.items() if s in CHECKPOINTING}
     runs = {}
     for system in sc.systems:
         runs[system] = simulate_one(
             system, sc.calibration.job, sc.calibration.costs, events, sc.horizon_seconds,
-            max_iterations=sc.max_iterations, checkpoint_every=ck["interval_iterations"],
+            max_iterations=sc.max_iterations, checkpoint_every=plans[system]["interval_iterations"],
             replacement_delay=sc.replacement_for(system), wait_for_replacement=sc.wait_for_replacement,
             mtbf_seconds=ck["job_mtbf_seconds"])
     return ScenarioResult(sc, runs, ck, len(events), events.skipped, time.perf_counter() - t0)

@@ -3,7 +3,8 @@
 Contract:
 - `scale_sweep` runs the Llama-3-rate cluster scenario at every size of SCALE_SIZES
   (512 .. 100k GPUs) and returns one row per (size, seed, system).
-- `sensitivity` runs paper-512 (recover and ckpt-restart only) over restart time x
+- `sensitivity` runs paper-512 (recover and its comparator only, ckpt-restart-async; the
+  restart x save grid the blocking ckpt-restart, whose stall is the swept save) over restart time x
   checkpoint interval and over the loss unit (GPUs per replica), and finds the
   restart time at which the ratio equals the paper's (`restart_matching_ratio`).
 Rows are plain dicts for report.write_rows.
@@ -52,7 +53,7 @@ def sensitivity(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     for rs in SENS_RESTARTS:
         for k in SENS_INTERVALS:
             sc = paper_512(seed, restart=rs, checkpoint_every=k)
-            sc = replace(sc, systems=("recover", "ckpt-restart"))
+            sc = replace(sc, systems=("recover", sc.comparator))
             res = run_scenario(sc)
             r = summarize(res)["ratio_recover_over_ckpt_restart"]
             grid.append({"restart_seconds": rs, "checkpoint_every": str(k),
@@ -63,7 +64,8 @@ def sensitivity(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
                          "more_tokens_percent_at_234": r.get("more_tokens_percent_at_gpu_hour_mark")})
     units = []
     for g in SENS_UNITS:
-        sc = replace(paper_512(seed, gpus_per_replica=g), systems=("recover", "ckpt-restart"))
+        sc = paper_512(seed, gpus_per_replica=g)
+        sc = replace(sc, systems=("recover", sc.comparator))
         res = run_scenario(sc)
         r = summarize(res)["ratio_recover_over_ckpt_restart"]
         units.append({"gpus_per_replica": g, "losses": 256 // g, "ratio_effective_throughput": r["effective_throughput"],
@@ -76,7 +78,9 @@ def sensitivity(seed: int = 0) -> dict[str, list[dict[str, Any]]]:
             cal = sc.calibration
             costs = replace(cal.costs, checkpoint_save_seconds=sv, checkpoint_load_seconds=2 * sv,
                             checkpoint_async_stall_seconds=None)  # the stall is the swept save
-            sc = replace(sc, systems=("recover", "ckpt-restart"), calibration=replace(cal, costs=costs))
+            # the blocking ckpt-restart: its stall per save is the swept one, whatever saves it
+            sc = replace(sc, systems=("recover", "ckpt-restart"), comparator="ckpt-restart",
+                         calibration=replace(cal, costs=costs))
             res = run_scenario(sc)
             r = summarize(res)["ratio_recover_over_ckpt_restart"]
             saves.append({"restart_seconds": rs, "save_stall_seconds": sv, "load_seconds": 2 * sv,
@@ -106,7 +110,8 @@ def paper_range(rows: list[dict[str, Any]], tolerance: float = 0.10) -> dict[str
 def restart_matching_ratio(target: float, seed: int = 0) -> dict[str, Any]:
     """The ckpt-restart restart time at which paper-512 gives `target` (bisection, Young/Daly interval)."""
     def ratio(rs: float) -> float:
-        sc = replace(paper_512(seed, restart=rs), systems=("recover", "ckpt-restart"))
+        sc = paper_512(seed, restart=rs)
+        sc = replace(sc, systems=("recover", sc.comparator))
         return summarize(run_scenario(sc))["ratio_recover_over_ckpt_restart"]["effective_throughput"]
     lo, hi = 0.0, 2000.0
     if not ratio(lo) <= target <= ratio(hi):

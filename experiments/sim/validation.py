@@ -2,7 +2,8 @@
 
 Contract:
 - `find_runs(root)` finds run directories (config.json + metrics.jsonl + summary.json)
-  under `root`, skipping results/sim and results/bench.
+  under `root`, skipping results/sim and results/bench (realruns.py reads runs, for this
+  module and for the local calibration's measurements).
 - `measure(run)` computes, from metrics.jsonl alone, the quantities the simulator also
   reports: committed steps, tokens, effective tokens (steps whose ids (`step_ids_are`) are
   exactly that step's M ids, step*M .. step*M+M-1), and two effective throughputs:
@@ -14,13 +15,14 @@ Contract:
   batch) calibrates the iteration time and the launch of the runs of its shape in the
   same folder (a folder = a batch of runs measured together), since
   this shared machine's speed drifts between sessions (DESIGN.md: only numbers measured
-  together compare); otherwise `recover bench` results or the measured defaults are used.
+  together compare); otherwise `recover bench` results or the values measured.py
+  computes from the committed runs.
 - Per-fault costs are calibrated leave-one-out, from the *other* compared runs of the
   same system in the same folder, never the run itself: a baseline's restart time from their events.jsonl
   restart records; recover's detection (fault fired -> detected_at) and rebuild
   (detected_at -> formed_at) from their faults.jsonl and events.jsonl; torchft's
   loss-to-next-commit from their quorum_change records. Without such
-  runs: `recover bench` results, or the measured defaults.
+  runs: `recover bench` results, or measured.py's (from the committed runs).
 - `simulate_like(run)` builds the local scenario from the run's own config.json
   (train: system, replicas, M, steps, batch and block size, its hang deadline;
   baseline: the BaselineConfig the run recorded, i.e. its checkpoint interval,
@@ -36,16 +38,17 @@ Contract:
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl, read_metrics, step_ids_are
+from recover.core.results import step_ids_are
 from recover.experiments.labels import variant_label
 
 from .calibration import local_calibration
+from .realruns import (RealRun, _is_reference, _train, find_runs, load_run, recovery_samples,  # noqa: F401
+                       reference_timing, restart_samples, torchft_samples)
 from .failures import FailureEvents, events_from_plan
 from .policies import CHECKPOINTING, SYSTEMS, simulate_one
 from .scenarios import local
@@ -57,45 +60,6 @@ TOLERANCE = 0.10
 
 LOCAL_ONE_RANK = ("replicas of many ranks: the local calibration measured replicas of one process, and here "
                   "R x S processes share the machine's cores")
-
-
-@dataclass
-class RealRun:
-    """One real run directory, as the results contract has it."""
-
-    path: Path  # the run's --out directory
-    config: dict  # config.json
-    metrics: list[dict]  # metrics.jsonl, in step order
-    summary: dict  # summary.json
-    plan: dict | None  # fault_plan.json (None: no faults)
-
-
-def find_runs(root: str | Path) -> list[Path]:
-    root = Path(root)
-    if (root / "metrics.jsonl").is_file():
-        return [root]
-    out = []
-    for m in sorted(root.rglob("metrics.jsonl")):
-        d = m.parent
-        rel = d.relative_to(root).parts
-        if "sim" in rel or "bench" in rel:  # the simulator's own outputs and benchmark files
-            continue
-        if (d / "config.json").is_file() and (d / "summary.json").is_file():
-            out.append(d)
-    return out
-
-
-def load_run(path: str | Path) -> RealRun:
-    p = Path(path)
-    plan = None
-    if (p / "fault_plan.json").is_file():
-        plan = json.loads((p / "fault_plan.json").read_text())
-    return RealRun(p, json.loads((p / "config.json").read_text()), read_metrics(p / "metrics.jsonl"),
-                   json.loads((p / "summary.json").read_text()), plan)
-
-
-def _train(run: RealRun) -> dict:
-    return run.config.get("train", run.config)
 
 
 def measure(run: RealRun) -> dict[str, Any]:
@@ -119,54 +83,6 @@ def measure(run: RealRun) -> dict[str, Any]:
         "from_start": eff_tokens / last if last > 0 else 0.0,
         "after_first_step": eff_after / (last - first) if first is not None and last > first else None,
     }
-
-
-def reference_timing(run: RealRun) -> dict[str, tuple[float, str]]:
-    """A failure-free run's median step-to-step time and its step-0 wall time (the launch)."""
-    w = [m["wall_time"] for m in run.metrics]
-    gaps = sorted(b - a for a, b in zip(w, w[1:]))
-    if not gaps:
-        return {}
-    return {"iteration_seconds": (gaps[len(gaps) // 2], f"median step time of the failure-free run {run.path}"),
-            "startup_seconds": (w[0], f"step 0's wall_time in the failure-free run {run.path}")}
-
-
-def restart_samples(run: RealRun, iteration_seconds: float, load_seconds: float) -> list[float]:
-    """Restart costs seen in a run's events.jsonl, as the simulator's restart_seconds means them:
-    the record's fault-to-next-commit minus the redone steps, the committing step and the load."""
-    out = []
-    for e in read_jsonl(run.path / "events.jsonl"):
-        if e.get("kind") == "restart" and isinstance(e.get("restart_seconds"), (int, float)):
-            lost = int(e.get("lost_steps", e.get("work_lost_steps")) or 0)
-            out.append(max(0.0, e["restart_seconds"] - (lost + 1) * iteration_seconds - load_seconds))
-    return out
-
-
-def torchft_samples(run: RealRun) -> list[float]:
-    """Seconds from a detected loss to the next committed step, from a torchft run's quorum changes."""
-    return [float(e["restart_seconds"]) for e in read_jsonl(run.path / "events.jsonl")
-            if e.get("kind") == "quorum_change" and e.get("lost_replicas")
-            and isinstance(e.get("restart_seconds"), (int, float))]
-
-
-def recovery_samples(run: RealRun) -> list[tuple[float, float]]:
-    """(detect, rebuild) seconds of each recovery in a recover run: the fault's firing (faults.jsonl)
-    to detected_at, and detected_at to formed_at (events.jsonl)."""
-    fired: dict[int, float] = {}
-    for f in read_jsonl(run.path / "faults.jsonl"):
-        if f.get("step") is not None and isinstance(f.get("wall_time"), (int, float)):
-            fired[int(f["step"])] = min(fired.get(int(f["step"]), math.inf), float(f["wall_time"]))
-    out = []
-    for e in read_jsonl(run.path / "events.jsonl"):
-        if e.get("kind") == "recovery" and e.get("step") in fired and "formed_at" in e:
-            out.append((max(0.0, e["detected_at"] - fired[e["step"]]), max(0.0, e["formed_at"] - e["detected_at"])))
-    return out
-
-
-def _is_reference(run: RealRun) -> bool:
-    return not (run.plan or {}).get("faults") and all(
-        step_ids_are(m, m["step"] * int(_train(run)["microbatches"]), (m["step"] + 1) * int(_train(run)["microbatches"]))
-        for m in run.metrics)
 
 
 def simulate_like(run: RealRun, bench: str | None = None,
