@@ -69,7 +69,11 @@ def keyed_store(store: "dist.Store", token: str) -> "dist.PrefixStore":
 
     from .store_guard import store_namespace
 
-    return dist.PrefixStore(store_namespace(token), store)
+    keyed = dist.PrefixStore(store_namespace(token), store)
+    # Name a key of the namespace at once: the coordinator's store guard closes a client that
+    # has named none within its deadline (core/store_guard.py), whenever this one first needs a key.
+    keyed.check(["connected"])
+    return keyed
 
 
 def connect_store(timeout: float = 60.0, token: str | None = None) -> "dist.PrefixStore":

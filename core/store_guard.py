@@ -17,8 +17,17 @@ Contract:
   answers its VALIDATE and PING itself. Bounds: a key of at most 64 KiB, a value of at most
   1 GiB, 100,000 keys per request; a partial key that already differs from the namespace is
   refused before the rest arrives.
+- Connections that never name a key are bounded, as the control port bounds those without a
+  hello: a client that has not named a key of the namespace within `key_deadline` seconds of
+  its accept is closed, and past `max_keyless` such clients the oldest is closed to make room
+  (a worker names its key within a round trip of connecting: `core.startup.keyed_store`
+  checks one at once, so only a peer without the token stays keyless for long, and the
+  oldest keyless client is the one most likely to be such a peer). An EMFILE on accept
+  backs off instead of spinning. Why: without the bounds a tokenless peer could hold the
+  coordinator's descriptors, which the control port and the store share.
 - One daemon thread, one selector; `close()` stops it and closes every socket. Counts:
-  `refused` (clients closed for a bad request), `clients` (open now).
+  `refused` (clients closed for a bad request), `expired` (closed keyless at the deadline or to
+  make room), `clients` (open now), `keyless` (open now without a key named).
 """
 from __future__ import annotations
 
@@ -28,11 +37,15 @@ import selectors
 import socket
 import struct
 import threading
+import time
+from collections import OrderedDict
 
 NAMESPACE_INFO = b"recover rendezvous store namespace v1"
 MAX_KEY = 64 * 1024
 MAX_VALUE = 1 << 30
 MAX_KEYS = 100_000
+KEY_DEADLINE = 10.0  # seconds a client may stay connected without naming a key of the namespace
+MAX_KEYLESS = 1024  # keyless clients held at once; past it the oldest is closed
 VALIDATE_MAGIC = 0x3C85F7CE
 
 # c10d::detail::QueryType (TCPStoreBackend.hpp)
@@ -122,9 +135,10 @@ def parse_request(buf: bytes | bytearray | memoryview, prefix: bytes) -> tuple[i
 
 
 class _Client:
-    __slots__ = ("sock", "up", "inbuf", "to_up", "to_client", "authed", "validated")
+    __slots__ = ("sock", "up", "inbuf", "to_up", "to_client", "authed", "validated", "since")
 
     def __init__(self, sock: socket.socket):
+        self.since = time.monotonic()
         self.sock, self.up = sock, None
         self.inbuf = bytearray()
         self.to_up, self.to_client = bytearray(), bytearray()
@@ -132,7 +146,12 @@ class _Client:
 
 
 class StoreGuard:
-    def __init__(self, host: str, port: int, upstream_port: int, namespace: str, upstream_host: str = "127.0.0.1"):
+    def __init__(self, host: str, port: int, upstream_port: int, namespace: str, upstream_host: str = "127.0.0.1",
+                 key_deadline: float = KEY_DEADLINE, max_keyless: int = MAX_KEYLESS):
+        self.key_deadline, self.max_keyless = key_deadline, max_keyless
+        # keyless clients in accept order: the deadline expires them from the front, O(1) each
+        self._keyless: OrderedDict[socket.socket, _Client] = OrderedDict()
+        self.expired = 0
         self.prefix = ("/" + namespace + "/").encode()  # TCPStore sends every key as "/" + key
         self.upstream = (upstream_host, upstream_port)
         self.listener = socket.create_server((host, port), reuse_port=False, backlog=1024)
@@ -152,6 +171,10 @@ class StoreGuard:
     def clients(self) -> int:
         return len({id(c) for c in self._clients.values()})
 
+    @property
+    def keyless(self) -> int:
+        return len(self._keyless)
+
     def close(self) -> None:
         self._stop.set()
         try:
@@ -164,7 +187,8 @@ class StoreGuard:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                for key, mask in self.sel.select(1.0):
+                self._expire()
+                for key, mask in self.sel.select(min(1.0, self.key_deadline / 2)):
                     if key.data is None:
                         self._accept()
                     elif key.data == "wake":
@@ -193,14 +217,32 @@ class StoreGuard:
             sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:  # EMFILE and the like: leave the connection in the backlog for now
-            self._stop.wait(0.05)
+        except OSError:  # EMFILE and the like: free a descriptor held by a keyless client, else back off
+            if self._keyless:
+                self.expired += 1
+                self._drop(next(iter(self._keyless.values())))
+            else:
+                self._stop.wait(0.05)
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if len(self._keyless) >= self.max_keyless:  # room for this one: the oldest keyless client goes
+            self.expired += 1
+            self._drop(next(iter(self._keyless.values())))
         client = _Client(sock)
         self._clients[sock] = client
+        self._keyless[sock] = client
         self.sel.register(sock, selectors.EVENT_READ, client)
+
+    def _expire(self) -> None:
+        """Close the keyless clients past the deadline (the oldest first; they are in accept order)."""
+        too_old = time.monotonic() - self.key_deadline
+        while self._keyless:
+            client = next(iter(self._keyless.values()))
+            if client.since > too_old:
+                return
+            self.expired += 1
+            self._drop(client)
 
     def _readable(self, client: _Client, sock: socket.socket) -> None:
         data = sock.recv(1 << 20)
@@ -240,6 +282,7 @@ class StoreGuard:
                 up.setblocking(False)
                 up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 client.up, client.authed = up, True
+                self._keyless.pop(client.sock, None)
                 self._clients[up] = client
                 self.sel.register(up, selectors.EVENT_READ, client)
                 client.to_up += struct.pack("<BI", VALIDATE, VALIDATE_MAGIC) + request
@@ -260,6 +303,7 @@ class StoreGuard:
                 self.sel.modify(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0), client)
 
     def _drop(self, client: _Client) -> None:
+        self._keyless.pop(client.sock, None)
         for sock in (client.sock, client.up):
             if sock is None:
                 continue

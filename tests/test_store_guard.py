@@ -101,3 +101,47 @@ def test_a_client_without_the_token_cannot_find_or_overwrite_the_runs_keys(tmp_p
         assert all(k.lstrip("/").startswith(store_namespace("tok") + "/") for k in inner.list_keys())
     finally:
         guard.close()
+
+
+def test_keyless_connections_are_bounded_and_a_keyed_client_is_served_past_the_deadline():
+    """A peer without the token cannot hold the guard's descriptors (issue 41 item 8's bounds on
+    the store port): past `max_keyless` the oldest keyless client is closed, and every keyless one
+    is closed at `key_deadline`; a worker's client (keyed_store names a key at once) stays."""
+    import socket
+    import time
+
+    import torch.distributed as dist
+
+    from recover.core.startup import keyed_store
+    from recover.core.store_guard import StoreGuard, host_local_store
+
+    store = host_local_store()
+    guard = StoreGuard("127.0.0.1", 0, store.port, store_namespace("tok"), key_deadline=1.0, max_keyless=4)
+    idle = []
+    try:
+        worker = keyed_store(dist.TCPStore("127.0.0.1", guard.port, is_master=False, timeout=timedelta(seconds=5)),
+                             "tok")
+        for _ in range(6):
+            idle.append(socket.create_connection(("127.0.0.1", guard.port)))
+            time.sleep(0.02)  # accepted in order
+
+        def closed(s: socket.socket, wait: float) -> bool:
+            s.settimeout(wait)
+            try:
+                return s.recv(1) == b""
+            except (TimeoutError, socket.timeout):
+                return False
+            except ConnectionResetError:
+                return True
+
+        # the two oldest made room for the last two; the four newest are still held
+        assert closed(idle[0], 0.5) and closed(idle[1], 0.5)
+        assert not any(closed(s, 0.05) for s in idle[2:]) and guard.keyless == 4
+        assert all(closed(s, 3.0) for s in idle[2:])  # then the deadline closes them all
+        assert guard.keyless == 0 and guard.expired == 6
+        worker.set("gen0/addr", b"ok")  # the worker's client, connected all along, is served
+        assert worker.get("gen0/addr") == b"ok"
+    finally:
+        for s in idle:
+            s.close()
+        guard.close()
