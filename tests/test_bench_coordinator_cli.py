@@ -51,3 +51,19 @@ def test_bench_coordinator_writes_its_figures_and_votes_stay_small(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "coordinator_scale.png").stat().st_size > 1000
+
+
+@pytest.mark.procs  # the CLI and its client process
+def test_bench_store_guard_writes_both_timings_per_client_count(tmp_path):
+    """`recover bench store-guard` end to end on tiny N: both paths ran the rendezvous's reads
+    (the child asserts every value it read) and the JSON has one row per N."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "recover.experiments.cli", "bench", "store-guard", "--clients", "2",
+                           "5", "--repeats", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "store_guard.json").read_text())["rows"]
+    assert [(r["clients"], r["requests"]) for r in rows] == [(2, 6), (5, 30)]
+    assert all(r["direct_s"] > 0 and r["guarded_s"] > 0 for r in rows)

@@ -11,7 +11,9 @@ with `--service`, the real membership service against N simulated replicas over 
 `recover bench coordinator-restart`: seconds from a coordinator kill to the next commit
 (experiments/bench_coordinator_restart.py);
 `recover bench soak`: the coordinator state machine over a long run with a replacement every N
-steps: steps/s, its containers, RSS and open fds (experiments/bench_soak.py).
+steps: steps/s, its containers, RSS and open fds (experiments/bench_soak.py);
+`recover bench store-guard`: a rendezvous's store traffic through the store guard against the bare
+store, against the number of clients (experiments/bench_store_guard.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R, a replica layout (`--shard`) the system
@@ -188,6 +190,16 @@ def add_parser(sub) -> None:
     so.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
     so.add_argument("--name", default="soak", help="file stem of the results (default: soak)")
     so.set_defaults(func=cmd_bench_soak)
+    sg = bsub.add_parser("store-guard", help="a rendezvous's store traffic through the store guard against the bare "
+                         "store, against N clients", description="N keyed store clients each set one key and read "
+                         "all N (N^2 gets), straight to the store and through core.store_guard.StoreGuard; "
+                         "write NAME.json.")
+    sg.add_argument("--clients", type=int, nargs="+", default=[16, 64, 256],
+                    help="numbers of clients N (default: 16 64 256)")
+    sg.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default: 3)")
+    sg.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
+    sg.add_argument("--name", default="store_guard", help="file stem of the results (default: store_guard)")
+    sg.set_defaults(func=cmd_bench_store_guard)
 
 
 def _workload_args(p, written: str, *, models: list[str], batch_size: int, microbatches: int,
@@ -376,3 +388,11 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     from ..bench_soak import bench_soak
 
     return bench_soak(args)
+
+
+def cmd_bench_store_guard(args: argparse.Namespace) -> int:
+    if any(n < 1 for n in args.clients) or args.repeats < 1:
+        return fail("--clients and --repeats: must be >= 1")
+    from ..bench_store_guard import bench_store_guard
+
+    return bench_store_guard(args)
