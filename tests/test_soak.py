@@ -8,6 +8,8 @@ not grow with M. `recover bench soak` measures the same over 100,000 steps.
 """
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from recover.core.protocol import Membership
@@ -51,3 +53,12 @@ def test_container_sizes_reads_dicts_slots_and_arrays_one_level_down():
     proto = Membership(3, 6, 10, join_timeout=30.0, now=0.0)
     sizes = container_sizes(proto)
     assert sizes["keys"] == 3 and sizes["speeds._speed"] == 3 and sizes["votes.votes"] == 0
+
+
+@pytest.mark.procs  # starts workers through the launcher
+def test_the_launcher_soak_starts_each_worker_and_samples_flat_descriptors(tmp_path):
+    from recover.experiments.bench_soak import run_launcher_soak
+
+    result = run_launcher_soak(6, 3, tmp_path)
+    assert [s["starts"] for s in result["samples"]] == [0, 3, 6]
+    assert result["summary"]["fds_last"] <= result["summary"]["fds_first"]

@@ -187,6 +187,9 @@ def add_parser(sub) -> None:
                          "(default: 1000)")
     so.add_argument("--sample-every", type=int, default=5000, help="steps between samples (default: 5000)")
     so.add_argument("--seed", type=int, default=0, help="seed of the victims and the measured speeds (default: 0)")
+    so.add_argument("--launcher-starts", type=int, default=0,
+                    help="also start and reap this many workers through the launcher's replacement path, "
+                         "sampling its RSS and fds (0: not; default: 0)")
     so.add_argument("--out", default="results/bench", help="where to write NAME.json (default: results/bench)")
     so.add_argument("--name", default="soak", help="file stem of the results (default: soak)")
     so.set_defaults(func=cmd_bench_soak)
@@ -381,8 +384,8 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     for name in ("steps", "per_replica", "sample_every"):
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')}: must be >= 1")
-    if args.every < 0:
-        return fail("--every: must be >= 0")
+    if args.every < 0 or args.launcher_starts < 0:
+        return fail("--every and --launcher-starts: must be >= 0")
     if not args.name or "/" in args.name:
         return fail("--name: must be a file stem (no '/')")
     from ..bench_soak import bench_soak
