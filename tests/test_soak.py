@@ -8,9 +8,9 @@ not grow with M. `recover bench soak` measures the same over 100,000 steps.
 """
 from __future__ import annotations
 
-import pytest
-
 import json
+
+import pytest
 
 from recover.core.protocol import Membership
 from recover.experiments.bench_soak import container_sizes, run_soak
