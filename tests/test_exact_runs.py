@@ -3,14 +3,14 @@
 The reference is the plain trainer on one replica. Every other run must give the same
 loss at every step and the same sha256 of the final weights, bit for bit (== on the
 floats, not a tolerance): plain on 4 replicas (another partition of every step's ids,
-another reduction), and recover on 4 replicas losing 2 to real SIGKILLs mid-step (one in
+another reduction), recover on 4 replicas losing 2 to real SIGKILLs mid-step (one in
 a microbatch's backward, one while the all-reduce is in flight), whose ids the survivors
-redo. An out-of-range gradient (the grad_spike fault kind, a test hook that multiplies
+redo, and checkpoint-restart on 2 replicas restarted on the 1 left from its checkpoint. An out-of-range gradient (the grad_spike fault kind, a test hook that multiplies
 one microbatch's gradient) is never committed: plain stops naming the step, recover stops
 naming the step and the microbatch (--on-nonfinite stop) or skips that step on every
 replica alike (--on-nonfinite skip), which keeps the trajectory the same across partitions.
 
-Budget: 7 runs of the tiny model, 4 steps each, ~70 s on two idle cores.
+Budget: 8 runs of the tiny model, 4 steps each: ~50 s on two idle cores.
 """
 from __future__ import annotations
 
@@ -106,3 +106,18 @@ def test_a_skipped_out_of_range_step_is_the_same_on_any_partition(tmp_path):
                  "--faults", _plan(tmp_path, [{**SPIKE, "replica": 0}]), code=1) for r in (2, 4)]
     assert runs[0] == runs[1]
     assert len(runs[0][0]) == STEPS - 1  # step 2 skipped: no metrics line, no update
+
+
+def test_checkpoint_restart_resuming_on_fewer_replicas_is_bit_identical(tmp_path, reference):
+    # replica 0 of 2 dies in step 3; the survivor restarts from the checkpoint of step 2 (written by two
+    # replicas' commits) and folds all M ids of steps 2 and 3 alone: another partition, the same bits
+    out = tmp_path / "ckpt"
+    plan = _plan(tmp_path, [{"kind": "crash", "replica": 0, "step": 3, "phase": "backward"}])
+    losses, _ = _run(out, "ckpt-restart", 2, "--ckpt-every", "2", "--faults", plan)
+    assert_every_planned_fault_fired(out)
+    _, metrics, summary = load_run(out)
+    assert summary["restarts"] == 1
+    assert [m["generation"] for m in metrics] == [0, 0, 1, 1]  # steps 2 and 3 redone after the restart
+    assert [m["members"] for m in metrics][-1] == [1]
+    assert losses == reference[0]
+    assert json.loads((out / "baseline" / "final.json").read_text())["weights_digest"] == reference[1]
