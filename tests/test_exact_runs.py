@@ -121,3 +121,26 @@ def test_checkpoint_restart_resuming_on_fewer_replicas_is_bit_identical(tmp_path
     assert [m["members"] for m in metrics][-1] == [1]
     assert losses == reference[0]
     assert json.loads((out / "baseline" / "final.json").read_text())["weights_digest"] == reference[1]
+
+
+def test_recover_on_eight_replicas_with_a_straggler_and_a_kill_during_recovery(tmp_path, reference):
+    # Replica 5 is 3x slow from the start (its quota shrinks once measured); replica 1 dies in a
+    # backward of step 1; replica 2 dies while the recovery generation's all-reduce is in flight
+    # (it first reaches that point there: generation 0 of step 1 never got to its all-reduce).
+    faults = [
+        {"kind": "slow", "replica": 5, "step": 0, "phase": "forward", "factor": 3},
+        {"kind": "crash", "replica": 1, "step": 1, "phase": "backward", "microbatch": 0},  # (M = R: one each)
+        {"kind": "crash", "replica": 2, "step": 1, "phase": "allreduce"},
+    ]
+    out = tmp_path / "recover8"
+    losses, digests = _run(out, "recover", 8, "--faults", _plan(tmp_path, faults))
+    assert_every_planned_fault_fired(out)
+    _, metrics, summary = load_run(out)
+    assert {(e["replica"], e["how"]) for e in summary["processes"]} >= {(1, "killed by SIGKILL"),
+                                                                       (2, "killed by SIGKILL")}
+    step1 = metrics[1]
+    assert step1["generation"] >= 2  # two recoveries inside step 1: the kill came during the first
+    assert sorted(step1["members"]) == [0, 3, 4, 5, 6, 7]
+    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)
+    assert losses == reference[0]
+    assert digests == {reference[1]}  # all six survivors
