@@ -7,7 +7,7 @@ Contract:
   q = round(g * 2^shift), one shift for the whole run (`fixed_point_shift`). Its
   loss likewise, with `LOSS_SHIFT`. The int64 sums are exact (integer addition is
   associative), the all-reduce sums int64 exactly (gloo's SUM), and the sum is
-  converted back once: g_mean = fp32(float64(sum) * 2^-shift / M). Every step of
+  converted back once: g_mean = fp32(float64(sum) * (2^-shift / M)). Every step of
   that is a function of the per-id values alone, so two runs that fold the same ids
   on the same weights commit the same bits, whatever their partition of the ids.
 - The range: an element's magnitude must be below 2^range (`--exact-range`, E) in
@@ -79,22 +79,31 @@ def fixed_point_shift(range_bits: int, microbatches: int) -> int:
     return s
 
 
-def to_fixed(g: torch.Tensor, shift: int, range_bits: int, scratch: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor | None, float]:
+def to_fixed(g: torch.Tensor, shift: int, range_bits: int, scratch: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, float]:
     """(round(g * 2^shift) as int64, max |g|), or (None, max |g|) when an element is >= 2^range_bits
     or not finite. g * 2^shift is exact in fp32 (a power of two, far from fp32's limits once
-    |g| < 2^range_bits); round-half-even of it is exact; the cast to int64 then is too."""
-    amax = float(g.abs().max()) if g.numel() else 0.0
+    |g| < 2^range_bits); round-half-even of it is exact; the cast to int64 then is too.
+    `scratch` (fp32) and `out` (int64), shaped as g, spare the allocations."""
+    if g.numel():
+        lo, hi = torch.aminmax(g)  # one pass, no |g| tensor; NaN propagates into both
+        amax = max(-float(lo), float(hi)) if not (lo.isnan() or hi.isnan()) else math.nan
+    else:
+        amax = 0.0
     if not amax < 2.0 ** range_bits:  # also catches NaN and inf (comparisons with NaN are False)
         return None, amax
     t = torch.mul(g, 2.0 ** shift, out=scratch) if scratch is not None else g * (2.0 ** shift)
     t.round_()
-    return t.to(torch.int64), amax
+    return (out.copy_(t) if out is not None else t.to(torch.int64)), amax
 
 
-def from_fixed(total: torch.Tensor, shift: int, microbatches: int) -> torch.Tensor:
-    """The mean of M microbatches from their int64 sum: fp32(float64(total) * 2^-shift / M)."""
-    return (total.to(torch.float64) * (2.0 ** -shift) / microbatches).to(torch.float32)
+def from_fixed(total: torch.Tensor, shift: int, microbatches: int, out: torch.Tensor | None = None,
+               scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of M microbatches from their int64 sum: fp32(float64(total) * (2^-shift / M)).
+    `out` (fp32) and `scratch` (float64), shaped as total, spare the allocations."""
+    t = scratch.copy_(total) if scratch is not None else total.to(torch.float64)
+    t.mul_(2.0 ** -shift / microbatches)
+    return out.copy_(t) if out is not None else t.to(torch.float32)
 
 
 def loss_to_fixed(loss: float, microbatches: int) -> int | None:
@@ -133,6 +142,8 @@ class ExactAccumulator(GradAccumulator):
         self.n = n
         self.sums = torch.zeros(n + 2, dtype=torch.int64, device=self.buffer.device)
         self._scratch = torch.empty(n, dtype=torch.float32, device=self.buffer.device)
+        # one microbatch in fixed point; load_mean reuses its 8 bytes per element as float64
+        self._q = torch.empty(n, dtype=torch.int64, device=self.buffer.device)
         self.out_of_range: dict[int, str] = {}  # ids of the ledger that did not fit, and why
         self._spike: float | None = None
 
@@ -148,7 +159,7 @@ class ExactAccumulator(GradAccumulator):
         if self._spike is not None:
             g.mul_(self._spike)
             self._spike = None
-        q, amax = to_fixed(g, self.shift, self.range_bits, self._scratch)
+        q, amax = to_fixed(g, self.shift, self.range_bits, self._scratch, self._q)
         lq = loss_to_fixed(float(loss), self.microbatches)
         if q is None or lq is None:
             self.out_of_range[mb_id] = (
@@ -185,7 +196,7 @@ class ExactAccumulator(GradAccumulator):
         if not 1 <= microbatches <= self.microbatches:  # the shift bounds a sum of at most M
             raise ValueError(f"the shift was derived for at most M={self.microbatches} microbatches, "
                              f"not {microbatches}")
-        self.buffer[:-1].copy_(from_fixed(reduced[:-2], self.shift, microbatches))
+        from_fixed(reduced[:-2], self.shift, microbatches, out=self.buffer[:-1], scratch=self._q.view(torch.float64))
         return loss_from_fixed(int(reduced[-2])) / microbatches
 
     def clear(self) -> None:
