@@ -144,3 +144,23 @@ def test_the_largest_in_range_sum_does_not_wrap():
 def test_shift_refuses_a_range_that_leaves_no_bits():
     with pytest.raises(ValueError, match="shift"):
         fixed_point_shift(60, 8)
+
+
+def test_the_readmes_exact_mode_figures_are_the_committed_benchmarks():
+    import json
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    prec = json.loads((root / "results" / "bench" / "exact_precision.json").read_text())
+    m = re.search(r"the loss curve of `--exact` is within ([0-9.e-]+) relative of fp32 mode's", readme)
+    assert m and float(m.group(1)) == float(f"{prec['max_rel_diff']:.2g}") and prec["max_rel_diff"] < 1e-4
+    assert prec["steps"] == 200 and prec["model"] == "small"
+    cost = {r["model"]: r["over_fp32"] for r in
+            json.loads((root / "results" / "bench" / "exact_compute.json").read_text())["rows"]}
+    m = re.search(r"deterministic kernels alone x([0-9.]+) \(tiny\) and x([0-9.]+) \(small\) on CPU; the\s+"
+                  r"whole exact mode x([0-9.]+) and x([0-9.]+)", readme)
+    assert m, "README.md lost the exact mode's cost sentence"
+    assert [float(x) for x in m.groups()] == [round(cost["tiny"]["deterministic"], 2),
+                                              round(cost["small"]["deterministic"], 2),
+                                              round(cost["tiny"]["exact"], 2), round(cost["small"]["exact"], 2)]
