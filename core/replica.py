@@ -104,6 +104,9 @@ Contract:
   (core/nonfinite.py), and the coordinator stops the run naming them, or with
   `--on-nonfinite skip` drops the step: `commit()` then clears the accumulator
   without an optimizer step, moves the schedule on, and returns True.
+- With an exact accumulator (core/exact.py, `--exact`) a microbatch whose gradient
+  is outside the fixed-point range is folded as one whose loss is not finite (it
+  was never summed; the log says which range), so the same stop or skip applies.
 """
 from __future__ import annotations
 

@@ -5,12 +5,15 @@ loss at every step and the same sha256 of the final weights, bit for bit (== on 
 floats, not a tolerance): plain on 4 replicas (another partition of every step's ids,
 another reduction), recover on 4 replicas losing 2 to real SIGKILLs mid-step (one in
 a microbatch's backward, one while the all-reduce is in flight), whose ids the survivors
-redo, and checkpoint-restart on 2 replicas restarted on the 1 left from its checkpoint. An out-of-range gradient (the grad_spike fault kind, a test hook that multiplies
-one microbatch's gradient) is never committed: plain stops naming the step, recover stops
+redo, recover on 8 replicas with a straggler and a kill during the recovery, and
+checkpoint-restart on 2 replicas restarted on the 1 left from its checkpoint. An
+out-of-range gradient (the grad_spike fault kind, a test hook that multiplies one
+microbatch's gradient) is never committed: plain stops naming the step, recover stops
 naming the step and the microbatch (--on-nonfinite stop) or skips that step on every
 replica alike (--on-nonfinite skip), which keeps the trajectory the same across partitions.
 
-Budget: 8 runs of the tiny model, 4 steps each: ~50 s on two idle cores.
+Budget: 10 runs of the tiny model, 4 steps each: ~32 s on two quiet cores (with
+test_exact_accumulation.py, ~2 min beside `stress-ng --cpu 2`).
 """
 from __future__ import annotations
 
