@@ -18,7 +18,9 @@ Contract:
   of steps >= the resume step (they are redone), and appends each committed step.
   On the first commit after a restart it appends the restart's record to
   events.jsonl (fault, detected_at, resumed_at, work lost); at the end it writes
-  DIR/baseline/final.json with the weights' checksum.
+  DIR/baseline/final.json with the weights' checksum and sha256 digest.
+- With `--exact` (core/exact.py) a restarted group of any size commits the same
+  bits as the failure-free run (keep_global: the same M ids per step).
 """
 from __future__ import annotations
 
@@ -162,6 +164,7 @@ def train(
         log.close()
     if metrics is not None:
         metrics.close()
-        final = {"step": cfg.steps, "weights_checksum": work.state_checksum(), "generation": inc.generation}
+        final = {"step": cfg.steps, "weights_checksum": work.state_checksum(), "generation": inc.generation,
+                 "weights_digest": work.acc.weights_digest()}
         (baseline_dir(out) / "final.json").write_text(json.dumps(final))
     return 0

@@ -120,6 +120,10 @@ class GradAccumulator:
         """A fresh communication buffer: [gradient sum ..., loss sum]."""
         return self.buffer.clone()
 
+    def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
+        """The loss sum a reduced buffer (a `pack()` summed over replicas) holds."""
+        return float(reduced[-1])
+
     def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Set every .grad to reduced/M; return the iteration's mean microbatch loss."""
         self.buffer.copy_(reduced)

@@ -28,6 +28,7 @@ from .schedule import WarmupCosine
 from .shapes import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
 
 DTYPES = ("fp32", "bf16")
+EXACT_SYSTEMS = ("plain", "recover", "ckpt-restart")  # the trainers that build their accumulator from the Workload
 
 
 class ConfigError(ValueError):
@@ -91,6 +92,11 @@ class TrainConfig:
     weight_decay: float = _f(0.1, "AdamW weight decay (applied to matrices and embeddings only)")
     dtype: str = _f("fp32", "forward/backward precision: fp32, or bf16 autocast (weights, gradients, reduction stay fp32)")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
+    exact: bool = _f(False, "bit-identical trajectories: each microbatch's gradient summed as int64 fixed point "
+                            "(order-free, core/exact.py) and deterministic kernels; the same ids give the same "
+                            "weights whatever replicas fold or die (plain, recover, ckpt-restart; one rank per replica)")
+    exact_range: int = _f(12, "with --exact: every gradient element of a microbatch must be below 2^this in magnitude; "
+                              "a microbatch outside it is reported as non-finite (--on-nonfinite), never wrapped")
     backend: str = _f("auto", "collective backend: auto (nccl on GPUs, else gloo), gloo, nccl")
     device: str = _f("auto", "device: auto (cuda if available), cpu, cuda")
     threads: int = _f(1, "torch intra-op threads per worker process")
@@ -284,6 +290,15 @@ class TrainConfig:
             raise ConfigError("--warmup-steps", f"must be >= 0 (or -1 for the model's default), got {self.warmup_steps}")
         if self.dtype not in DTYPES:
             raise ConfigError("--dtype", f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        if self.exact:
+            if self.system not in EXACT_SYSTEMS:
+                raise ConfigError("--exact", f"is for {', '.join(EXACT_SYSTEMS)}, not {self.system!r}")
+            if self.ranks_per_replica > 1:
+                raise ConfigError("--exact", "a replica of many ranks (--shard, --tp, --pp) is not exact yet")
+            shift = 62 - self.microbatches.bit_length() - self.exact_range  # core/exact.fixed_point_shift
+            if not 1 <= shift <= 100:
+                raise ConfigError("--exact-range", f"{self.exact_range} with M={self.microbatches} leaves a "
+                                                   f"fixed-point shift of {shift}; it must be in [1, 100]")
         if self.weight_decay < 0 or self.grad_clip < 0:
             bad = "weight_decay" if self.weight_decay < 0 else "grad_clip"
             raise ConfigError(flag_name(bad), f"must be >= 0, got {getattr(self, bad)}")

@@ -5,6 +5,9 @@ Contract:
   by the quota policy (equal speeds), sums gradients and losses with exactly one
   all-reduce, divides by M and steps AdamW by the shared recipe (core/recipe.py). With the same seed, any R gives the
   same loss at every step up to floating-point summation order.
+- With `--exact` (core/exact.py) the sum depends only on the set of ids: any R
+  gives the same bits at every step; a microbatch outside the fixed-point range
+  ends the run (exit 1) with a line naming the step, on every replica.
 - It has no fault tolerance: a fault anywhere ends the job (the launcher runs it
   fail-fast). Replica 0 writes metrics.jsonl.
 - It is run as one process per replica: `python -m recover.core.plain --config
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from .comm import Communicator
 from .data import iteration_ids
+from .exact import ExactRangeError
 from .fold import fold_quota
 from .policy import assign_quotas
 from .results import JsonlWriter, metric_record, write_final
@@ -56,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         hooks.at(step, "vote")
         hooks.at(step, "commit")
         hooks.at(step, "optimizer_step")
-        loss, lr = work.apply(buf, M, step)
+        try:
+            loss, lr = work.apply(buf, M, step)
+        except ExactRangeError as e:  # --exact: every replica sees the same count, and stops here
+            print(f"plain replica {replica}: step {step}: {e}", file=sys.stderr, flush=True)
+            if metrics is not None:
+                metrics.close()
+            return 1
         if metrics is not None:
             metrics.write(
                 metric_record(step, loss, M * work.tokens_per_microbatch, iteration_ids(step, M), 0, members, t0,
@@ -66,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics.close()
     checksum = work.state_checksum()  # (a collective of a replica's ranks when it has many)
     if local == 0:
-        write_final(cfg.out, replica, cfg.steps, checksum)
+        write_final(cfg.out, replica, cfg.steps, checksum, digest=work.acc.weights_digest() if ctx is None else None)
     return 0
 
 

@@ -104,6 +104,9 @@ Contract:
   (core/nonfinite.py), and the coordinator stops the run naming them, or with
   `--on-nonfinite skip` drops the step: `commit()` then clears the accumulator
   without an optimizer step, moves the schedule on, and returns True.
+- With an exact accumulator (core/exact.py, `--exact`) a microbatch whose gradient
+  is outside the fixed-point range is folded as one whose loss is not finite (it
+  was never summed; the log says which range), so the same stop or skip applies.
 """
 from __future__ import annotations
 
@@ -345,6 +348,11 @@ class Replica:
                              f"(quota() lists them again)")
         self._check_attached("fold")
         self.acc.fold(mb_id, loss)
+        if (why := getattr(self.acc, "out_of_range", {}).get(mb_id)) is not None:
+            # --exact: a gradient outside the fixed-point range is never summed; the vote names the id
+            # as it names a non-finite loss, so the step stops or is skipped (--on-nonfinite), never wrong
+            self._log(f"step {self.step}: microbatch {mb_id} is outside the exact fixed-point range: {why}")
+            loss = float("nan")
         self._nonfinite.record(mb_id, loss)
         self._work_seconds = time.perf_counter() - self._work_started
 
@@ -395,7 +403,7 @@ class Replica:
             self._abandon_comm()  # never reuse a communicator that failed
             self._log(f"step {step}: {e}")
             failure = e
-        loss_sum = float(buf[-1])
+        loss_sum = self.acc.reduced_loss_sum(buf) if hasattr(self.acc, "reduced_loss_sum") else float(buf[-1])
         if self.link is not None:
             # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss
             ok, loss_sum = self.link.combine(failure is None, loss_sum, while_waiting=lambda: self._abort_reason(g))

@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             saver.finish()
         checksum = work.state_checksum()  # (a collective of a replica's ranks when it has many)
         if leader:
-            write_final(cfg.out, args.replica, replica.step, checksum)
+            write_final(cfg.out, args.replica, replica.step, checksum,
+                        digest=work.acc.weights_digest() if rctx is None else None)
     except CheckpointsFailing as e:
         replica.stop_run(e.reason)  # before the exit closes the connection: a stop, not a lost replica
         print(worker_exit.line_of(who, e), file=sys.stderr, flush=True)

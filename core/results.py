@@ -225,12 +225,16 @@ def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra
     return summary
 
 
-def write_final(out: str | os.PathLike, replica: int, step: int, checksum: float) -> None:
-    """Record this replica's final weights fingerprint (DIR/final/replica<r>.json)."""
+def write_final(out: str | os.PathLike, replica: int, step: int, checksum: float, digest: str | None = None) -> None:
+    """Record this replica's final weights fingerprint (DIR/final/replica<r>.json); `digest`, when
+    given, is the sha256 of every weight's bytes (core.accumulator.weights_digest)."""
     d = Path(out) / "final"
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".replica{replica}.tmp"
-    tmp.write_text(json.dumps({"replica": replica, "step": step, "weights_checksum": checksum}))
+    rec: dict[str, Any] = {"replica": replica, "step": step, "weights_checksum": checksum}
+    if digest is not None:
+        rec["weights_digest"] = digest
+    tmp.write_text(json.dumps(rec))
     os.replace(tmp, d / f"replica{replica}.json")
 
 

@@ -13,6 +13,9 @@ Contract:
 - With `--dtype bf16` the forward pass (and so the backward's matmuls) runs under
   bf16 autocast; weights, gradients, the accumulator and the reduction stay fp32.
 - Every replica built from the same config holds identical weights at step 0.
+- With `--exact` the accumulator is core/exact.py's ExactAccumulator (int64 fixed
+  point, summed per microbatch) and torch's deterministic algorithms are on: an id's
+  gradient and the committed mean are then the same bits on every replica.
 - In a replica of many ranks (`ctx`, a core.parallel ParallelContext: HSDP), the
   model is sharded with FSDP2 over the replica's ranks, the accumulator is the
   sharded one (core/parallel/fsdp.py), and each rank folds its rows of every
@@ -59,7 +62,11 @@ class Workload:
         self.model = GPT(gcfg).to(self.device)
         self.model.train()
         self.pipeline = None  # pipeline parallelism: core.parallel.pp.Pipeline (P > 1)
-        if ctx is None:
+        if ctx is None and cfg.exact:  # order-free fixed-point sums (core/exact.py)
+            from .exact import ExactAccumulator, deterministic_kernels
+            deterministic_kernels()
+            self.acc = ExactAccumulator(self.model.parameters(), cfg.microbatches, cfg.exact_range)
+        elif ctx is None:
             self.acc = GradAccumulator(self.model.parameters())
         else:
             from .parallel.fsdp import ShardedAccumulator, shard_model

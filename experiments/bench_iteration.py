@@ -13,9 +13,12 @@ Contract:
   with this tree's, through a folder of links that maps `recover.*` onto DIR (put
   first on PYTHONPATH), so "before" and "after" are measured in one run. Layouts
   with S > 1 run on this tree only (the baseline may predate them).
+- `--modes fp32 exact`: every configuration also runs with `--exact` (core/exact.py),
+  interleaved with its fp32 run; each row names its mode and its all-reduce buffer's
+  bytes, and the ratios exact / fp32 (time and bytes) are added.
 - Writes OUT/iteration.json: per configuration its median seconds, the runs' own
-  medians, and the ratios recover / plain of each (model, layout, tree), the
-  figures a note may quote. Nothing here is asserted on.
+  medians, and the ratios recover / plain of each (model, layout, tree) in the first
+  mode, the figures a note may quote. Nothing here is asserted on.
 """
 from __future__ import annotations
 
@@ -52,12 +55,23 @@ def _iteration_seconds(metrics: Path) -> float:
     return statistics.median(gaps)
 
 
+def allreduce_bytes(model: str, mode: str) -> int:
+    """Bytes of one replica's all-reduce buffer: fp32 [gradient..., loss] or, with --exact, int64
+    [gradient..., loss, out-of-range count] (core/exact.py). A ring all-reduce sends 2(R-1)/R of it per rank."""
+    from recover.core.shapes import model_config
+    from recover.core.model import GPT
+    import torch
+    with torch.device("meta"):
+        n = sum(p.numel() for p in GPT(model_config(model)).parameters() if p.requires_grad)
+    return (n + 2) * 8 if mode == "exact" else (n + 1) * 4
+
+
 def _run(work: Path, name: str, system: str, model: str, replicas: int, shard: int, steps: int,
-         microbatches: int, pythonpath: str | None) -> float:
+         microbatches: int, pythonpath: str | None, mode: str = "fp32") -> float:
     out = work / name
     argv = [sys.executable, "-m", "recover.experiments.cli", "train", "--system", system, "--model", model,
             "--replicas", str(replicas), "--microbatches", str(microbatches), "--steps", str(steps),
-            "--out", str(out), "--no-progress"]
+            "--out", str(out), "--no-progress"] + (["--exact"] if mode == "exact" else [])
     if shard > 1:
         argv += ["--shard", str(shard)]
     env = dict(os.environ)
@@ -79,24 +93,37 @@ def bench_iteration(args: argparse.Namespace) -> int:
     for spec in args.layouts:
         r, _, s = spec.partition("x")
         layouts.append((int(r), int(s or 1)))
-    configs = [(model, r, s, tree, system) for model in args.models for (r, s) in layouts
-               for tree in trees for system in args.systems if not (s > 1 and tree != "this")]
+    modes = getattr(args, "modes", None) or ["fp32"]
+    configs = [(model, r, s, tree, system, mode) for model in args.models for (r, s) in layouts
+               for tree in trees for system in args.systems for mode in modes
+               if not (s > 1 and tree != "this") and not (mode == "exact" and s > 1)]
     runs: dict[tuple, list[float]] = {c: [] for c in configs}
     for k in range(args.repeats):
         for c in configs:
-            model, r, s, tree, system = c
-            name = f"{model}-{r}x{s}-{tree}-{system}-{k}"
+            model, r, s, tree, system, mode = c
+            name = f"{model}-{r}x{s}-{tree}-{system}-{mode}-{k}"
             runs[c].append(_run(work, name, system, model, r, s, args.steps, args.microbatches_per_replica * r,
-                                trees[tree]))
+                                trees[tree], mode))
             print(f"round {k + 1}/{args.repeats} {name}: {1000 * runs[c][-1]:.1f} ms per iteration", flush=True)
-    rows = [{"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system,
-             "iteration_s": statistics.median(v), "runs_s": v} for (m, r, s, tree, system), v in runs.items()]
+    rows = [{"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system, "mode": mode,
+             "iteration_s": statistics.median(v), "runs_s": v,
+             "allreduce_bytes": allreduce_bytes(m, mode)}
+            for (m, r, s, tree, system, mode), v in runs.items()]
     ratios = []
+    if len(modes) > 1:
+        for row in rows:
+            if row["mode"] != "exact":
+                continue
+            base = next(x for x in rows if x["mode"] == "fp32" and all(
+                x[k] == row[k] for k in ("model", "layout", "tree", "system")))
+            ratios.append({"model": row["model"], "layout": row["layout"], "tree": row["tree"],
+                           "system": row["system"], "exact_over_fp32": row["iteration_s"] / base["iteration_s"],
+                           "bytes_exact_over_fp32": row["allreduce_bytes"] / base["allreduce_bytes"]})
     for m in args.models:
         for r, s in layouts:
             for tree in trees:
                 by = {row["system"]: row["iteration_s"] for row in rows
-                      if (row["model"], row["layout"], row["tree"]) == (m, f"{r}x{s}", tree)}
+                      if (row["model"], row["layout"], row["tree"], row["mode"]) == (m, f"{r}x{s}", tree, modes[0])}
                 if "recover" in by and "plain" in by:
                     ratios.append({"model": m, "layout": f"{r}x{s}", "tree": tree,
                                    "recover_over_plain": by["recover"] / by["plain"]})
@@ -108,6 +135,10 @@ def bench_iteration(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / args.name).write_text(json.dumps(result, indent=1))
     for x in ratios:
-        print(f"{x['model']:6s} {x['layout']:5s} {x['tree']:8s} recover/plain = {x['recover_over_plain']:.3f}")
+        if "exact_over_fp32" in x:
+            print(f"{x['model']:6s} {x['layout']:5s} {x['system']:8s} exact/fp32 = {x['exact_over_fp32']:.3f} "
+                  f"(all-reduce bytes x{x['bytes_exact_over_fp32']:.2f})")
+        else:
+            print(f"{x['model']:6s} {x['layout']:5s} {x['tree']:8s} recover/plain = {x['recover_over_plain']:.3f}")
     print(f"-> {out / args.name}")
     return 0

@@ -84,7 +84,8 @@ class FaultParam:
 
 PARAMS: dict[str, FaultParam] = {p.name: p for p in (
     FaultParam("seconds", 0.0, True, "seconds (> 0: how long it lasts)", "only a {owners} lasts seconds"),
-    FaultParam("factor", 1.0, False, "factor (>= 1: times as long)", "only a {owners} fault has a factor"),
+    FaultParam("factor", 1.0, False, "factor (>= 1: times as long, or times as large)",
+               "only a {owners} fault has a factor"),
 )}
 
 
@@ -166,6 +167,18 @@ def _flip_a_bit(state: InjectorState, index: int, fault: Any, step: int) -> None
         raise RuntimeError(f"bitflip (fault {index}): this trainer attached no weights to its hooks")
     what = state.weights.flip_bit()
     print(f"bitflip (fault {index}) at step {step}: {what}", file=sys.stderr, flush=True)  # the worker's log
+def _spike_gradient(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # Fired before the backward of the named microbatch: the accumulator multiplies that
+    # microbatch's gradient by `factor` when it folds it (core/exact.py's test hook).
+    spike = getattr(state.weights, "spike_next_fold", None)
+    if spike is None:
+        raise RuntimeError(f"grad_spike (fault {index}): this trainer's accumulator has no spike hook "
+                           f"(it needs --exact)")
+    spike(float(fault.factor))
+    print(f"grad_spike (fault {index}) at step {step}: the next microbatch's gradient x {fault.factor:g}",
+          file=sys.stderr, flush=True)  # the worker's log
+
+
 def _break_link_for_good(state: InjectorState, index: int, fault: Any, step: int) -> None:
     # Not only this all-reduce: every later one fails too (the injector checks the
     # deadline at each "allreduce" point), so retrying with the same members cannot help.
@@ -279,6 +292,14 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         _flip_a_bit,
         # recover fences the replica at its next digested vote; the baselines never notice
         sim_effect="crash", sim_why="recover fences the replica at its next weights digest", loses_replica=True,
+    ),
+    FaultKind(
+        # A numerical fault: with --exact the gradient leaves the fixed-point range and the
+        # step must be stopped or skipped, never committed wrapped (core/exact.py).
+        "grad_spike", "the gradient of the named microbatch is multiplied by `factor` (a gradient spike; "
+        "needs --exact)", _spike_gradient, accepts=("factor",), requires=("factor",),
+        at_phase="backward", at_phase_why="scales the gradient that backward is about to compute",
+        sim_effect="none", sim_why="it changes a gradient, not membership",
     ),
     FaultKind(
         # A persistent fault: recover must exclude the replica (core.protocol's fencing),

@@ -78,7 +78,7 @@ class Fault:
     microbatch: int | None = None  # point trigger: this replica's k-th microbatch of the step (None = first time)
     at_seconds: float | None = None  # wall-clock trigger: seconds since the run started
     seconds: float | None = None  # hang only: how long it stays frozen (None = for good)
-    factor: float | None = None  # slow only: each microbatch takes this many times as long
+    factor: float | None = None  # slow: each microbatch takes this many times as long; grad_spike: gradient x factor
 
     @property
     def wall_clock(self) -> bool:

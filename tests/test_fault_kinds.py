@@ -102,7 +102,7 @@ def test_a_toy_kind_in_a_copy_of_the_table_flows_through_validation():
     # Its own rules, from its entry alone.
     with pytest.raises(PlanError, match='phase: a toy_freeze strikes as the step is committed: use "commit"'):
         FaultPlan.from_dict({"faults": [{**good, "phase": "forward"}]}, kinds=table)
-    with pytest.raises(PlanError, match="factor: only a slow fault has a factor, not a toy_freeze"):
+    with pytest.raises(PlanError, match="factor: only a slow or grad_spike fault has a factor, not a toy_freeze"):
         FaultPlan.from_dict({"faults": [{**good, "factor": 2}]}, kinds=table)
     # Other kinds' errors now name it among the owners of the parameter it shares.
     owners = [n for n, k in KINDS.items() if "seconds" in k.accepts]  # hang, pace, ... from the real table

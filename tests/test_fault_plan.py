@@ -60,7 +60,7 @@ def test_minimal_form_is_accepted_exactly_and_written_back_as_read():
         ({"kind": "slow", "replica": 0, "step": 1, "phase": "forward"}, "fault 1: factor: missing"),
         ({"kind": "slow", "replica": 0, "step": 1, "phase": "forward", "factor": 0.5}, "fault 1: factor: must be >= 1"),
         ({"kind": "crash", "replica": 0, "step": 1, "phase": "forward", "factor": 2},
-         "fault 1: factor: only a slow fault"),
+         "fault 1: factor: only a slow or grad_spike fault"),
         ({"kind": "collective_error", "replica": 0, "step": 1, "phase": "backward"},
          "fault 1: phase: a collective_error breaks the collective in flight"),
         ({"kind": "crash", "replica": 0, "at_seconds": -1}, "fault 1: at_seconds: must be >= 0"),

@@ -111,6 +111,9 @@ def add_parser(sub) -> None:
     it.add_argument("--repeats", type=int, default=3, help="rounds (default: 3)")
     it.add_argument("--baseline-tree", default="",
                     help="a checkout of another commit to run interleaved with this one (before/after)")
+    it.add_argument("--modes", nargs="+", default=["fp32"], choices=["fp32", "exact"],
+                    help="accumulation modes: fp32, and/or exact (--exact: int64 fixed point, deterministic "
+                         "kernels); with both, each configuration runs in both, interleaved (default: fp32)")
     it.add_argument("--name", default="iteration.json", help="file name under --out (default: iteration.json)")
     it.add_argument("--out", default="results/bench", help="where to write it (default: results/bench)")
     it.add_argument("--work", default="", help="directory for the runs (default: a temp dir)")
