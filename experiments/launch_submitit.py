@@ -13,10 +13,15 @@ Contract:
   so results/ stays small enough to commit; summary.json gets "logs" naming it.
 - slurm: each run is ONE multi-task job, one task per rank (`slurm_task`). The
   array is split by job shape (nodes, tasks per node), as a Slurm array shares one
-  set of #SBATCH lines. Task 0 writes config.json and starts the coordinator
+  set of #SBATCH lines. Jobs are submitted with `--no-kill` (sbatch and srun both:
+  srun's own default ends the whole step when one node fails), so a node that fails
+  takes only its own tasks and the job runs on (`SlurmOptions.no_kill`). Task 0
+  writes config.json and starts the coordinator
   (`python -m recover.core.coordinator --host 0.0.0.0` with ports derived from the
   job id, `job_ports`); every task then runs the system's worker module for its
-  rank with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR (hostnames[0] of the job),
+  rank with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR (task 0's host: the job's
+  first node name when it resolves, else task 0's own hostname, published in the
+  job's sync directory),
   RECOVER_REPLICA, RECOVER_T0 and the run's RECOVER_JOIN_TOKEN (task 0 draws it,
   hands it to the coordinator and, through the job's sync directory, to every
   task); task 0 waits for the run to end and writes
@@ -27,6 +32,15 @@ Contract:
   launcher that ends the rest of a replica when one of its ranks dies runs here only.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
   submitit job's stderr when the job itself died).
+- Waiting on Slurm (`_wait_slurm`) follows task 0 only (it writes the summary; a
+  task lost with its node leaves no result, and that is not the run's failure),
+  asking sacct for the job's state every `SlurmOptions.poll_s`. It never waits
+  silently on a job that cannot run: sbatch refusing it (an unknown partition, a
+  shape no node has) is a failed outcome with sbatch's own message and the script;
+  a job pending for a reason that no time will lift (`NEVER_STARTS`), or pending
+  beyond `SlurmOptions.start_timeout_min`, is cancelled and failed naming the reason
+  and its log; a job that ended without task 0's result is failed with its state
+  and log.
 """
 from __future__ import annotations
 
@@ -34,6 +48,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,6 +81,10 @@ class SlurmOptions:
     array_parallelism: int = 4  # runs of one array running at the same time
     setup: list[str] = field(default_factory=list)  # shell lines run before srun (module load, venv)
     gpus_per_node: int | None = None  # override the scale's GPUs per node
+    tasks_per_node: int | None = None  # ranks per node (None: the GPUs per node; all on one node when CPU-only)
+    no_kill: bool = True  # sbatch/srun --no-kill: a failed node ends its own tasks, not the job
+    poll_s: float = 5.0  # how often a waiting submit asks sacct for a job's state
+    start_timeout_min: float = 0.0  # fail a job still pending after this long (0: wait for the queue)
 
 
 @dataclass
@@ -119,6 +138,16 @@ def job_ports(job_id: str) -> tuple[int, int]:
     """(store port, control port) derived from the job id: every task computes the same pair."""
     base = 20000 + 2 * (zlib.crc32(job_id.encode()) % 10000)
     return base, base + 1
+
+
+def coordinator_host(node: str) -> str:
+    """The address the other tasks reach task 0 at: its Slurm node name when that resolves (a real
+    cluster), else this host's own name (several slurmd nodes on one machine, as in the tests)."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except OSError:
+        return socket.gethostname()
 
 
 def _wait_for(path: Path, timeout: float) -> dict:
@@ -176,11 +205,12 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         # The job's own directory hands the token to its tasks (readable by its owner only).
         ready = sync / "ready.json"
         ready.touch(mode=0o600)
-        ready.write_text(json.dumps({"t0": t0, "host": host0, "join_token": token}))
+        ready.write_text(json.dumps({"t0": t0, "host": coordinator_host(host0), "join_token": token}))
     ready = _wait_for(sync / "ready.json", timeout=600)
+    host = ready["host"]
     worker_env = {
         **os.environ,
-        "RECOVER_STORE_ADDR": f"{host0}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host0}:{control_port}",
+        "RECOVER_STORE_ADDR": f"{host}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host}:{control_port}",
         "RECOVER_REPLICA": str(rank), "RECOVER_T0": repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
     }
     worker = subprocess.Popen(
@@ -260,14 +290,69 @@ def submit_grid(grid: Grid, executor: str, root: str | Path = "results", logs_ro
 def slurm_shape(spec: RunSpec, opts: SlurmOptions) -> tuple[int, int, int]:
     """(nodes, tasks per node, GPUs per node) of a run's job: one task per rank."""
     gpn = spec.gpus_per_node if opts.gpus_per_node is None else opts.gpus_per_node
-    per_node = min(gpn, spec.replicas) if gpn > 0 else spec.replicas
+    if opts.tasks_per_node:
+        per_node = min(opts.tasks_per_node, spec.replicas)
+    else:
+        per_node = min(gpn, spec.replicas) if gpn > 0 else spec.replicas
     nodes = -(-spec.replicas // per_node)
     return nodes, per_node, gpn
+
+
+# Slurm's states of a job that may still run its tasks (sacct); any other state is final.
+SLURM_LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
+              "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "PREEMPTED", "UNKNOWN", "")
+# squeue's reasons for a pending job that waiting cannot lift: the request exceeds what the
+# partition or the account allows, or names something that does not exist.
+NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
+                "InvalidQOS", "QOSJobLimit", "AccountNotAllowed", "JobHeldAdmin", "DependencyNeverSatisfied")
+
+
+def _newest(folder: Path, pattern: str) -> str:
+    found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
+    return str(found[-1]) if found else f"{folder}/{pattern}"
+
+
+def _pending_reason(job_id: str) -> str:
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip()
+
+
+def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
+    """Wait for one run's job: task 0's result, or a clear failure (see the module docstring)."""
+    task0 = job.task(0)
+    log = task0.paths.stderr
+    started = time.monotonic()
+    while not task0.paths.result_pickle.exists():
+        state = job.watcher.get_state(job.job_id, mode="force").split(" ")[0]  # "CANCELLED by 0"
+        if state not in SLURM_LIVE:
+            time.sleep(2)  # a result written as the job ended may lag behind its state on a shared disk
+            if task0.paths.result_pickle.exists():
+                break
+            return Outcome(name, "failed", f"job {job.job_id} ended {state} without task 0's result; log: {log}")
+        if state == "PENDING":
+            reason = _pending_reason(job.job_id)
+            waited = (time.monotonic() - started) / 60
+            if reason in NEVER_STARTS or (opts.start_timeout_min and waited > opts.start_timeout_min):
+                job.cancel(check=False)
+                why = (f"pending for a reason that will not pass ({reason})" if reason in NEVER_STARTS else
+                       f"still pending after {waited:.1f} min ({reason or 'no reason given'})")
+                return Outcome(name, "failed", f"job {job.job_id} cannot start: {why}; cancelled; log: {log}")
+        time.sleep(opts.poll_s)
+    try:
+        r = task0.result()
+    except Exception as e:  # the task raised: its traceback is in the log
+        return _report_job_failure(name, task0, e)
+    status = r.get("status", "failed")
+    return Outcome(name, status, "" if status == "ok" else f"log {log}")
 
 
 def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: SlurmOptions, wait: bool,
                   echo) -> list[Outcome]:
     import submitit
+    from submitit.core.utils import FailedJobError
 
     outcomes: list[Outcome] = []
     runnable = []
@@ -302,19 +387,25 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             params["slurm_account"] = opts.account
         if opts.setup:
             params["slurm_setup"] = list(opts.setup)
+        if opts.no_kill:
+            params["slurm_additional_parameters"] = {"no-kill": True}
+            params["slurm_srun_args"] = ["--no-kill"]
         ex.update_parameters(**params)
-        jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs))
+        try:
+            jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs))
+        except FailedJobError as e:  # sbatch refused the array: nothing was queued
+            why = " ".join(str(e).split()) or "no message"
+            script = _newest(Path(folder), ".submission_file_*.sh")
+            for spec in specs:
+                outcomes.append(Outcome(spec.name, "failed", f"sbatch refused the job: {why}; script: {script}"))
+                echo(f"  {'failed':>7}  {spec.name}  {outcomes[-1].detail}")
+            continue
         for spec, job in zip(specs, jobs):
             outcomes.append(Outcome(spec.name, "submitted", f"job {job.job_id}; sbatch {job.paths.submission_file}; "
-                                    f"log {job.paths.stderr}"))
+                                    f"log {job.task(0).paths.stderr}"))
             echo(f"  submitted  {spec.name}  job {job.job_id} ({nodes} node(s) x {per_node} task(s))")
         if wait:
             for spec, job in zip(specs, jobs):
-                try:
-                    results = job.results()  # one per task
-                    status = next((r.get("status") for r in results if r.get("rank") == 0), "failed")
-                except Exception as e:
-                    outcomes.append(_report_job_failure(spec.name, job, e))
-                else:
-                    outcomes.append(Outcome(spec.name, status, "" if status == "ok" else f"log {job.paths.stderr}"))
+                outcomes.append(_wait_slurm(spec.name, job, opts))
+                echo(f"  {outcomes[-1].status:>7}  {spec.name}  {outcomes[-1].detail}".rstrip())
     return outcomes

@@ -55,6 +55,8 @@ def add_parser(sub) -> None:
     s.add_argument("--nodes", type=int, default=None,
                    help="nodes of trajectory/throughput runs: replicas = nodes x gpus per node")
     s.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (= tasks, ranks) per node (default: the scale's)")
+    s.add_argument("--tasks-per-node", type=int, default=None,
+                   help="ranks per node (default: the GPUs per node; a CPU-only scale puts all ranks on one node)")
     s.add_argument("--partition", default="", help="Slurm partition")
     s.add_argument("--account", default="", help="Slurm account")
     s.add_argument("--time", type=int, default=240, help="time limit of each run's job, minutes (default: 240)")
@@ -63,12 +65,16 @@ def add_parser(sub) -> None:
     s.add_argument("--array-parallelism", type=int, default=4, help="runs of an array at the same time (default: 4)")
     s.add_argument("--setup", action="append", default=[], help="a shell line run before srun (repeatable)")
     s.add_argument("--wait", action="store_true", help="wait for the Slurm jobs, then aggregate")
+    s.add_argument("--kill-on-node-failure", action="store_true",
+                   help="let Slurm end a job when one of its nodes fails (default: --no-kill, the job runs on)")
+    s.add_argument("--start-timeout", type=float, default=0.0,
+                   help="with --wait: fail a job still pending after this many minutes (default: 0, no limit)")
     p.set_defaults(func=cmd_experiment)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
 
-    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "parallel", "shard"):
+    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "tasks_per_node", "parallel", "shard"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             return fail(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
@@ -100,7 +106,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     slurm = SlurmOptions(partition=args.partition, account=args.account, time_min=args.time,
                          cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
                          array_parallelism=args.array_parallelism, setup=args.setup,
-                         gpus_per_node=args.gpus_per_node)
+                         gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+                         no_kill=not args.kill_on_node_failure, start_timeout_min=args.start_timeout)
     t0 = time.time()
     outcomes = submit_grid(grid, args.executor, root=args.out, logs_root=args.logs,
                            folder=args.folder or f"runs/submitit/{args.name}", parallel=args.parallel,
