@@ -339,7 +339,8 @@ def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
                 job.cancel(check=False)
                 why = (f"pending for a reason that will not pass ({reason})" if reason in NEVER_STARTS else
                        f"still pending after {waited:.1f} min ({reason or 'no reason given'})")
-                return Outcome(name, "failed", f"job {job.job_id} cannot start: {why}; cancelled; log: {log}")
+                return Outcome(name, "failed", f"job {job.job_id} cannot start: {why}; cancelled; script: "
+                                               f"{job.paths.submission_file}; log (never written): {log}")
         time.sleep(opts.poll_s)
     try:
         r = task0.result()

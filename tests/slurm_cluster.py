@@ -235,6 +235,10 @@ class SlurmCluster:
         while self.node_state(node) != "idle" and time.monotonic() < end:
             time.sleep(0.2)
 
+    def node_reason(self, node: str) -> str:
+        """Why the node is down or drained, as whoever set it so wrote it (sinfo's reason)."""
+        return self._run("sinfo", "-h", "-n", node, "-o", "%E").stdout.strip()
+
     def job_nodes(self, job: str) -> str:
         """The nodes a job ran on, as sacct prints them (n[1-2])."""
         p = self._run("sacct", "-n", "-X", "-P", "-j", job, "-o", "NodeList")

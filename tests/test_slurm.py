@@ -12,8 +12,9 @@ when it runs as root, as CI does).
 - A node failure: recover's worker on n2 sets its own node DOWN mid-step (a
   `node_down` fault); Slurm ends the task there, the job (submitted --no-kill) runs on
   n1, and the trajectory equals failure-free; faults.jsonl and events.jsonl record it.
-- Bad input: an unknown partition is one failed outcome naming sbatch's message and
-  the script, at once.
+- Bad input: an unknown partition (sbatch refuses it) and a job no node can hold
+  (queued, pending for PartitionConfig) are each one failed line per run, at once,
+  naming Slurm's reason and the job's script and log; nothing is left queued.
 """
 from __future__ import annotations
 
@@ -115,3 +116,53 @@ def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, 
     for table in ("trajectory.csv", "trajectory_summary.csv"):
         with open(tmp_path / "results" / table) as a, open(local_runs / table) as b:
             assert next(csv.reader(a)) == next(csv.reader(b))
+
+
+def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_runs: Path, tmp_path: Path,
+                                                  monkeypatch) -> None:
+    """Replica 1's worker sets its own node (n2) DOWN at step 2: Slurm ends its task, the job runs on."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS)
+    spec = next(r for r in grid.runs if r.label == "recover")
+    spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 2, "phase": "backward"}]}
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=1.0)
+    out = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts)
+    assert [(o.status) for o in out] == ["submitted", "ok"], out
+    run = spec.out_dir(tmp_path / "results")
+    config, metrics, summary = load_run(run)
+    job = summary["slurm_job"]
+    # The node really went down, by Slurm's own account, and took replica 1's task with it.
+    assert cluster.node_state("n2").startswith("down"), cluster.node_state("n2")
+    assert "recover fault 0: node_down of replica 1 at step 2" in cluster.node_reason("n2")
+    [fired] = assert_every_planned_fault_fired(run)
+    assert fired["kind"] == "node_down" and fired["step"] == 2
+    [recovery] = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "recovery"]
+    assert (recovery["step"], recovery["survivors"]) == (2, [0]), recovery
+    assert "replica 1 lost" in recovery["fault"], recovery
+    # The run went on with replica 0 alone and stayed on the failure-free trajectory.
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert metrics[-1]["members"] == [0], metrics[-1]
+    assert_close(losses(run), losses(local_runs / "trajectory" / "failure-free_s0"))
+
+
+@pytest.mark.parametrize("bad, says", [
+    # sbatch refuses it: nothing is queued
+    (["--partition", "nosuch"], ["sbatch refused the job", "invalid partition", ".submission_file_"]),
+    # queued, but no node of the partition has 64 CPUs: Slurm keeps it pending for PartitionConfig
+    (["--cpus-per-task", "64"], ["cannot start", "(partitionconfig)", "cancelled", "_submission.sh", "log"]),
+])
+def test_a_job_that_cannot_run_is_one_clear_error_at_once(cluster: SlurmCluster, tmp_path: Path, bad, says) -> None:
+    args = [*SLURM, "--cpus-per-task", "1", *bad]
+    proc = recover_cli("experiment", *GRID, *args, "--out", str(tmp_path / "results"),
+                       "--logs", str(tmp_path / "logs"), "--folder", str(tmp_path / "submitit"), env=cluster.env,
+                       timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 2, proc.stdout  # both runs of the array, each one line
+    for line in failed:
+        assert all(w.lower() in line.lower() for w in says), line
+    assert not cluster.queue()
