@@ -25,9 +25,14 @@ Contract:
   RECOVER_REPLICA, RECOVER_T0 and the run's RECOVER_JOIN_TOKEN (task 0 draws it,
   hands it to the coordinator and, through the job's sync directory, to every
   task); task 0 waits for the run to end and writes
-  summary.json. Systems that restart or re-form their job with a supervisor of
-  their own (checkpoint-restart, torchft, elastic) are skipped on Slurm with a note:
-  their supervisors start local processes. So are runs whose replicas have many
+  summary.json. A system whose `System.on_slurm` is "requeue" (checkpoint-restart)
+  is submitted --requeue: on a failure (a rank's worker exits non-zero, fail-fast)
+  task 0 leaves the next start its fault notice (DIR/baseline/fault-<n>.json, as the
+  local supervisor does) and runs `scontrol requeue` on its job; every start
+  (SLURM_RESTART_COUNT) trains at full size from the last complete checkpoint, with
+  the run's files and clock kept, until `max_restarts`. Systems that re-form their
+  job with a supervisor of their own (torchft, elastic: on_slurm "") are skipped on
+  Slurm with a note: their supervisors start local processes. So are runs whose replicas have many
   ranks (shard > 1): one task per replica is all `slurm_task` starts today, and the
   launcher that ends the rest of a replica when one of its ranks dies runs here only.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
@@ -37,7 +42,8 @@ Contract:
   asking sacct for the job's state every `SlurmOptions.poll_s`. It never waits
   silently on a job that cannot run: sbatch refusing it (an unknown partition, a
   shape no node has) is a failed outcome with sbatch's own message and the script;
-  a job pending for a reason that no time will lift (`NEVER_STARTS`), or pending
+  a requeued job held by Slurm (BeginTime, 120 s) is started at once
+  (`release_requeued`); a job pending for a reason that no time will lift (`NEVER_STARTS`), or pending
   beyond `SlurmOptions.start_timeout_min`, is cancelled and failed naming the reason
   and its log; a job that ended without task 0's result is failed with its state
   and log.
@@ -57,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recover.baselines.runlog import fault_notice_path
 from recover.core.results import read_jsonl, write_summary
 from recover.core.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
@@ -85,6 +92,7 @@ class SlurmOptions:
     no_kill: bool = True  # sbatch/srun --no-kill: a failed node ends its own tasks, not the job
     poll_s: float = 5.0  # how often a waiting submit asks sacct for a job's state
     start_timeout_min: float = 0.0  # fail a job still pending after this long (0: wait for the queue)
+    release_requeued: bool = True  # start a requeued job at once instead of after Slurm's 120 s hold
 
 
 @dataclass
@@ -168,31 +176,23 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
 
     env = submitit.JobEnvironment()
     rank, job_id, host0 = env.global_rank, str(env.job_id), env.hostnames[0]
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)  # 0, then +1 per requeue of this job
     spec = RunSpec.from_dict(spec_dict)
     system = SYSTEMS[spec.system]
     out = spec.out_dir(root)
-    sync = out / ".slurm" / job_id  # per job: a requeued job never reads an older one's markers
-    store_port, control_port = job_ports(job_id)
+    # Per start of the job: a requeued job never reads its earlier start's markers.
+    sync = out / ".slurm" / job_id / str(restart)
+    store_port, control_port = job_ports(f"{job_id}.{restart}")
     if rank >= spec.replicas:  # the last node's spare task slots
         return {"rank": rank, "idle": True}
     config_path = out / "config.json"
     coordinator = None
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:
-            (out / name).unlink(missing_ok=True)
-        (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
-        spec.write_plan(root)
-        cfg = spec.train_config(root)
-        plan = attach_plan(cfg)  # points cfg.hooks at the injector when there is a plan
-        config = resolved_config_dict(cfg)
-        settings = spec.settings_obj()
-        if settings is not None:
-            config["baseline"] = settings.to_dict()
-        config_path.write_text(json.dumps(config, indent=2))
-        if plan is not None:
-            plan.save(out / "fault_plan.json")  # the workers' injectors read it there
-        t0 = time.time()
+        if restart == 0:
+            t0 = time.time()
+            _first_start(spec, root, out, config_path)
+        else:  # a requeued job resumes the same run: its files, its clock
+            t0 = json.loads((out / ".slurm" / job_id / "0" / "ready.json").read_text())["t0"]
         token = new_join_token()
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "recover.core.coordinator", "--config", str(config_path),
@@ -207,25 +207,36 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         ready.touch(mode=0o600)
         ready.write_text(json.dumps({"t0": t0, "host": coordinator_host(host0), "join_token": token}))
     ready = _wait_for(sync / "ready.json", timeout=600)
+    members = _members(spec, system, out, restart)
+    if rank not in members:  # a replica lost earlier in a survivors-mode run: its slot stays empty
+        (sync / f"done-{rank}").write_text("0")
+        if rank != 0:
+            return {"rank": rank, "idle": True}
     host = ready["host"]
     worker_env = {
         **os.environ,
         "RECOVER_STORE_ADDR": f"{host}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host}:{control_port}",
         "RECOVER_REPLICA": str(rank), "RECOVER_T0": repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
     }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
-        env=worker_env,
-    )
-    code = worker.wait()
-    (sync / f"done-{rank}").write_text(str(code))
+    if system.on_slurm == "requeue":  # every start trains at full size from the last complete checkpoint
+        worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(restart))
+    code = 0
+    if rank in members:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
+            env=worker_env,
+        )
+        code = worker.wait()
+        (sync / f"done-{rank}").write_text(str(code))
     if rank != 0:
         return {"rank": rank, "returncode": code}
     # Task 0 keeps the coordinator until the run is over: a "recover" coordinator exits
     # by itself; a bare store waits for every rank's done marker (or a failure, fail-fast).
+    failed: dict[str, int] = {}
     while coordinator.poll() is None:
         done = {p.name: int(p.read_text() or 1) for p in sync.glob("done-*")}
-        if system.fail_fast and any(c != 0 for c in done.values()):
+        failed = {k: c for k, c in done.items() if c != 0}
+        if system.fail_fast and failed:
             break
         if system.coordinator_mode == "store" and len(done) >= spec.replicas:
             break
@@ -233,12 +244,74 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
     if coordinator.poll() is None:
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(30)
+    settings = spec.settings_obj()
+    if failed and system.on_slurm == "requeue" and restart < settings.max_restarts:
+        # the job's other ranks fail within moments of the first (their collectives break):
+        # give them that long, so the notice names who was lost rather than who noticed
+        end = time.time() + 3
+        while time.time() < end and len(list(sync.glob("done-*"))) < spec.replicas:
+            time.sleep(0.2)
+        done = {int(p.name.split("-")[1]): int(p.read_text() or 1) for p in sync.glob("done-*")}
+        _requeue(out, restart, done, members, ready["t0"], settings.restart_mode)  # does not return: Slurm ends and restarts the job
     (out / PLAN_INPUT).unlink(missing_ok=True)  # the run saved its own copy, fault_plan.json
     committed = len(read_jsonl(out / "metrics.jsonl"))
     ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode == "store")
+    extra = {"restarts": restart} if system.on_slurm == "requeue" else {}
     summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,
-                            reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id)
+                            reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id,
+                            **extra)
     return {"rank": 0, "returncode": code, "status": summary["status"]}
+
+
+def _first_start(spec: RunSpec, root: str, out: Path, config_path: Path) -> None:
+    """Task 0 of a run's first start: a clean run directory, config.json and the fault plan."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "baseline", ignore_errors=True)  # never resume another run's checkpoints
+    (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
+    spec.write_plan(root)
+    cfg = spec.train_config(root)
+    plan = attach_plan(cfg)  # points cfg.hooks at the injector when there is a plan
+    config = resolved_config_dict(cfg)
+    settings = spec.settings_obj()
+    if settings is not None:
+        config["baseline"] = settings.to_dict()
+    config_path.write_text(json.dumps(config, indent=2))
+    if plan is not None:
+        plan.save(out / "fault_plan.json")  # the workers' injectors read it there
+
+
+def _members(spec: RunSpec, system: Any, out: Path, restart: int) -> list[int]:
+    """The replicas that train in this start: all of them, except in a survivors-mode run
+    restarted by requeue, where those named lost by earlier starts' fault notices stay out."""
+    everyone = list(range(spec.replicas))
+    settings = spec.settings_obj()
+    if system.on_slurm != "requeue" or restart == 0 or getattr(settings, "restart_mode", "") != "survivors":
+        return everyone
+    lost: set[int] = set()
+    for n in range(1, restart + 1):
+        lost.update(json.loads(fault_notice_path(out, n).read_text())["failed_replicas"])
+    return [r for r in everyone if r not in lost]
+
+
+def _requeue(out: Path, restart: int, done: dict[int, int], members: list[int], t0: float, mode: str) -> None:
+    """Leave the next start its fault notice (as the local supervisor does), then requeue this job.
+
+    The lost replicas: those whose worker a signal ended, else those whose task left no
+    exit at all (gone with its node), else every one that failed."""
+    failed = sorted(r for r in members if done.get(r, 1) != 0)
+    lost = ([r for r in failed if done.get(r, 0) < 0] or [r for r in members if r not in done] or failed)
+    notice = {"fault": "; ".join(f"replica {r} " + (f"exited {done[r]}" if r in done else "gone") for r in failed),
+              "failed_replicas": lost, "detected_at": time.time() - t0, "restart_mode": mode, "restarted_by": "slurm requeue",
+              "relaunched_at": time.time() - t0}
+    path = fault_notice_path(out, restart + 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(notice))
+    job = os.environ["SLURM_JOB_ID"]  # this array element's own id
+    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=60)
+    time.sleep(600)  # Slurm ends this task with the job
+    raise RuntimeError(f"scontrol requeue {job} did not end the job within 10 minutes")
 
 
 # ---- submitting a grid ----------------------------------------------------------------------
@@ -320,6 +393,18 @@ def _pending_reason(job_id: str) -> str:
     return out.stdout.strip()
 
 
+def _restarts(job_id: str) -> int:
+    """How many times Slurm requeued the job (scontrol's Restarts=N; 0 when unknown)."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    for field_ in out.stdout.split():
+        if field_.startswith("Restarts="):
+            return int(field_.split("=", 1)[1])
+    return 0
+
+
 def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
     """Wait for one run's job: task 0's result, or a clear failure (see the module docstring)."""
     task0 = job.task(0)
@@ -334,6 +419,11 @@ def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
             return Outcome(name, "failed", f"job {job.job_id} ended {state} without task 0's result; log: {log}")
         if state == "PENDING":
             reason = _pending_reason(job.job_id)
+            if reason == "BeginTime" and opts.release_requeued and _restarts(job.job_id) > 0:
+                # Slurm holds a requeued job for 120 s before it may start again; the
+                # failed tasks are gone already (they requeued it themselves), so start it now.
+                subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], capture_output=True,
+                               timeout=30)
             waited = (time.monotonic() - started) / 60
             if reason in NEVER_STARTS or (opts.start_timeout_min and waited > opts.start_timeout_min):
                 job.cancel(check=False)
@@ -358,20 +448,22 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
     outcomes: list[Outcome] = []
     runnable = []
     for spec in todo:
-        if SYSTEMS[spec.system].supervisor:
+        if not SYSTEMS[spec.system].on_slurm:
             outcomes.append(Outcome(spec.name, "skipped",
-                                    f"{spec.system} restarts its job from a supervisor that starts local processes; "
-                                    "not launched on Slurm"))
+                                    f"{spec.system} re-forms its job from a supervisor that starts local processes; "
+                                    "not launched on Slurm yet"))
         elif spec.shard > 1:
             outcomes.append(Outcome(spec.name, "skipped",
                                     f"replicas of {spec.shard} ranks are not launched on Slurm yet (one task per "
                                     "replica); run it with --executor local"))
         else:
             runnable.append(spec)
-    groups: dict[tuple[int, int, int], list[RunSpec]] = {}
+    submitted: list[tuple[RunSpec, Any]] = []
+    # One array per job shape and per way of restarting (a requeued system's array goes --requeue).
+    groups: dict[tuple[tuple[int, int, int], bool], list[RunSpec]] = {}
     for spec in runnable:
-        groups.setdefault(slurm_shape(spec, opts), []).append(spec)
-    for (nodes, per_node, gpn), specs in groups.items():
+        groups.setdefault((slurm_shape(spec, opts), SYSTEMS[spec.system].on_slurm == "requeue"), []).append(spec)
+    for ((nodes, per_node, gpn), requeue), specs in groups.items():
         ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
         params: dict[str, Any] = dict(
             name=f"recover-{specs[0].experiment}", nodes=nodes, tasks_per_node=per_node,
@@ -388,9 +480,14 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             params["slurm_account"] = opts.account
         if opts.setup:
             params["slurm_setup"] = list(opts.setup)
+        extra: dict[str, Any] = {}
         if opts.no_kill:
-            params["slurm_additional_parameters"] = {"no-kill": True}
+            extra["no-kill"] = True
             params["slurm_srun_args"] = ["--no-kill"]
+        if requeue:
+            extra["requeue"] = True  # a failure restarts the job from its last complete checkpoint
+        if extra:
+            params["slurm_additional_parameters"] = extra
         ex.update_parameters(**params)
         try:
             jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs))
@@ -405,8 +502,9 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             outcomes.append(Outcome(spec.name, "submitted", f"job {job.job_id}; sbatch {job.paths.submission_file}; "
                                     f"log {job.task(0).paths.stderr}"))
             echo(f"  submitted  {spec.name}  job {job.job_id} ({nodes} node(s) x {per_node} task(s))")
-        if wait:
-            for spec, job in zip(specs, jobs):
-                outcomes.append(_wait_slurm(spec.name, job, opts))
-                echo(f"  {outcomes[-1].status:>7}  {spec.name}  {outcomes[-1].detail}".rstrip())
+            submitted.append((spec, job))
+    if wait:  # every array is queued before the first wait: they run side by side
+        for spec, job in submitted:
+            outcomes.append(_wait_slurm(spec.name, job, opts))
+            echo(f"  {outcomes[-1].status:>7}  {spec.name}  {outcomes[-1].detail}".rstrip())
     return outcomes

@@ -239,6 +239,12 @@ class SlurmCluster:
         """Why the node is down or drained, as whoever set it so wrote it (sinfo's reason)."""
         return self._run("sinfo", "-h", "-n", node, "-o", "%E").stdout.strip()
 
+    def restarts(self, job: str) -> int:
+        """How many times Slurm requeued the job (scontrol's Restarts=N; -1 once it left slurmctld's memory)."""
+        p = self._run("scontrol", "-o", "show", "job", job)
+        found = [f for f in p.stdout.split() if f.startswith("Restarts=")]
+        return int(found[0].split("=")[1]) if found else -1
+
     def job_nodes(self, job: str) -> str:
         """The nodes a job ran on, as sacct prints them (n[1-2])."""
         p = self._run("sacct", "-n", "-X", "-P", "-j", job, "-o", "NodeList")

@@ -5,10 +5,13 @@ Every Slurm test is in this one file, so that the suite's workers (pytest-xdist,
 not as root, they skip with one line saying why (`make test` installs the packages
 when it runs as root, as CI does).
 
-- `recover experiment trajectory --executor slurm --wait` runs failure-free (plain)
-  and recover as 2-node jobs (one task per node, task 0 hosting the coordinator), and
-  the planned replica loss fires on Slurm; the aggregated CSVs have the local
-  executor's columns, and every per-step loss equals the local run's to 1e-5 relative.
+- `recover experiment trajectory --executor slurm --wait` runs failure-free (plain),
+  recover and checkpoint-restart as 2-node jobs (one task per node, task 0 hosting the
+  coordinator), and the planned replica loss fires on Slurm: recover trains on, and
+  checkpoint-restart's job is requeued by Slurm (`scontrol requeue` from task 0) and
+  resumes from its last complete checkpoint with the survivor. The aggregated CSVs
+  have the local executor's columns, and every per-step loss of every run equals the
+  local run's to 1e-5 relative.
 - A node failure: recover's worker on n2 sets its own node DOWN mid-step (a
   `node_down` fault); Slurm ends the task there, the job (submitted --no-kill) runs on
   n1, and the trajectory equals failure-free; faults.jsonl and events.jsonl record it.
@@ -35,7 +38,9 @@ pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
 
 REL = 1e-5
 STEPS = 4
-GRID = ["trajectory", "--seeds", "0", "--systems", "recover", "--replicas", "2", "--steps", str(STEPS)]
+# checkpoint-restart: a checkpoint every 2 steps, so its restart resumes from one (step 2)
+GRID = ["trajectory", "--seeds", "0", "--systems", "recover", "ckpt-restart", "--replicas", "2", "--steps", str(STEPS),
+        "--ckpt-every", "2"]
 SLURM = ["--executor", "slurm", "--wait", "--tasks-per-node", "1", "--cpus-per-task", "1", "--time", "10"]
 
 
@@ -104,8 +109,8 @@ def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, 
     proc = recover_cli("experiment", *GRID, *SLURM, "--out", str(tmp_path / "results"),
                        "--logs", str(tmp_path / "logs"), "--folder", str(tmp_path / "submitit"), env=cluster.env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 ok" in proc.stdout, proc.stdout
-    for name in ("failure-free_s0", "recover_s0"):
+    assert "3 ok" in proc.stdout, proc.stdout
+    for name in ("failure-free_s0", "recover_s0", "ckpt-restart_s0"):
         run = tmp_path / "results" / "trajectory" / name
         assert_close(losses(run), losses(local_runs / "trajectory" / name))
         job = json.loads((run / "summary.json").read_text())["slurm_job"]
@@ -113,6 +118,17 @@ def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, 
         assert cluster.job_nodes(job) == "n[1-2]", cluster.job_nodes(job)
     # recover lost the planned replica on Slurm too (a real SIGKILL of its worker) and still matched
     assert_every_planned_fault_fired(tmp_path / "results" / "trajectory" / "recover_s0")
+    # checkpoint-restart lost it too: its job was requeued by Slurm and trained on from its last
+    # complete checkpoint with the survivor, as the local supervisor restarts it
+    ckpt = tmp_path / "results" / "trajectory" / "ckpt-restart_s0"
+    [fault] = assert_every_planned_fault_fired(ckpt)
+    _, metrics, summary = load_run(ckpt)
+    [restart] = [e for e in read_jsonl(ckpt / "events.jsonl") if e["kind"] == "restart"]
+    assert summary["restarts"] == 1 and restart["generation"] == 1, (summary, restart)
+    assert restart["restarted_by"] == "slurm requeue" and restart["failed_replicas"] == [fault["replica"]]
+    assert cluster.restarts(summary["slurm_job"]) == 1  # by Slurm's own account
+    assert restart["members"] == [1 - fault["replica"]] == metrics[-1]["members"], (restart, metrics[-1])
+    assert restart["from_step"] == 2 and restart["from_step"] <= fault["step"], restart  # the checkpoint of step 2
     for table in ("trajectory.csv", "trajectory_summary.csv"):
         with open(tmp_path / "results" / table) as a, open(local_runs / table) as b:
             assert next(csv.reader(a)) == next(csv.reader(b))
@@ -162,7 +178,7 @@ def test_a_job_that_cannot_run_is_one_clear_error_at_once(cluster: SlurmCluster,
                        timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
-    assert len(failed) == 2, proc.stdout  # both runs of the array, each one line
+    assert len(failed) == 3, proc.stdout  # every run of the grid, each one line
     for line in failed:
         assert all(w.lower() in line.lower() for w in says), line
     assert not cluster.queue()
