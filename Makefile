@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench clean slurm-packages
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,23 @@ demo: $(STAMP)
 # TEST_WORKERS=0 runs serially, in one process (for a debugger, or -x bisection).
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+# tests/test_slurm.py stands up a real two-node Slurm cluster (tests/slurm_cluster.py)
+# from Debian's packages. Run as root (as CI runs), `make test` installs the missing
+# ones first; otherwise, or if apt cannot, those tests skip with one line saying why.
+SLURM_PACKAGES := slurmctld slurmd slurm-client slurmdbd mariadb-server munge
+SLURM_BINARIES := slurmctld slurmd slurmdbd sbatch sacct scontrol mariadbd mariadb-install-db munged
+
+slurm-packages:
+	@missing=0; for b in $(SLURM_BINARIES); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null || missing=1; done; \
+	if [ $$missing = 1 ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing $(SLURM_PACKAGES) for tests/test_slurm.py"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1; } || \
+		echo "could not install $(SLURM_PACKAGES): the Slurm tests will skip"; \
+	fi
+
+test: $(STAMP) slurm-packages
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The inner loop: pure and property tests only, no process started (RECOVER_FAST=1

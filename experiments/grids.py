@@ -351,11 +351,13 @@ def resize(scale: Scale, replicas: int | None = None, steps: int | None = None, 
 
 def build_grid(name: str, seeds: list[int] | None = None, scale: str = "local",
                systems: list[str] | None = None, replicas: int | None = None, steps: int | None = None,
-               recovery_replicas: tuple[int, ...] | None = None, shard: int | None = None) -> Grid:
+               recovery_replicas: tuple[int, ...] | None = None, shard: int | None = None,
+               baseline: dict[str, Any] | None = None) -> Grid:
     """The validated grid of experiment `name` (see the module docstring).
 
     `systems` keeps only runs with these labels (and their failure-free references);
-    `replicas`, `steps`, `recovery_replicas` and `shard` resize the scale (`resize`).
+    `replicas`, `steps`, `recovery_replicas` and `shard` resize the scale (`resize`);
+    `baseline` sets BaselineConfig fields (e.g. ckpt_every) of every run whose system has them.
     """
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)}")
@@ -390,6 +392,8 @@ def build_grid(name: str, seeds: list[int] | None = None, scale: str = "local",
                      f"{FAILURE_FREE.system!r} does not run that layout yet; it trains the same microbatch ids on "
                      "the same data, so the comparison holds up to summation order")
     for r in kept:
+        if baseline and SYSTEMS[r.system].settings is not None:
+            r.settings = {**r.settings, **baseline}
         try:
             r.validate()
         except (ConfigError, PlanError) as e:

@@ -13,20 +13,40 @@ Contract:
   so results/ stays small enough to commit; summary.json gets "logs" naming it.
 - slurm: each run is ONE multi-task job, one task per rank (`slurm_task`). The
   array is split by job shape (nodes, tasks per node), as a Slurm array shares one
-  set of #SBATCH lines. Task 0 writes config.json and starts the coordinator
+  set of #SBATCH lines. Jobs are submitted with `--no-kill` (sbatch and srun both:
+  srun's own default ends the whole step when one node fails), so a node that fails
+  takes only its own tasks and the job runs on (`SlurmOptions.no_kill`). Task 0
+  writes config.json and starts the coordinator
   (`python -m recover.core.coordinator --host 0.0.0.0` with ports derived from the
   job id, `job_ports`); every task then runs the system's worker module for its
-  rank with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR (hostnames[0] of the job),
+  rank with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR (task 0's host: the job's
+  first node name when it resolves, else task 0's own hostname, published in the
+  job's sync directory),
   RECOVER_REPLICA, RECOVER_T0 and the run's RECOVER_JOIN_TOKEN (task 0 draws it,
   hands it to the coordinator and, through the job's sync directory, to every
   task); task 0 waits for the run to end and writes
-  summary.json. Systems that restart or re-form their job with a supervisor of
-  their own (checkpoint-restart, torchft, elastic) are skipped on Slurm with a note:
-  their supervisors start local processes. So are runs whose replicas have many
+  summary.json. A system whose `System.on_slurm` is "requeue" (checkpoint-restart)
+  is submitted --requeue: on a failure (a rank's worker exits non-zero, fail-fast)
+  task 0 leaves the next start its fault notice (DIR/baseline/fault-<n>.json, as the
+  local supervisor does) and runs `scontrol requeue` on its job; every start
+  (SLURM_RESTART_COUNT) trains at full size from the last complete checkpoint, with
+  the run's files and clock kept, until `max_restarts`. Systems that re-form their
+  job with a supervisor of their own (torchft, elastic: on_slurm "") are skipped on
+  Slurm with a note: their supervisors start local processes. So are runs whose replicas have many
   ranks (shard > 1): one task per replica is all `slurm_task` starts today, and the
   launcher that ends the rest of a replica when one of its ranks dies runs here only.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
   submitit job's stderr when the job itself died).
+- Waiting on Slurm (`_wait_slurm`) follows task 0 only (it writes the summary; a
+  task lost with its node leaves no result, and that is not the run's failure),
+  asking sacct for the job's state every `SlurmOptions.poll_s`. It never waits
+  silently on a job that cannot run: sbatch refusing it (an unknown partition, a
+  shape no node has) is a failed outcome with sbatch's own message and the script;
+  a requeued job held by Slurm (BeginTime, 120 s) is started at once
+  (`release_requeued`); a job pending for a reason that no time will lift (`NEVER_STARTS`), or pending
+  beyond `SlurmOptions.start_timeout_min`, is cancelled and failed naming the reason
+  and its log; a job that ended without task 0's result is failed with its state
+  and log.
 """
 from __future__ import annotations
 
@@ -34,6 +54,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,7 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_metrics, write_summary
+from recover.baselines.runlog import fault_notice_path
+from recover.core.results import read_jsonl, read_metrics, write_summary
 from recover.core.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
 
@@ -66,6 +88,11 @@ class SlurmOptions:
     array_parallelism: int = 4  # runs of one array running at the same time
     setup: list[str] = field(default_factory=list)  # shell lines run before srun (module load, venv)
     gpus_per_node: int | None = None  # override the scale's GPUs per node
+    tasks_per_node: int | None = None  # ranks per node (None: the GPUs per node; all on one node when CPU-only)
+    no_kill: bool = True  # sbatch/srun --no-kill: a failed node ends its own tasks, not the job
+    poll_s: float = 5.0  # how often a waiting submit asks sacct for a job's state
+    start_timeout_min: float = 0.0  # fail a job still pending after this long (0: wait for the queue)
+    release_requeued: bool = True  # start a requeued job at once instead of after Slurm's 120 s hold
 
 
 @dataclass
@@ -121,6 +148,16 @@ def job_ports(job_id: str) -> tuple[int, int]:
     return base, base + 1
 
 
+def coordinator_host(node: str) -> str:
+    """The address the other tasks reach task 0 at: its Slurm node name when that resolves (a real
+    cluster), else this host's own name (several slurmd nodes on one machine, as in the tests)."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except OSError:
+        return socket.gethostname()
+
+
 def _wait_for(path: Path, timeout: float) -> dict:
     end = time.time() + timeout
     while time.time() < end:
@@ -139,31 +176,23 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
 
     env = submitit.JobEnvironment()
     rank, job_id, host0 = env.global_rank, str(env.job_id), env.hostnames[0]
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)  # 0, then +1 per requeue of this job
     spec = RunSpec.from_dict(spec_dict)
     system = SYSTEMS[spec.system]
     out = spec.out_dir(root)
-    sync = out / ".slurm" / job_id  # per job: a requeued job never reads an older one's markers
-    store_port, control_port = job_ports(job_id)
+    # Per start of the job: a requeued job never reads its earlier start's markers.
+    sync = out / ".slurm" / job_id / str(restart)
+    store_port, control_port = job_ports(f"{job_id}.{restart}")
     if rank >= spec.replicas:  # the last node's spare task slots
         return {"rank": rank, "idle": True}
     config_path = out / "config.json"
     coordinator = None
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:
-            (out / name).unlink(missing_ok=True)
-        (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
-        spec.write_plan(root)
-        cfg = spec.train_config(root)
-        plan = attach_plan(cfg)  # points cfg.hooks at the injector when there is a plan
-        config = resolved_config_dict(cfg)
-        settings = spec.settings_obj()
-        if settings is not None:
-            config["baseline"] = settings.to_dict()
-        config_path.write_text(json.dumps(config, indent=2))
-        if plan is not None:
-            plan.save(out / "fault_plan.json")  # the workers' injectors read it there
-        t0 = time.time()
+        if restart == 0:
+            t0 = time.time()
+            _first_start(spec, root, out, config_path)
+        else:  # a requeued job resumes the same run: its files, its clock
+            t0 = json.loads((out / ".slurm" / job_id / "0" / "ready.json").read_text())["t0"]
         token = new_join_token()
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "recover.core.coordinator", "--config", str(config_path),
@@ -176,26 +205,38 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         # The job's own directory hands the token to its tasks (readable by its owner only).
         ready = sync / "ready.json"
         ready.touch(mode=0o600)
-        ready.write_text(json.dumps({"t0": t0, "host": host0, "join_token": token}))
+        ready.write_text(json.dumps({"t0": t0, "host": coordinator_host(host0), "join_token": token}))
     ready = _wait_for(sync / "ready.json", timeout=600)
+    members = _members(spec, system, out, restart)
+    if rank not in members:  # a replica lost earlier in a survivors-mode run: its slot stays empty
+        (sync / f"done-{rank}").write_text("0")
+        if rank != 0:
+            return {"rank": rank, "idle": True}
+    host = ready["host"]
     worker_env = {
         **os.environ,
-        "RECOVER_STORE_ADDR": f"{host0}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host0}:{control_port}",
+        "RECOVER_STORE_ADDR": f"{host}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host}:{control_port}",
         "RECOVER_REPLICA": str(rank), "RECOVER_T0": repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
     }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
-        env=worker_env,
-    )
-    code = worker.wait()
-    (sync / f"done-{rank}").write_text(str(code))
+    if system.on_slurm == "requeue":  # every start trains at full size from the last complete checkpoint
+        worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(restart))
+    code = 0
+    if rank in members:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
+            env=worker_env,
+        )
+        code = worker.wait()
+        (sync / f"done-{rank}").write_text(str(code))
     if rank != 0:
         return {"rank": rank, "returncode": code}
     # Task 0 keeps the coordinator until the run is over: a "recover" coordinator exits
     # by itself; a bare store waits for every rank's done marker (or a failure, fail-fast).
+    failed: dict[str, int] = {}
     while coordinator.poll() is None:
         done = {p.name: int(p.read_text() or 1) for p in sync.glob("done-*")}
-        if system.fail_fast and any(c != 0 for c in done.values()):
+        failed = {k: c for k, c in done.items() if c != 0}
+        if system.fail_fast and failed:
             break
         if system.coordinator_mode == "store" and len(done) >= spec.replicas:
             break
@@ -203,12 +244,74 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
     if coordinator.poll() is None:
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(30)
+    settings = spec.settings_obj()
+    if failed and system.on_slurm == "requeue" and restart < settings.max_restarts:
+        # the job's other ranks fail within moments of the first (their collectives break):
+        # give them that long, so the notice names who was lost rather than who noticed
+        end = time.time() + 3
+        while time.time() < end and len(list(sync.glob("done-*"))) < spec.replicas:
+            time.sleep(0.2)
+        done = {int(p.name.split("-")[1]): int(p.read_text() or 1) for p in sync.glob("done-*")}
+        _requeue(out, restart, done, members, ready["t0"], settings.restart_mode)  # does not return: Slurm ends and restarts the job
     (out / PLAN_INPUT).unlink(missing_ok=True)  # the run saved its own copy, fault_plan.json
     committed = len(read_metrics(out / "metrics.jsonl"))
     ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode == "store")
+    extra = {"restarts": restart} if system.on_slurm == "requeue" else {}
     summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,
-                            reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id)
+                            reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id,
+                            **extra)
     return {"rank": 0, "returncode": code, "status": summary["status"]}
+
+
+def _first_start(spec: RunSpec, root: str, out: Path, config_path: Path) -> None:
+    """Task 0 of a run's first start: a clean run directory, config.json and the fault plan."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "baseline", ignore_errors=True)  # never resume another run's checkpoints
+    (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
+    spec.write_plan(root)
+    cfg = spec.train_config(root)
+    plan = attach_plan(cfg)  # points cfg.hooks at the injector when there is a plan
+    config = resolved_config_dict(cfg)
+    settings = spec.settings_obj()
+    if settings is not None:
+        config["baseline"] = settings.to_dict()
+    config_path.write_text(json.dumps(config, indent=2))
+    if plan is not None:
+        plan.save(out / "fault_plan.json")  # the workers' injectors read it there
+
+
+def _members(spec: RunSpec, system: Any, out: Path, restart: int) -> list[int]:
+    """The replicas that train in this start: all of them, except in a survivors-mode run
+    restarted by requeue, where those named lost by earlier starts' fault notices stay out."""
+    everyone = list(range(spec.replicas))
+    settings = spec.settings_obj()
+    if system.on_slurm != "requeue" or restart == 0 or getattr(settings, "restart_mode", "") != "survivors":
+        return everyone
+    lost: set[int] = set()
+    for n in range(1, restart + 1):
+        lost.update(json.loads(fault_notice_path(out, n).read_text())["failed_replicas"])
+    return [r for r in everyone if r not in lost]
+
+
+def _requeue(out: Path, restart: int, done: dict[int, int], members: list[int], t0: float, mode: str) -> None:
+    """Leave the next start its fault notice (as the local supervisor does), then requeue this job.
+
+    The lost replicas: those whose worker a signal ended, else those whose task left no
+    exit at all (gone with its node), else every one that failed."""
+    failed = sorted(r for r in members if done.get(r, 1) != 0)
+    lost = ([r for r in failed if done.get(r, 0) < 0] or [r for r in members if r not in done] or failed)
+    notice = {"fault": "; ".join(f"replica {r} " + (f"exited {done[r]}" if r in done else "gone") for r in failed),
+              "failed_replicas": lost, "detected_at": time.time() - t0, "restart_mode": mode, "restarted_by": "slurm requeue",
+              "relaunched_at": time.time() - t0}
+    path = fault_notice_path(out, restart + 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(notice))
+    job = os.environ["SLURM_JOB_ID"]  # this array element's own id
+    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=60)
+    time.sleep(600)  # Slurm ends this task with the job
+    raise RuntimeError(f"scontrol requeue {job} did not end the job within 10 minutes")
 
 
 # ---- submitting a grid ----------------------------------------------------------------------
@@ -260,32 +363,107 @@ def submit_grid(grid: Grid, executor: str, root: str | Path = "results", logs_ro
 def slurm_shape(spec: RunSpec, opts: SlurmOptions) -> tuple[int, int, int]:
     """(nodes, tasks per node, GPUs per node) of a run's job: one task per rank."""
     gpn = spec.gpus_per_node if opts.gpus_per_node is None else opts.gpus_per_node
-    per_node = min(gpn, spec.replicas) if gpn > 0 else spec.replicas
+    if opts.tasks_per_node:
+        per_node = min(opts.tasks_per_node, spec.replicas)
+    else:
+        per_node = min(gpn, spec.replicas) if gpn > 0 else spec.replicas
     nodes = -(-spec.replicas // per_node)
     return nodes, per_node, gpn
+
+
+# Slurm's states of a job that may still run its tasks (sacct); any other state is final.
+SLURM_LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
+              "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "PREEMPTED", "UNKNOWN", "")
+# squeue's reasons for a pending job that waiting cannot lift: the request exceeds what the
+# partition or the account allows, or names something that does not exist.
+NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
+                "InvalidQOS", "QOSJobLimit", "AccountNotAllowed", "JobHeldAdmin", "DependencyNeverSatisfied")
+
+
+def _newest(folder: Path, pattern: str) -> str:
+    found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
+    return str(found[-1]) if found else f"{folder}/{pattern}"
+
+
+def _pending_reason(job_id: str) -> str:
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip()
+
+
+def _restarts(job_id: str) -> int:
+    """How many times Slurm requeued the job (scontrol's Restarts=N; 0 when unknown)."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    for field_ in out.stdout.split():
+        if field_.startswith("Restarts="):
+            return int(field_.split("=", 1)[1])
+    return 0
+
+
+def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
+    """Wait for one run's job: task 0's result, or a clear failure (see the module docstring)."""
+    task0 = job.task(0)
+    log = task0.paths.stderr
+    started = time.monotonic()
+    while not task0.paths.result_pickle.exists():
+        state = job.watcher.get_state(job.job_id, mode="force").split(" ")[0]  # "CANCELLED by 0"
+        if state not in SLURM_LIVE:
+            time.sleep(2)  # a result written as the job ended may lag behind its state on a shared disk
+            if task0.paths.result_pickle.exists():
+                break
+            return Outcome(name, "failed", f"job {job.job_id} ended {state} without task 0's result; log: {log}")
+        if state == "PENDING":
+            reason = _pending_reason(job.job_id)
+            if reason == "BeginTime" and opts.release_requeued and _restarts(job.job_id) > 0:
+                # Slurm holds a requeued job for 120 s before it may start again; the
+                # failed tasks are gone already (they requeued it themselves), so start it now.
+                subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], capture_output=True,
+                               timeout=30)
+            waited = (time.monotonic() - started) / 60
+            if reason in NEVER_STARTS or (opts.start_timeout_min and waited > opts.start_timeout_min):
+                job.cancel(check=False)
+                why = (f"pending for a reason that will not pass ({reason})" if reason in NEVER_STARTS else
+                       f"still pending after {waited:.1f} min ({reason or 'no reason given'})")
+                return Outcome(name, "failed", f"job {job.job_id} cannot start: {why}; cancelled; script: "
+                                               f"{job.paths.submission_file}; log (never written): {log}")
+        time.sleep(opts.poll_s)
+    try:
+        r = task0.result()
+    except Exception as e:  # the task raised: its traceback is in the log
+        return _report_job_failure(name, task0, e)
+    status = r.get("status", "failed")
+    return Outcome(name, status, "" if status == "ok" else f"log {log}")
 
 
 def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: SlurmOptions, wait: bool,
                   echo) -> list[Outcome]:
     import submitit
+    from submitit.core.utils import FailedJobError
 
     outcomes: list[Outcome] = []
     runnable = []
     for spec in todo:
-        if SYSTEMS[spec.system].supervisor:
+        if not SYSTEMS[spec.system].on_slurm:
             outcomes.append(Outcome(spec.name, "skipped",
-                                    f"{spec.system} restarts its job from a supervisor that starts local processes; "
-                                    "not launched on Slurm"))
+                                    f"{spec.system} re-forms its job from a supervisor that starts local processes; "
+                                    "not launched on Slurm yet"))
         elif spec.shard > 1:
             outcomes.append(Outcome(spec.name, "skipped",
                                     f"replicas of {spec.shard} ranks are not launched on Slurm yet (one task per "
                                     "replica); run it with --executor local"))
         else:
             runnable.append(spec)
-    groups: dict[tuple[int, int, int], list[RunSpec]] = {}
+    submitted: list[tuple[RunSpec, Any]] = []
+    # One array per job shape and per way of restarting (a requeued system's array goes --requeue).
+    groups: dict[tuple[tuple[int, int, int], bool], list[RunSpec]] = {}
     for spec in runnable:
-        groups.setdefault(slurm_shape(spec, opts), []).append(spec)
-    for (nodes, per_node, gpn), specs in groups.items():
+        groups.setdefault((slurm_shape(spec, opts), SYSTEMS[spec.system].on_slurm == "requeue"), []).append(spec)
+    for ((nodes, per_node, gpn), requeue), specs in groups.items():
         ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
         params: dict[str, Any] = dict(
             name=f"recover-{specs[0].experiment}", nodes=nodes, tasks_per_node=per_node,
@@ -302,19 +480,31 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             params["slurm_account"] = opts.account
         if opts.setup:
             params["slurm_setup"] = list(opts.setup)
+        extra: dict[str, Any] = {}
+        if opts.no_kill:
+            extra["no-kill"] = True
+            params["slurm_srun_args"] = ["--no-kill"]
+        if requeue:
+            extra["requeue"] = True  # a failure restarts the job from its last complete checkpoint
+        if extra:
+            params["slurm_additional_parameters"] = extra
         ex.update_parameters(**params)
-        jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs))
+        try:
+            jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs))
+        except FailedJobError as e:  # sbatch refused the array: nothing was queued
+            why = " ".join(str(e).split()) or "no message"
+            script = _newest(Path(folder), ".submission_file_*.sh")
+            for spec in specs:
+                outcomes.append(Outcome(spec.name, "failed", f"sbatch refused the job: {why}; script: {script}"))
+                echo(f"  {'failed':>7}  {spec.name}  {outcomes[-1].detail}")
+            continue
         for spec, job in zip(specs, jobs):
             outcomes.append(Outcome(spec.name, "submitted", f"job {job.job_id}; sbatch {job.paths.submission_file}; "
-                                    f"log {job.paths.stderr}"))
+                                    f"log {job.task(0).paths.stderr}"))
             echo(f"  submitted  {spec.name}  job {job.job_id} ({nodes} node(s) x {per_node} task(s))")
-        if wait:
-            for spec, job in zip(specs, jobs):
-                try:
-                    results = job.results()  # one per task
-                    status = next((r.get("status") for r in results if r.get("rank") == 0), "failed")
-                except Exception as e:
-                    outcomes.append(_report_job_failure(spec.name, job, e))
-                else:
-                    outcomes.append(Outcome(spec.name, status, "" if status == "ok" else f"log {job.paths.stderr}"))
+            submitted.append((spec, job))
+    if wait:  # every array is queued before the first wait: they run side by side
+        for spec, job in submitted:
+            outcomes.append(_wait_slurm(spec.name, job, opts))
+            echo(f"  {outcomes[-1].status:>7}  {spec.name}  {outcomes[-1].detail}".rstrip())
     return outcomes

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -226,6 +227,24 @@ def _signal_coordinator(state: InjectorState, index: int, fault: Any, step: int)
     os.kill(coordinator_pid(state.out), fault.spec.coordinator_signal)
 
 
+def _set_own_node_down(state: InjectorState, index: int, fault: Any, step: int) -> None:
+    # A node failure as Slurm sees one: the node that runs this task is set DOWN, and
+    # Slurm itself ends every task on it (this one included). The training thread then
+    # waits to be ended: it is the node going down that takes the replica, not this process.
+    node = os.environ.get("SLURMD_NODENAME")
+    if not node:
+        raise RuntimeError(f"node_down (fault {index}): replica {state.replica} is not a Slurm task (no "
+                           "SLURMD_NODENAME); a node_down fault needs `recover experiment --executor slurm`")
+    reason = f"recover fault {index}: node_down of replica {state.replica} at step {step}"
+    done = subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}"],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:  # e.g. a user who is not a Slurm operator
+        raise RuntimeError(f"node_down (fault {index}): scontrol could not set {node} down: "
+                           f"{(done.stderr or done.stdout).strip()}")
+    print(f"node_down (fault {index}) at step {step}: set Slurm node {node} down", file=sys.stderr, flush=True)
+    time.sleep(float("inf"))
+
+
 # ---- launcher-side actions (by PID, from outside) -----------------------------------------------
 def _kill_pid(pid: int, pids: list[int]) -> None:
     os.kill(pid, signal.SIGKILL)
@@ -321,6 +340,12 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "replica_loss", "SIGKILL of the target replica's whole process group at once", _kill_own_replica,
         launcher=_kill_replica, sample=lambda **_: {}, sim_effect="crash", sim_why="the replica is gone",
         loses_replica=True,
+    ),
+    FaultKind(
+        # A whole node lost the way a cluster loses one (Slurm runs only: experiments/launch_submitit).
+        "node_down", "the Slurm node running the target is set DOWN (`scontrol update state=down`); Slurm ends "
+        "every task on it, the target's among them", _set_own_node_down,
+        sim_effect="crash", sim_why="the replica is gone with its node", loses_replica=True,
     ),
     FaultKind(
         "coordinator_crash", "SIGKILL of the coordinator process, pulled by the named worker at its step and phase "

@@ -181,18 +181,22 @@ def test_slurm_paper_scale_sbatch_content(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = record.read_text()
     scripts = [s for s in text.split("=====") if s.strip()]
-    assert len(scripts) == 1  # failure-free and recover share one shape: one array
-    s = scripts[0]
+    # failure-free and recover share one shape: one array; ckpt-restart, the same shape
+    # but requeued on failure, is an array of its own
+    assert len(scripts) == 2
+    s, ckpt = scripts
     for line in ["#SBATCH --nodes=64", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --partition=gpu", "#SBATCH --account=llm", "#SBATCH --time=600",
                  "#SBATCH --cpus-per-task=8", "#SBATCH --job-name=recover-trajectory", "#SBATCH --array=0-1%2",  # 2 runs, at most --array-parallelism at once
-                 "source /shared/venv/bin/activate"]:
+                 "#SBATCH --no-kill", "source /shared/venv/bin/activate"]:
         assert line in s, f"{line!r} not in\n{s}"
+    assert "#SBATCH --requeue" not in s and "#SBATCH --requeue" in ckpt and "#SBATCH --nodes=64" in ckpt
     srun = next(x for x in s.splitlines() if x.startswith("srun "))
-    assert "--unbuffered" in srun and "-m submitit.core._submit" in srun and str(tmp_path / "submitit") in srun
+    assert "--unbuffered" in srun and "--no-kill" in srun and "-m submitit.core._submit" in srun
+    assert str(tmp_path / "submitit") in srun
     assert "submitted  failure-free_s0  job 4242_0 (64 node(s) x 8 task(s))" in proc.stdout
-    # supervisor-driven baselines are not launched on Slurm, and say why
-    assert "skipped ckpt-restart_s0" in proc.stdout
+    # baselines that re-form their job from a supervisor of their own are not launched on Slurm, and say why
+    assert "skipped torchft_s0" in proc.stdout and "skipped ckpt-restart_s0" not in proc.stdout
 
 
 @pytest.mark.procs

@@ -45,6 +45,8 @@ def add_parser(sub) -> None:
                         "--systems recover; default: the scale's, 1)")
     p.add_argument("--recovery-replicas", type=int, nargs="+", default=None,
                    help="replica counts of the recovery sweep (default: the scale's)")
+    p.add_argument("--ckpt-every", type=int, default=None,
+                   help="checkpoint-restart and elastic runs: a checkpoint every K iterations (default: theirs, 5)")
     p.add_argument("--out", default="results", help="results folder (default: results)")
     p.add_argument("--logs", default="runs/experiments", help="where each run's process logs go (default: runs/experiments)")
     p.add_argument("--folder", default="", help="submitit's folder (default: runs/submitit/NAME)")
@@ -55,6 +57,8 @@ def add_parser(sub) -> None:
     s.add_argument("--nodes", type=int, default=None,
                    help="nodes of trajectory/throughput runs: replicas = nodes x gpus per node")
     s.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (= tasks, ranks) per node (default: the scale's)")
+    s.add_argument("--tasks-per-node", type=int, default=None,
+                   help="ranks per node (default: the GPUs per node; a CPU-only scale puts all ranks on one node)")
     s.add_argument("--partition", default="", help="Slurm partition")
     s.add_argument("--account", default="", help="Slurm account")
     s.add_argument("--time", type=int, default=240, help="time limit of each run's job, minutes (default: 240)")
@@ -63,12 +67,16 @@ def add_parser(sub) -> None:
     s.add_argument("--array-parallelism", type=int, default=4, help="runs of an array at the same time (default: 4)")
     s.add_argument("--setup", action="append", default=[], help="a shell line run before srun (repeatable)")
     s.add_argument("--wait", action="store_true", help="wait for the Slurm jobs, then aggregate")
+    s.add_argument("--kill-on-node-failure", action="store_true",
+                   help="let Slurm end a job when one of its nodes fails (default: --no-kill, the job runs on)")
+    s.add_argument("--start-timeout", type=float, default=0.0,
+                   help="with --wait: fail a job still pending after this many minutes (default: 0, no limit)")
     p.set_defaults(func=cmd_experiment)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
 
-    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "parallel", "shard"):
+    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "tasks_per_node", "parallel", "shard", "ckpt_every"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             return fail(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
@@ -83,7 +91,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         replicas = args.nodes * gpn // shard
     try:
         grid = build_grid(args.name, args.seeds, args.scale, args.systems, replicas, args.steps,
-                          tuple(args.recovery_replicas) if args.recovery_replicas else None, shard=args.shard)
+                          tuple(args.recovery_replicas) if args.recovery_replicas else None, shard=args.shard,
+                          baseline=None if args.ckpt_every is None else {"ckpt_every": args.ckpt_every})
     except (KeyError, ValueError) as e:
         return fail(str(e).strip("'\""))
     for note in grid.notes:
@@ -100,7 +109,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     slurm = SlurmOptions(partition=args.partition, account=args.account, time_min=args.time,
                          cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
                          array_parallelism=args.array_parallelism, setup=args.setup,
-                         gpus_per_node=args.gpus_per_node)
+                         gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+                         no_kill=not args.kill_on_node_failure, start_timeout_min=args.start_timeout)
     t0 = time.time()
     outcomes = submit_grid(grid, args.executor, root=args.out, logs_root=args.logs,
                            folder=args.folder or f"runs/submitit/{args.name}", parallel=args.parallel,

@@ -1,0 +1,184 @@
+"""recover on a real Slurm cluster: two slurmd nodes on this machine (tests/slurm_cluster.py).
+
+Every Slurm test is in this one file, so that the suite's workers (pytest-xdist,
+--dist loadfile) stand one cluster up, not one each. Without Slurm's packages, or
+not as root, they skip with one line saying why (`make test` installs the packages
+when it runs as root, as CI does).
+
+- `recover experiment trajectory --executor slurm --wait` runs failure-free (plain),
+  recover and checkpoint-restart as 2-node jobs (one task per node, task 0 hosting the
+  coordinator), and the planned replica loss fires on Slurm: recover trains on, and
+  checkpoint-restart's job is requeued by Slurm (`scontrol requeue` from task 0) and
+  resumes from its last complete checkpoint with the survivor. The aggregated CSVs
+  have the local executor's columns, and every per-step loss of every run equals the
+  local run's to 1e-5 relative.
+- A node failure: recover's worker on n2 sets its own node DOWN mid-step (a
+  `node_down` fault); Slurm ends the task there, the job (submitted --no-kill) runs on
+  n1, and the trajectory equals failure-free; faults.jsonl and events.jsonl record it.
+- Bad input: an unknown partition (sbatch refuses it) and a job no node can hold
+  (queued, pending for PartitionConfig) are each one failed line per run, at once,
+  naming Slurm's reason and the job's script and log; nothing is left queued.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_every_planned_fault_fired, load_run
+from recover.core.results import read_jsonl
+from slurm_cluster import NODES, SlurmCluster, why_not
+
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
+
+REL = 1e-5
+STEPS = 4
+# checkpoint-restart: a checkpoint every 2 steps, so its restart resumes from one (step 2)
+GRID = ["trajectory", "--seeds", "0", "--systems", "recover", "ckpt-restart", "--replicas", "2", "--steps", str(STEPS),
+        "--ckpt-every", "2"]
+SLURM = ["--executor", "slurm", "--wait", "--tasks-per-node", "1", "--cpus-per-task", "1", "--time", "10"]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+    print(f"\nslurm cluster: {cluster.timings}")
+
+
+@pytest.fixture
+def cluster(slurm_cluster: SlurmCluster):
+    """The session's cluster, left as found: no job of this test still queued, every node back up."""
+    yield slurm_cluster
+    end = time.monotonic() + 60
+    while slurm_cluster.queue() and time.monotonic() < end:
+        time.sleep(0.5)
+    leftover = slurm_cluster.queue()
+    for job in leftover:
+        slurm_cluster.cancel(job)
+    for n in NODES:
+        if slurm_cluster.node_state(n) != "idle":
+            slurm_cluster.resume(n)
+    assert not leftover, f"jobs still queued 60 s after the test: {leftover}"
+
+
+def test_without_slurm_the_tests_skip_saying_why(monkeypatch) -> None:
+    import slurm_cluster
+    monkeypatch.setattr(slurm_cluster, "BINARIES", ("slurmctld", "no-such-slurm-binary"))
+    why = slurm_cluster.why_not()
+    assert why and "no-such-slurm-binary missing" in why and "make test" in why and "\n" not in why
+
+
+def recover_cli(*args: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "recover.experiments.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
+    return proc
+
+
+def losses(run: Path) -> list[float]:
+    return [m["loss"] for m in read_jsonl(run / "metrics.jsonl")]
+
+
+def assert_close(a: list[float], b: list[float]) -> None:
+    assert len(a) == len(b) == STEPS, (a, b)
+    assert a == pytest.approx(b, rel=REL), (a, b)
+
+
+@pytest.fixture(scope="module")
+def local_runs(tmp_path_factory) -> Path:
+    """The grid's failure-free and recover runs with the local executor: the reference."""
+    import os
+    root = tmp_path_factory.mktemp("local")
+    proc = recover_cli("experiment", *GRID, "--executor", "local", "--out", str(root / "results"),
+                       "--logs", str(root / "logs"), "--folder", str(root / "submitit"), env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root / "results"
+
+
+def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, local_runs: Path,
+                                                         tmp_path: Path) -> None:
+    proc = recover_cli("experiment", *GRID, *SLURM, "--out", str(tmp_path / "results"),
+                       "--logs", str(tmp_path / "logs"), "--folder", str(tmp_path / "submitit"), env=cluster.env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 ok" in proc.stdout, proc.stdout
+    for name in ("failure-free_s0", "recover_s0", "ckpt-restart_s0"):
+        run = tmp_path / "results" / "trajectory" / name
+        assert_close(losses(run), losses(local_runs / "trajectory" / name))
+        job = json.loads((run / "summary.json").read_text())["slurm_job"]
+        # the job really spanned both nodes: one task (one replica) on each
+        assert cluster.job_nodes(job) == "n[1-2]", cluster.job_nodes(job)
+    # recover lost the planned replica on Slurm too (a real SIGKILL of its worker) and still matched
+    assert_every_planned_fault_fired(tmp_path / "results" / "trajectory" / "recover_s0")
+    # checkpoint-restart lost it too: its job was requeued by Slurm and trained on from its last
+    # complete checkpoint with the survivor, as the local supervisor restarts it
+    ckpt = tmp_path / "results" / "trajectory" / "ckpt-restart_s0"
+    [fault] = assert_every_planned_fault_fired(ckpt)
+    _, metrics, summary = load_run(ckpt)
+    [restart] = [e for e in read_jsonl(ckpt / "events.jsonl") if e["kind"] == "restart"]
+    assert summary["restarts"] == 1 and restart["generation"] == 1, (summary, restart)
+    assert restart["restarted_by"] == "slurm requeue" and restart["failed_replicas"] == [fault["replica"]]
+    assert cluster.restarts(summary["slurm_job"]) == 1  # by Slurm's own account
+    assert restart["members"] == [1 - fault["replica"]] == metrics[-1]["members"], (restart, metrics[-1])
+    assert restart["from_step"] == 2 and restart["from_step"] <= fault["step"], restart  # the checkpoint of step 2
+    for table in ("trajectory.csv", "trajectory_summary.csv"):
+        with open(tmp_path / "results" / table) as a, open(local_runs / table) as b:
+            assert next(csv.reader(a)) == next(csv.reader(b))
+
+
+def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_runs: Path, tmp_path: Path,
+                                                  monkeypatch) -> None:
+    """Replica 1's worker sets its own node (n2) DOWN at step 2: Slurm ends its task, the job runs on."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS)
+    spec = next(r for r in grid.runs if r.label == "recover")
+    spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 2, "phase": "backward"}]}
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=1.0)
+    out = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts)
+    assert [(o.status) for o in out] == ["submitted", "ok"], out
+    run = spec.out_dir(tmp_path / "results")
+    config, metrics, summary = load_run(run)
+    job = summary["slurm_job"]
+    # The node really went down, by Slurm's own account, and took replica 1's task with it.
+    assert cluster.node_state("n2").startswith("down"), cluster.node_state("n2")
+    assert "recover fault 0: node_down of replica 1 at step 2" in cluster.node_reason("n2")
+    [fired] = assert_every_planned_fault_fired(run)
+    assert fired["kind"] == "node_down" and fired["step"] == 2
+    [recovery] = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "recovery"]
+    assert (recovery["step"], recovery["survivors"]) == (2, [0]), recovery
+    assert "replica 1 lost" in recovery["fault"], recovery
+    # The run went on with replica 0 alone and stayed on the failure-free trajectory.
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert metrics[-1]["members"] == [0], metrics[-1]
+    assert_close(losses(run), losses(local_runs / "trajectory" / "failure-free_s0"))
+
+
+@pytest.mark.parametrize("bad, says", [
+    # sbatch refuses it: nothing is queued
+    (["--partition", "nosuch"], ["sbatch refused the job", "invalid partition", ".submission_file_"]),
+    # queued, but no node of the partition has 64 CPUs: Slurm keeps it pending for PartitionConfig
+    (["--cpus-per-task", "64"], ["cannot start", "(partitionconfig)", "cancelled", "_submission.sh", "log"]),
+])
+def test_a_job_that_cannot_run_is_one_clear_error_at_once(cluster: SlurmCluster, tmp_path: Path, bad, says) -> None:
+    args = [*SLURM, "--cpus-per-task", "1", *bad]
+    proc = recover_cli("experiment", *GRID, *args, "--out", str(tmp_path / "results"),
+                       "--logs", str(tmp_path / "logs"), "--folder", str(tmp_path / "submitit"), env=cluster.env,
+                       timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 3, proc.stdout  # every run of the grid, each one line
+    for line in failed:
+        assert all(w.lower() in line.lower() for w in says), line
+    assert not cluster.queue()
