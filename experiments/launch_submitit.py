@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from recover.baselines.runlog import fault_notice_path
-from recover.core.results import read_jsonl, read_metrics, write_summary
+from recover.core.results import read_metrics, write_summary
 from recover.core.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
 
