@@ -11,8 +11,9 @@ out-of-range gradient (the grad_spike fault kind, a test hook that multiplies on
 microbatch's gradient) is never committed: plain stops naming the step, recover stops
 naming the step and the microbatch (--on-nonfinite stop) or skips that step on every
 replica alike (--on-nonfinite skip), which keeps the trajectory the same across partitions.
+The control: without --exact, plain on 1 and on 4 replicas end with different weights.
 
-Budget: 10 runs of the tiny model, 4 steps each: ~32 s on two quiet cores (with
+Budget: 12 runs of the tiny model, 4 steps each: ~38 s on two quiet cores (with
 test_exact_accumulation.py, ~2 min beside `stress-ng --cpu 2`).
 """
 from __future__ import annotations
@@ -59,6 +60,18 @@ def reference(tmp_path_factory) -> tuple[list[float], str]:
 def test_plain_on_four_replicas_is_bit_identical_to_one(tmp_path, reference):
     losses, digests = _run(tmp_path / "plain4", "plain", 4)
     assert (losses, digests) == (reference[0], {reference[1]})
+
+
+def test_without_exact_the_same_runs_differ_in_the_last_bits(tmp_path):
+    # The control: what --exact removes. In fp32 mode, 1 and 4 replicas sum every step's
+    # gradient in different orders, and the final weights differ (in their last bits).
+    fp32 = [a for a in COMMON if a != "--exact"]
+    digests = []
+    for r in (1, 4):
+        out = tmp_path / f"fp32_{r}"
+        run_recover("train", "--system", "plain", "--replicas", str(r), *fp32, "--out", str(out), check=True)
+        digests.append({json.loads(f.read_text())["weights_digest"] for f in (out / "final").glob("replica*.json")})
+    assert len(digests[0]) == len(digests[1]) == 1 and digests[0] != digests[1]
 
 
 def test_recover_losing_two_of_four_replicas_mid_step_is_bit_identical(tmp_path, reference):
