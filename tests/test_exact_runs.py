@@ -7,13 +7,14 @@ another reduction), recover on 4 replicas losing 2 to real SIGKILLs mid-step (on
 a microbatch's backward, one while the all-reduce is in flight), whose ids the survivors
 redo, recover on 8 replicas with a straggler and a kill during the recovery, and
 checkpoint-restart on 2 replicas restarted on the 1 left from its checkpoint. An
-out-of-range gradient (the grad_spike fault kind, a test hook that multiplies one
-microbatch's gradient) is never committed: plain stops naming the step, recover stops
+gradient spike (the grad_spike fault kind, a test hook that multiplies one microbatch's
+gradient) beyond the normal range goes to the wide sums and the trajectory stays
+bit-identical; one beyond those too is never committed: plain stops naming the step, recover stops
 naming the step and the microbatch (--on-nonfinite stop) or skips that step on every
 replica alike (--on-nonfinite skip), which keeps the trajectory the same across partitions.
 The control: without --exact, plain on 1 and on 4 replicas end with different weights.
 
-Budget: 12 runs of the tiny model, 4 steps each: ~38 s on two quiet cores (with
+Budget: 14 runs of the tiny model, 4 steps each: ~38 s on two quiet cores (with
 test_exact_accumulation.py, ~2 min beside `stress-ng --cpu 2`).
 """
 from __future__ import annotations
@@ -92,12 +93,25 @@ def test_recover_losing_two_of_four_replicas_mid_step_is_bit_identical(tmp_path,
     assert digests == {reference[1]}  # both survivors hold the failure-free weights, bit for bit
 
 
+# id 16, step 2's first, is microbatch 0 of replica 0 on 1, 2 or 4 replicas (quotas are contiguous)
 SPIKE = {"kind": "grad_spike", "step": 2, "phase": "backward", "microbatch": 0, "factor": 1e9}
+HUGE = {**SPIKE, "factor": 1e30}  # beyond the wide sums' 2^42 too (and still finite in fp32)
+
+
+def test_a_spike_goes_to_the_wide_sums_and_the_trajectory_stays_bit_identical(tmp_path):
+    # x 1e9 puts id 16's gradient beyond 2^12: it goes to the wide sums, the run goes on, and
+    # plain on 1 and recover on 4 (the spike folded by another replica count) agree bit for bit
+    plan = _plan(tmp_path, [{**SPIKE, "replica": 0}])
+    runs = [_run(tmp_path / "plain1", "plain", 1, "--faults", plan),
+            _run(tmp_path / "recover4", "recover", 4, "--faults", plan)]
+    assert runs[0] == runs[1] and len(runs[0][0]) == STEPS
+    assert all("grad_spike (fault 0) at step 2" in (tmp_path / name / "logs" / "replica0.log").read_text()
+               for name in ("plain1", "recover4"))
 
 
 def test_plain_stops_at_an_out_of_range_gradient(tmp_path):
     out = tmp_path / "plain"
-    _run(out, "plain", 2, "--faults", _plan(tmp_path, [{**SPIKE, "replica": 1}]), code=1)
+    _run(out, "plain", 2, "--faults", _plan(tmp_path, [{**HUGE, "replica": 1}]), code=1)
     losses = [m["loss"] for m in load_run(out)[1]]
     assert len(losses) == 2  # steps 0 and 1 committed, step 2 never
     logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
@@ -107,7 +121,7 @@ def test_plain_stops_at_an_out_of_range_gradient(tmp_path):
 def test_recover_stops_naming_the_out_of_range_microbatch(tmp_path):
     out = tmp_path / "recover"
     # replica 1 of 2 folds ids 20..23 of step 2 (M=8): its first is id 20
-    _run(out, "recover", 2, "--faults", _plan(tmp_path, [{**SPIKE, "replica": 1}]), code=1)
+    _run(out, "recover", 2, "--faults", _plan(tmp_path, [{**HUGE, "replica": 1}]), code=1)
     _, metrics, summary = load_run(out)
     assert [m["step"] for m in metrics] == [0, 1]
     logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
@@ -119,7 +133,7 @@ def test_a_skipped_out_of_range_step_is_the_same_on_any_partition(tmp_path):
     # the spike hits id 16 (step 2's first id) in both runs, folded by replica 0 of 2 or of 4
     # (the launcher reports a run with a skipped step as failed, exit 1: "only 3 of 4 steps committed")
     runs = [_run(tmp_path / f"r{r}", "recover", r, "--on-nonfinite", "skip",
-                 "--faults", _plan(tmp_path, [{**SPIKE, "replica": 0}]), code=1) for r in (2, 4)]
+                 "--faults", _plan(tmp_path, [{**HUGE, "replica": 0}]), code=1) for r in (2, 4)]
     assert runs[0] == runs[1]
     assert len(runs[0][0]) == STEPS - 1  # step 2 skipped: no metrics line, no update
 
