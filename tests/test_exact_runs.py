@@ -14,7 +14,7 @@ naming the step and the microbatch (--on-nonfinite stop) or skips that step on e
 replica alike (--on-nonfinite skip), which keeps the trajectory the same across partitions.
 The control: without --exact, plain on 1 and on 4 replicas end with different weights.
 
-Budget: 14 runs of the tiny model, 4 steps each: ~38 s on two quiet cores (with
+Budget: 14 runs of the tiny model, 4 steps each: ~55 s on two quiet cores (with
 test_exact_accumulation.py, ~2 min beside `stress-ng --cpu 2`).
 """
 from __future__ import annotations
