@@ -5,7 +5,8 @@ loss at every step and the same sha256 of the final weights, bit for bit (== on 
 floats, not a tolerance): plain on 4 replicas (another partition of every step's ids,
 another reduction), recover on 4 replicas losing 2 to real SIGKILLs mid-step (one in
 a microbatch's backward, one while the all-reduce is in flight), whose ids the survivors
-redo, recover on 8 replicas with a straggler and a kill during the recovery, and
+redo, recover on 8 replicas with a straggler and a kill during the recovery, recover
+healing a replacement and a rejoined frozen replica through the state transfer, and
 checkpoint-restart on 2 replicas restarted on the 1 left from its checkpoint. An
 gradient spike (the grad_spike fault kind, a test hook that multiplies one microbatch's
 gradient) beyond the normal range goes to the wide sums and the trajectory stays
@@ -14,7 +15,7 @@ naming the step and the microbatch (--on-nonfinite stop) or skips that step on e
 replica alike (--on-nonfinite skip), which keeps the trajectory the same across partitions.
 The control: without --exact, plain on 1 and on 4 replicas end with different weights.
 
-Budget: 14 runs of the tiny model, 4 steps each: ~55 s on two quiet cores (with
+Budget: 15 runs of the tiny model, 4 steps each: ~65 s on two quiet cores (with
 test_exact_accumulation.py, ~2 min beside `stress-ng --cpu 2`).
 """
 from __future__ import annotations
@@ -174,3 +175,23 @@ def test_recover_on_eight_replicas_with_a_straggler_and_a_kill_during_recovery(t
     assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)
     assert losses == reference[0]
     assert digests == {reference[1]}  # all six survivors
+
+
+def test_a_replacement_and_a_rejoined_frozen_replica_are_healed_into_the_same_bits(tmp_path, reference):
+    # Replica 1 is SIGKILLed in step 1 and replaced (--replace-after); replica 2 is SIGSTOPped in
+    # step 2 past the heartbeat deadline, declared dead, and rejoins once SIGCONTed. Both come back
+    # through the state transfer (weights, AdamW state, schedule from a donor); --min-replicas 4
+    # makes each next step wait for them. Every step and all four final digests are the reference's.
+    faults = [
+        {"kind": "crash", "replica": 1, "step": 1, "phase": "forward", "microbatch": 0},
+        {"kind": "hang", "replica": 2, "step": 2, "phase": "backward", "microbatch": 0, "seconds": 3},
+    ]
+    out = tmp_path / "healed"
+    losses, digests = _run(out, "recover", 4, "--replace-after", "0.2", "--min-replicas", "4",
+                           "--faults", _plan(tmp_path, faults))
+    assert_every_planned_fault_fired(out)
+    _, metrics, summary = load_run(out)
+    assert sorted(metrics[-1]["members"]) == [0, 1, 2, 3]  # back at full strength
+    assert sorted(summary["final_checksums"]) == ["0", "1", "2", "3"]
+    assert losses == reference[0]
+    assert digests == {reference[1]}
