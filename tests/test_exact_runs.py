@@ -6,8 +6,8 @@ floats, not a tolerance): plain on 4 replicas (another partition of every step's
 another reduction), recover on 4 replicas losing 2 to real SIGKILLs mid-step (one in
 a microbatch's backward, one while the all-reduce is in flight), whose ids the survivors
 redo, recover on 8 replicas with a straggler and a kill during the recovery, recover
-healing a replacement and a rejoined frozen replica through the state transfer, and
-checkpoint-restart on 2 replicas restarted on the 1 left from its checkpoint. An
+healing a replacement and a rejoined frozen replica through the state transfer, recover
+whose coordinator is killed mid-commit and rebuilt, and checkpoint-restart on 2 replicas restarted on the 1 left from its checkpoint. An
 gradient spike (the grad_spike fault kind, a test hook that multiplies one microbatch's
 gradient) beyond the normal range goes to the wide sums and the trajectory stays
 bit-identical; one beyond those too is never committed: plain stops naming the step, recover stops
@@ -15,7 +15,7 @@ naming the step and the microbatch (--on-nonfinite stop) or skips that step on e
 replica alike (--on-nonfinite skip), which keeps the trajectory the same across partitions.
 The control: without --exact, plain on 1 and on 4 replicas end with different weights.
 
-Budget: 15 runs of the tiny model, 4 steps each: ~65 s on two quiet cores (with
+Budget: 16 runs of the tiny model, 4 steps each: ~75 s on two quiet cores (with
 test_exact_accumulation.py, ~2 min beside `stress-ng --cpu 2`).
 """
 from __future__ import annotations
@@ -193,5 +193,18 @@ def test_a_replacement_and_a_rejoined_frozen_replica_are_healed_into_the_same_bi
     _, metrics, summary = load_run(out)
     assert sorted(metrics[-1]["members"]) == [0, 1, 2, 3]  # back at full strength
     assert sorted(summary["final_checksums"]) == ["0", "1", "2", "3"]
+    assert losses == reference[0]
+    assert digests == {reference[1]}
+
+
+def test_a_coordinator_killed_mid_commit_is_rebuilt_into_the_same_bits(tmp_path, reference):
+    # The coordinator SIGKILLs itself right after sending step 2's commit to replica 0 only: the
+    # restarted one rebuilds from the workers' reports and writes step 2's line from their votes.
+    out = tmp_path / "rebuilt"
+    plan = _plan(tmp_path, [{"kind": "coordinator_crash", "replica": 0, "step": 2, "phase": "commit_sent"}])
+    losses, digests = _run(out, "recover", 3, "--faults", plan)
+    assert_every_planned_fault_fired(out)
+    _, metrics, _ = load_run(out)
+    assert metrics[2].get("rebuilt") is True
     assert losses == reference[0]
     assert digests == {reference[1]}
