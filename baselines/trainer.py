@@ -137,10 +137,12 @@ def train(
             while not handle.is_completed():
                 time.sleep(0.0005)
             handle.wait()
+            if (wide := work.wide_after(buf)) is not None:  # --exact, a spike in the step (core/exact.py)
+                dist.all_reduce(wide)
             hooks.at(step, "vote")
             hooks.at(step, "commit")
             hooks.at(step, "optimizer_step")
-            loss, lr = work.apply(buf, len(ids), step)
+            loss, lr = work.apply(buf, len(ids), step, wide)
             if metrics is not None:
                 rec = metric_record(step, loss, len(ids) * work.tokens_per_microbatch, ids, inc.generation,
                                     inc.members, inc.t0, lr=lr)

@@ -95,8 +95,9 @@ class TrainConfig:
     exact: bool = _f(False, "bit-identical trajectories: each microbatch's gradient summed as int64 fixed point "
                             "(order-free, core/exact.py) and deterministic kernels; the same ids give the same "
                             "weights whatever replicas fold or die (plain, recover, ckpt-restart; one rank per replica)")
-    exact_range: int = _f(12, "with --exact: every gradient element of a microbatch must be below 2^this in magnitude; "
-                              "a microbatch outside it is reported as non-finite (--on-nonfinite), never wrapped")
+    exact_range: int = _f(12, "with --exact: a microbatch whose gradient elements are all below 2^this in magnitude "
+                              "is summed at full resolution; up to 2^(this+30) in coarser wide sums (a spike); beyond, "
+                              "it is reported as non-finite (--on-nonfinite), never wrapped")
     backend: str = _f("auto", "collective backend: auto (nccl on GPUs, else gloo), gloo, nccl")
     device: str = _f("auto", "device: auto (cuda if available), cpu, cuda")
     threads: int = _f(1, "torch intra-op threads per worker process")

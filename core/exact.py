@@ -14,9 +14,20 @@ Contract:
   every microbatch. With h = M.bit_length() (so M < 2^h), shift = 62 - h - E makes
   each microbatch's |q| <= 2^(62-h) and any sum of at most M of them below 2^62:
   the int64 sum cannot overflow once every microbatch is in range. So the check is
-  per microbatch (`to_fixed` says whether the microbatch fits), and a microbatch
-  that does not fit (an element >= 2^E, or not finite) is never added: it is
-  reported. Nothing out of range is ever silently wrapped.
+  per microbatch (`to_fixed` says whether the microbatch fits).
+- A spike: a microbatch that does not fit goes, whole, into a second set of int64
+  sums, the wide ones, whose range is 2^30 times larger (and resolution 2^30
+  coarser: `WIDE_EXTRA_BITS`). The reduced count of such microbatches tells every
+  replica to all-reduce the wide sums too (one more collective, only in a step that
+  has one), and the mean adds both: still a function of the set of ids alone, so a
+  spike neither stops the run nor breaks bit-identity; it costs that microbatch
+  30 bits of resolution. Where a choice of scale would need a vote and a redo of the
+  step, the wide sums need neither: every replica reads the same count.
+- A microbatch beyond the wide range too (an element >= 2^(E+30)), or not finite, or
+  with a loss beyond the loss range, is never added: it is counted ("bad") and
+  reported (`out_of_range`), and the step must not commit (recover's vote names it
+  as a non-finite loss; `load_mean` raises `ExactRangeError`). Nothing out of range
+  is ever silently wrapped.
 - Precision: the rounding error is at most 2^-(shift+1) per element per microbatch,
   absolute: 2^(E+h-63). With E = 12 and M = 8 that is 2^-47 (7e-15); fp32's own
   rounding of a sum is 6e-8 relative, so exact mode is the more precise of the two
@@ -25,13 +36,16 @@ Contract:
 - What an accumulator keeps (`ExactAccumulator`): the parameters' `.grad` still view
   a flat fp32 buffer (the backward writes there, as in fp32 mode), which must hold
   one microbatch only: `fold` converts it into the int64 sums and zeroes it. The
-  int64 buffer is [gradient sums..., loss sum, out-of-range count]; `pack` copies
-  it, `load_mean` turns a reduced copy into the mean gradient in `.grad` and
-  returns the mean loss (loss sum / M, the same float64 division the coordinator
-  does for recover's metrics, so plain and recover report the same bits).
-  `out_of_range` maps each id of the ledger that did not fit to why; the reduced
-  count slot tells every replica of the step that some id did not (plain uses it:
-  `load_mean` raises `ExactRangeError`).
+  int64 buffer is [gradient sums..., loss sum, wide count, bad count]; `pack` copies
+  it; after its all-reduce, `wide_needed(reduced)` says whether `pack_wide()` must be
+  all-reduced too; `load_mean(reduced, M, wide)` turns them into the mean gradient in
+  `.grad` and returns the mean loss (loss sum / M, the same float64 division the
+  coordinator does for recover's metrics, so plain and recover report the same bits).
+  `out_of_range` maps each id of the ledger that was bad to why.
+- Memory: 20 bytes per parameter for gradients instead of fp32 mode's 4: the fp32
+  `.grad` buffer, the int64 sums, and one int64 microbatch (which `load_mean` reuses as
+  its float64 scratch); `fold` scales the fp32 buffer in place before zeroing it. The
+  wide sums add 8 more, allocated only once a spike happens.
 
 Why one fixed shift for the whole run rather than a per-tensor scale derived from
 shared state (the last committed gradient, say): int64 has 63 bits, fp32 24, so one
@@ -57,6 +71,7 @@ from .accumulator import GradAccumulator
 
 LOSS_SHIFT = 32  # a loss's fixed point: 2^-32 resolution, far below an fp32 loss's own ulp at >= 2^-9
 DEFAULT_RANGE = 12  # --exact-range: elements of a microbatch's gradient below 2^12 = 4096 in magnitude
+WIDE_EXTRA_BITS = 30  # the wide sums' range: 2^30 times the normal one (2^42 by default), 2^30 coarser
 
 
 class ExactRangeError(RuntimeError):
@@ -138,10 +153,13 @@ class ExactAccumulator(GradAccumulator):
         self.microbatches = microbatches
         self.range_bits = range_bits
         self.shift = fixed_point_shift(range_bits, microbatches)
+        self.wide_range_bits = range_bits + WIDE_EXTRA_BITS
+        self.wide_shift = self.shift - WIDE_EXTRA_BITS
         n = self.buffer.numel() - 1
         self.n = n
-        self.sums = torch.zeros(n + 2, dtype=torch.int64, device=self.buffer.device)
-        self._scratch = torch.empty(n, dtype=torch.float32, device=self.buffer.device)
+        # [gradient sums..., loss sum, wide count, bad count]
+        self.sums = torch.zeros(n + 3, dtype=torch.int64, device=self.buffer.device)
+        self.wide: torch.Tensor | None = None  # the wide sums, allocated at the first wide microbatch
         # one microbatch in fixed point; load_mean reuses its 8 bytes per element as float64
         self._q = torch.empty(n, dtype=torch.int64, device=self.buffer.device)
         self.out_of_range: dict[int, str] = {}  # ids of the ledger that did not fit, and why
@@ -159,47 +177,75 @@ class ExactAccumulator(GradAccumulator):
         if self._spike is not None:
             g.mul_(self._spike)
             self._spike = None
-        q, amax = to_fixed(g, self.shift, self.range_bits, self._scratch, self._q)
         lq = loss_to_fixed(float(loss), self.microbatches)
-        if q is None or lq is None:
+        # g is zeroed below whatever happens: it is its own scratch (no extra fp32 copy of the model);
+        # to_fixed scales it only once it fits, so a microbatch that does not is still whole for the wide try
+        q, amax = (None, math.nan) if lq is None else to_fixed(g, self.shift, self.range_bits, scratch=g, out=self._q)
+        if q is not None:
+            self.sums[:-3].add_(q)
+        elif lq is not None and amax < 2.0 ** self.wide_range_bits:  # a spike: the coarser sums take it
+            q, _ = to_fixed(g, self.wide_shift, self.wide_range_bits, scratch=g, out=self._q)
+            if self.wide is None:
+                self.wide = torch.zeros(self.n, dtype=torch.int64, device=self.buffer.device)
+            self.wide.add_(q)
+            self.sums[-2] += 1
+        if q is None:
             self.out_of_range[mb_id] = (
-                f"loss {loss!r} is outside the fixed-point loss range" if q is not None else
-                f"max |gradient element| {amax:g} is not below 2^{self.range_bits} = {2.0 ** self.range_bits:g} "
-                f"(--exact-range {self.range_bits})")
+                f"loss {loss!r} is outside the fixed-point loss range" if lq is None else
+                f"max |gradient element| {amax:g} is not below 2^{self.wide_range_bits} = "
+                f"{2.0 ** self.wide_range_bits:g} (--exact-range {self.range_bits} + {WIDE_EXTRA_BITS})")
             self.sums[-1] += 1
         else:
-            self.sums[:-2].add_(q)
-            self.sums[-2] += lq
+            self.sums[-3] += lq
         g.zero_()
 
     @property
     def loss_sum(self) -> float:
-        return loss_from_fixed(int(self.sums[-2]))
+        return loss_from_fixed(int(self.sums[-3]))
 
     def pack(self) -> torch.Tensor:
-        """A fresh communication buffer: int64 [gradient sums..., loss sum, out-of-range count]."""
+        """A fresh communication buffer: int64 [gradient sums..., loss sum, wide count, bad count]."""
         return self.sums.clone()
+
+    def wide_needed(self, reduced: torch.Tensor) -> bool:
+        """Whether a reduced `pack()` says some replica folded a wide microbatch: then every
+        replica all-reduces `pack_wide()` too (they all read the same count)."""
+        return int(reduced[-2]) > 0
+
+    def pack_wide(self) -> torch.Tensor:
+        """A fresh buffer of the wide sums (zeros on a replica that folded no wide microbatch)."""
+        if self.wide is None:
+            return torch.zeros(self.n, dtype=torch.int64, device=self.buffer.device)
+        return self.wide.clone()
 
     def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
         """The loss sum a reduced buffer holds (NaN when a microbatch of the step was out of range)."""
         if int(reduced[-1]):
             return math.nan
-        return loss_from_fixed(int(reduced[-2]))
+        return loss_from_fixed(int(reduced[-3]))
 
-    def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
-        """Set every .grad to the mean gradient; return the mean loss (loss sum / M, float64)."""
+    def load_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> float:
+        """Set every .grad to the mean gradient; return the mean loss (loss sum / M, float64).
+        `wide`: the reduced `pack_wide()`, required when `wide_needed(reduced)`."""
         if int(reduced[-1]):
             raise ExactRangeError(
                 f"{int(reduced[-1])} microbatch(es) of the step had a gradient or loss outside the fixed-point "
-                f"range (elements must be below 2^{self.range_bits}); the step is not committed. Raise "
-                f"--exact-range if such gradients are expected")
+                f"range (elements must be below 2^{self.wide_range_bits}); the step is not committed")
         if not 1 <= microbatches <= self.microbatches:  # the shift bounds a sum of at most M
             raise ValueError(f"the shift was derived for at most M={self.microbatches} microbatches, "
                              f"not {microbatches}")
-        from_fixed(reduced[:-2], self.shift, microbatches, out=self.buffer[:-1], scratch=self._q.view(torch.float64))
-        return loss_from_fixed(int(reduced[-2])) / microbatches
+        if self.wide_needed(reduced) and wide is None:
+            raise ValueError("the step has wide microbatches: load_mean needs the reduced pack_wide()")
+        t = self._q.view(torch.float64).copy_(reduced[:-3])
+        t.mul_(2.0 ** -self.shift / microbatches)
+        if self.wide_needed(reduced):
+            t.add_(wide.to(torch.float64).mul_(2.0 ** -self.wide_shift / microbatches))
+        self.buffer[:-1].copy_(t)
+        return loss_from_fixed(int(reduced[-3])) / microbatches
 
     def clear(self) -> None:
         super().clear()
         self.sums.zero_()
+        if self.wide is not None:
+            self.wide.zero_()
         self.out_of_range.clear()

@@ -57,11 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         fold_quota(step, quota, work.fold, hooks)
         buf = work.pack()
         comm.allreduce(buf, cfg.collective_timeout, while_in_flight=lambda: hooks.at(step, "allreduce"))
+        if (wide := work.wide_after(buf)) is not None:  # --exact, a spike in the step: every replica reads it
+            comm.allreduce(wide, cfg.collective_timeout)
         hooks.at(step, "vote")
         hooks.at(step, "commit")
         hooks.at(step, "optimizer_step")
         try:
-            loss, lr = work.apply(buf, M, step)
+            loss, lr = work.apply(buf, M, step, wide)
         except ExactRangeError as e:  # --exact: every replica sees the same count, and stops here
             print(f"plain replica {replica}: step {step}: {e}", file=sys.stderr, flush=True)
             if metrics is not None:

@@ -104,9 +104,12 @@ Contract:
   (core/nonfinite.py), and the coordinator stops the run naming them, or with
   `--on-nonfinite skip` drops the step: `commit()` then clears the accumulator
   without an optimizer step, moves the schedule on, and returns True.
-- With an exact accumulator (core/exact.py, `--exact`) a microbatch whose gradient
-  is outside the fixed-point range is folded as one whose loss is not finite (it
-  was never summed; the log says which range), so the same stop or skip applies.
+- With an exact accumulator (core/exact.py, `--exact`) a step in which a member
+  folded a spike (a gradient beyond the normal fixed-point range) all-reduces the
+  wide sums too, right after the first all-reduce (a failure there is the same
+  failure); a microbatch beyond the wide range is folded as one whose loss is not
+  finite (it was never summed; the log says which range), so the same stop or skip
+  applies.
 """
 from __future__ import annotations
 
@@ -391,6 +394,7 @@ class Replica:
         rank = self.members.index(self.replica)
         self._relay({"t": "reduce", "gen": g, "rank": rank, "size": len(self.members)})
         buf = self.acc.pack()
+        wide = None  # an exact accumulator's wide sums, when the step has a spike
         failure: CollectiveError | None = None
         try:
             if self.comm is None or self.comm.generation != g:
@@ -399,6 +403,11 @@ class Replica:
                                                namespace="" if self.link is None else "pos0/")
             self.comm.allreduce(buf, self.timeout, should_abort,
                                 while_in_flight=lambda: self.hooks.at(step, "allreduce"))
+            if hasattr(self.acc, "wide_needed") and self.acc.wide_needed(buf):
+                # an exact accumulator, and a member folded a spike: every member read the same
+                # count, so all reduce the wide sums too (core/exact.py); a failure here is the same
+                wide = self.acc.pack_wide()
+                self.comm.allreduce(wide, self.timeout, should_abort)
         except CollectiveError as e:
             self._abandon_comm()  # never reuse a communicator that failed
             self._log(f"step {step}: {e}")
@@ -444,7 +453,7 @@ class Replica:
             self._log(f"step {step} skipped: its loss was not finite")
             self.stepper.skip(step)
         else:
-            self.acc.load_mean(buf, self.microbatches)
+            self.acc.load_mean(buf, self.microbatches, *(() if wide is None else (wide,)))
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1

@@ -161,9 +161,17 @@ class Workload:
         """A fresh communication buffer: [gradient sum ..., loss sum]."""
         return self.acc.pack()
 
-    def apply(self, reduced: torch.Tensor, microbatches: int, step: int) -> tuple[float, float]:
-        """Commit step `step` with reduced/M; empty accumulator and ledger; return (mean loss, lr)."""
-        mean_loss = self.acc.load_mean(reduced, microbatches)
+    def wide_after(self, reduced: torch.Tensor) -> torch.Tensor | None:
+        """With --exact: the wide sums to all-reduce next when the reduced buffer says a replica
+        folded a spike (core/exact.py); None when there is nothing more to reduce."""
+        needed = getattr(self.acc, "wide_needed", None)
+        return self.acc.pack_wide() if needed is not None and needed(reduced) else None
+
+    def apply(self, reduced: torch.Tensor, microbatches: int, step: int,
+              wide: torch.Tensor | None = None) -> tuple[float, float]:
+        """Commit step `step` with reduced/M; empty accumulator and ledger; return (mean loss, lr).
+        `wide`: with --exact, the reduced wide sums when the step had a spike (core/exact.py)."""
+        mean_loss = self.acc.load_mean(reduced, microbatches, *(() if wide is None else (wide,)))
         lr = self.stepper(step)
         self.acc.clear()
         return mean_loss, lr

@@ -51,14 +51,20 @@ def _fold(acc: ExactAccumulator, mb_id: int, scale: float = 1.0) -> None:
     acc.fold(mb_id, _loss_of(mb_id))
 
 
-def _committed(parts: list[list[int]], M: int) -> tuple[bytes, float]:
-    """The mean gradient's bytes and the mean loss, for ids folded by len(parts) replicas."""
+SPIKED = {107, 111}  # ids whose gradient is a spike (x 2^20: beyond 2^12, inside the wide range)
+
+
+def _committed(parts: list[list[int]], M: int, spiked: frozenset = frozenset()) -> tuple[bytes, float]:
+    """The mean gradient's bytes and the mean loss, for ids folded by len(parts) replicas
+    (the all-reduce: the sum of their packs, then of their wide sums when the count says so)."""
     accs = [ExactAccumulator(_params(), M) for _ in parts]
     for acc, ids in zip(accs, parts):
         for i in ids:
-            _fold(acc, i)
+            _fold(acc, i, 2.0 ** 20 if i in spiked else 1.0)
     reduced = sum(acc.pack() for acc in accs)
-    loss = accs[0].load_mean(reduced, M)
+    wide = sum(acc.pack_wide() for acc in accs) if accs[0].wide_needed(reduced) else None
+    assert (wide is not None) == any(i in spiked for ids in parts for i in ids)
+    loss = accs[0].load_mean(reduced, M, wide)
     return accs[0].buffer[:-1].numpy().tobytes(), loss
 
 
@@ -79,6 +85,8 @@ def partitions(draw):
 def test_any_partition_and_order_commits_the_same_bits(case):
     M, ids, parts = case
     assert _committed(parts, M) == _committed([ids], M)
+    # with spikes: some ids go to the wide sums, whoever folds them
+    assert _committed(parts, M, frozenset(SPIKED)) == _committed([ids], M, frozenset(SPIKED))
 
 
 def test_fp32_accumulation_is_order_dependent_where_exact_is_not():
@@ -103,21 +111,34 @@ def test_the_mean_is_close_to_the_float64_mean():
     assert loss == pytest.approx(sum(_loss_of(i) for i in ids) / M, rel=1e-12)
 
 
-def test_a_spike_out_of_range_is_counted_never_added():
+def test_a_spike_goes_to_the_wide_sums_and_beyond_them_is_counted_never_added():
     M = 4
     a, b = ExactAccumulator(_params(), M), ExactAccumulator(_params(), M)
     _fold(a, 0)
+    a.spike_next_fold(2.0 ** 20)  # the grad_spike fault's hook: beyond 2^12, inside 2^42
     _fold(a, 1)
-    b.spike_next_fold(2.0 ** 20)  # the grad_spike fault's hook: far above 2^12
+    assert a.out_of_range == {} and int(a.pack()[-2]) == 1 and a.wide is not None and b.wide is None
+    _fold(b, 2)
+    _fold(b, 3)
+    reduced = a.pack() + b.pack()
+    assert a.wide_needed(reduced) and b.wide_needed(reduced)  # every replica reads the same count
+    a.load_mean(reduced, M, a.pack_wide() + b.pack_wide())
+    want = sum(torch.cat([g.reshape(-1).double() for g in _grad_of(i, 2.0 ** 20 if i == 1 else 1.0)])
+               for i in range(4)) / M
+    got = a.buffer[:-1].double()
+    assert torch.all((got - want).abs() <= 2.0 ** -a.wide_shift + want.abs() * 2.0 ** -23)
+    with pytest.raises(ValueError, match="needs the reduced pack_wide"):
+        a.load_mean(reduced, M)
+    b.clear()
+    b.spike_next_fold(2.0 ** 60)  # beyond the wide range too
     _fold(b, 2)
     _fold(b, 3)  # the spike is spent: 3 is in range
-    assert list(b.out_of_range) == [2] and "not below 2^12" in b.out_of_range[2]
-    assert a.out_of_range == {}
+    assert list(b.out_of_range) == [2] and "not below 2^42" in b.out_of_range[2]
     assert int(b.pack()[-1]) == 1 and math.isnan(b.reduced_loss_sum(a.pack() + b.pack()))
     with pytest.raises(ExactRangeError, match="outside the fixed-point range"):
-        a.load_mean(a.pack() + b.pack(), M)
+        a.load_mean(a.pack() + b.pack(), M, a.pack_wide() + b.pack_wide())
     b.clear()
-    assert b.out_of_range == {} and int(b.pack().abs().sum()) == 0
+    assert b.out_of_range == {} and int(b.pack().abs().sum()) == 0 and int(b.pack_wide().abs().sum()) == 0
 
 
 def test_non_finite_gradients_and_losses_are_out_of_range():
