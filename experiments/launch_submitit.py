@@ -393,6 +393,32 @@ def _pending_reason(job_id: str) -> str:
     return out.stdout.strip()
 
 
+def _job_state(job_id: str) -> str:
+    """The job's state by sacct ('' when sacct does not know it yet). Asked here, not through
+    submitit's watcher: that one stops asking once it sees a state it does not know (RESIZING,
+    after a node of a --no-kill job failed) and keeps that state for good."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "UNKNOWN"
+    lines = out.stdout.split("\n") if out.returncode == 0 else []
+    lines = [x.strip() for x in lines if x.strip()]
+    if not lines:
+        # Not in sacct (an array element not started yet, or a cluster without accounting,
+        # where submitit would wait forever on a cancelled job): squeue -t all knows a job
+        # while it is queued and for MinJobAge after it ended; unknown to both, it is gone.
+        try:
+            queued = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                                    text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return "UNKNOWN"
+        if queued.returncode != 0 and "Invalid job id" not in queued.stderr:
+            return "UNKNOWN"
+        return queued.stdout.strip().split("\n")[-1] or "GONE"
+    return lines[-1].split(" ")[0]  # "CANCELLED by 0": the state is its first word
+
+
 def _restarts(job_id: str) -> int:
     """How many times Slurm requeued the job (scontrol's Restarts=N; 0 when unknown)."""
     try:
@@ -411,13 +437,15 @@ def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
     log = task0.paths.stderr
     started = time.monotonic()
     while not task0.paths.result_pickle.exists():
-        state = job.watcher.get_state(job.job_id, mode="force").split(" ")[0]  # "CANCELLED by 0"
+        state = _job_state(job.job_id)
         if state not in SLURM_LIVE:
             time.sleep(2)  # a result written as the job ended may lag behind its state on a shared disk
             if task0.paths.result_pickle.exists():
                 break
             return Outcome(name, "failed", f"job {job.job_id} ended {state} without task 0's result; log: {log}")
-        if state == "PENDING":
+        # sacct keeps saying REQUEUED while a requeued job waits, and knows nothing ('') of an
+        # array element that never started: squeue has the reason of all three
+        if state in ("PENDING", "REQUEUED", ""):
             reason = _pending_reason(job.job_id)
             if reason == "BeginTime" and opts.release_requeued and _restarts(job.job_id) > 0:
                 # Slurm holds a requeued job for 120 s before it may start again; the

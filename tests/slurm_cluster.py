@@ -239,6 +239,10 @@ class SlurmCluster:
         """Why the node is down or drained, as whoever set it so wrote it (sinfo's reason)."""
         return self._run("sinfo", "-h", "-n", node, "-o", "%E").stdout.strip()
 
+    def job_state(self, job: str) -> str:
+        """The job's state by squeue (PENDING, RUNNING, ...; '' once it left the queue)."""
+        return self._run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+
     def restarts(self, job: str) -> int:
         """How many times Slurm requeued the job (scontrol's Restarts=N; -1 once it left slurmctld's memory)."""
         p = self._run("scontrol", "-o", "show", "job", job)
