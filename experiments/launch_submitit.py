@@ -431,7 +431,7 @@ def _restarts(job_id: str) -> int:
     return 0
 
 
-def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
+def _wait_slurm(name: str, job: Any, opts: SlurmOptions, echo=print) -> Outcome:
     """Wait for one run's job: task 0's result, or a clear failure (see the module docstring)."""
     task0 = job.task(0)
     log = task0.paths.stderr
@@ -447,11 +447,14 @@ def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
         # array element that never started: squeue has the reason of all three
         if state in ("PENDING", "REQUEUED", ""):
             reason = _pending_reason(job.job_id)
-            if reason == "BeginTime" and opts.release_requeued and _restarts(job.job_id) > 0:
+            restarts = _restarts(job.job_id) if reason == "BeginTime" and opts.release_requeued else 0
+            if restarts > 0:
                 # Slurm holds a requeued job for 120 s before it may start again; the
                 # failed tasks are gone already (they requeued it themselves), so start it now.
-                subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], capture_output=True,
-                               timeout=30)
+                done = subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"],
+                                      capture_output=True, timeout=30)
+                if done.returncode == 0:
+                    echo(f"  job {job.job_id} requeued (restart {restarts}): started now, not after Slurm's 120 s hold")
             waited = (time.monotonic() - started) / 60
             if reason in NEVER_STARTS or (opts.start_timeout_min and waited > opts.start_timeout_min):
                 job.cancel(check=False)
@@ -533,6 +536,6 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             submitted.append((spec, job))
     if wait:  # every array is queued before the first wait: they run side by side
         for spec, job in submitted:
-            outcomes.append(_wait_slurm(spec.name, job, opts))
+            outcomes.append(_wait_slurm(spec.name, job, opts, echo))
             echo(f"  {outcomes[-1].status:>7}  {spec.name}  {outcomes[-1].detail}".rstrip())
     return outcomes
