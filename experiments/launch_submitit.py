@@ -393,6 +393,32 @@ def _pending_reason(job_id: str) -> str:
     return out.stdout.strip()
 
 
+def _job_state(job_id: str) -> str:
+    """The job's state by sacct ('' when sacct does not know it yet). Asked here, not through
+    submitit's watcher: that one stops asking once it sees a state it does not know (RESIZING,
+    after a node of a --no-kill job failed) and keeps that state for good."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "UNKNOWN"
+    lines = out.stdout.split("\n") if out.returncode == 0 else []
+    lines = [x.strip() for x in lines if x.strip()]
+    if not lines:
+        # Not in sacct (an array element not started yet, or a cluster without accounting,
+        # where submitit would wait forever on a cancelled job): squeue -t all knows a job
+        # while it is queued and for MinJobAge after it ended; unknown to both, it is gone.
+        try:
+            queued = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                                    text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return "UNKNOWN"
+        if queued.returncode != 0 and "Invalid job id" not in queued.stderr:
+            return "UNKNOWN"
+        return queued.stdout.strip().split("\n")[-1] or "GONE"
+    return lines[-1].split(" ")[0]  # "CANCELLED by 0": the state is its first word
+
+
 def _restarts(job_id: str) -> int:
     """How many times Slurm requeued the job (scontrol's Restarts=N; 0 when unknown)."""
     try:
@@ -405,25 +431,30 @@ def _restarts(job_id: str) -> int:
     return 0
 
 
-def _wait_slurm(name: str, job: Any, opts: SlurmOptions) -> Outcome:
+def _wait_slurm(name: str, job: Any, opts: SlurmOptions, echo=print) -> Outcome:
     """Wait for one run's job: task 0's result, or a clear failure (see the module docstring)."""
     task0 = job.task(0)
     log = task0.paths.stderr
     started = time.monotonic()
     while not task0.paths.result_pickle.exists():
-        state = job.watcher.get_state(job.job_id, mode="force").split(" ")[0]  # "CANCELLED by 0"
+        state = _job_state(job.job_id)
         if state not in SLURM_LIVE:
             time.sleep(2)  # a result written as the job ended may lag behind its state on a shared disk
             if task0.paths.result_pickle.exists():
                 break
             return Outcome(name, "failed", f"job {job.job_id} ended {state} without task 0's result; log: {log}")
-        if state == "PENDING":
+        # sacct keeps saying REQUEUED while a requeued job waits, and knows nothing ('') of an
+        # array element that never started: squeue has the reason of all three
+        if state in ("PENDING", "REQUEUED", ""):
             reason = _pending_reason(job.job_id)
-            if reason == "BeginTime" and opts.release_requeued and _restarts(job.job_id) > 0:
+            restarts = _restarts(job.job_id) if reason == "BeginTime" and opts.release_requeued else 0
+            if restarts > 0:
                 # Slurm holds a requeued job for 120 s before it may start again; the
                 # failed tasks are gone already (they requeued it themselves), so start it now.
-                subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], capture_output=True,
-                               timeout=30)
+                done = subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"],
+                                      capture_output=True, timeout=30)
+                if done.returncode == 0:
+                    echo(f"  job {job.job_id} requeued (restart {restarts}): started now, not after Slurm's 120 s hold")
             waited = (time.monotonic() - started) / 60
             if reason in NEVER_STARTS or (opts.start_timeout_min and waited > opts.start_timeout_min):
                 job.cancel(check=False)
@@ -505,6 +536,6 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             submitted.append((spec, job))
     if wait:  # every array is queued before the first wait: they run side by side
         for spec, job in submitted:
-            outcomes.append(_wait_slurm(spec.name, job, opts))
+            outcomes.append(_wait_slurm(spec.name, job, opts, echo))
             echo(f"  {outcomes[-1].status:>7}  {spec.name}  {outcomes[-1].detail}".rstrip())
     return outcomes

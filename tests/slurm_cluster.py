@@ -4,9 +4,10 @@ Contract:
 - `SlurmCluster(folder).start()` stands up, all state under `folder`: munged (its own
   key and socket), MariaDB on a unix socket (--skip-networking), slurmdbd, slurmctld
   and two slurmd nodes, n1 and n2 (`slurmd -D -N n1|n2`), each in the foreground in
-  a session of its own, started by PID. `stop()` ends each of them by its PID
-  (SIGTERM, then SIGKILL), slurmd first, MariaDB and munged last, and every job step
-  process the nodes left behind (they are the daemons' children, by session).
+  a session of its own, started by PID. `stop()` cancels the jobs still queued, ends
+  each daemon by its PID (SIGTERM, then SIGKILL), slurmd first, MariaDB and munged
+  last, and reaps the job steps (slurmstepd) that were reparented to this process
+  when it is a child subreaper.
 - `env` is the environment a Slurm client needs to talk to it (SLURM_CONF; PATH as
   it was): give it to sbatch, sacct, scontrol (or to submitit, which calls them).
 - `why_not()` says, in one line, why a cluster cannot be stood up here (the Slurm
@@ -239,6 +240,10 @@ class SlurmCluster:
         """Why the node is down or drained, as whoever set it so wrote it (sinfo's reason)."""
         return self._run("sinfo", "-h", "-n", node, "-o", "%E").stdout.strip()
 
+    def job_state(self, job: str) -> str:
+        """The job's state by squeue (PENDING, RUNNING, ...; '' once it left the queue)."""
+        return self._run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+
     def restarts(self, job: str) -> int:
         """How many times Slurm requeued the job (scontrol's Restarts=N; -1 once it left slurmctld's memory)."""
         p = self._run("scontrol", "-o", "show", "job", job)
@@ -274,4 +279,29 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+        self._reap_steps()
         self.timings["stop_s"] = time.monotonic() - t0
+
+    def _reap_steps(self) -> None:
+        # slurmstepd daemonizes: when this process is a child subreaper (the launcher makes
+        # itself one, core/forkserver.py, and tests run it in-process), the steps it ran are
+        # reparented here and linger as zombies. Reap exactly those, by PID; SIGKILL any still
+        # alive (their job is gone by now).
+        me = os.getpid()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if comm != "slurmstepd" or int(rest[1]) != me:
+                continue
+            pid = int(entry.name)
+            if rest[0] != "Z":
+                os.kill(pid, signal.SIGKILL)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass

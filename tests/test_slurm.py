@@ -44,7 +44,9 @@ GRID = ["trajectory", "--seeds", "0", "--systems", "recover", "ckpt-restart", "-
 SLURM = ["--executor", "slurm", "--wait", "--tasks-per-node", "1", "--cpus-per-task", "1", "--time", "10"]
 
 
-@pytest.fixture(scope="session")
+# Module scope: this file holds every Slurm test, so this is the one cluster of the
+# worker's session, and it is stopped as soon as the file is done, not at the session's end.
+@pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
     why = why_not()
     if why:
@@ -182,3 +184,42 @@ def test_a_job_that_cannot_run_is_one_clear_error_at_once(cluster: SlurmCluster,
     for line in failed:
         assert all(w.lower() in line.lower() for w in says), line
     assert not cluster.queue()
+
+
+def test_a_node_set_down_requeues_checkpoint_restart_which_resumes(cluster: SlurmCluster, local_runs: Path,
+                                                                   tmp_path: Path, monkeypatch) -> None:
+    """checkpoint-restart's replica 1 sets its node (n2) DOWN at step 3: its job is requeued, waits for a
+    node, and once n2 is back (as a repaired node comes back) resumes from the step-2 checkpoint."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, _wait_slurm, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["ckpt-restart"], replicas=2, steps=STEPS,
+                        baseline={"ckpt_every": 2, "restart_mode": "replace"})
+    spec = next(r for r in grid.runs if r.label == "ckpt-restart")
+    spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 3, "phase": "forward"}]}
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=1.0)
+    [submitted] = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts,
+                              wait=False)
+    job = submitted.detail.split()[1].rstrip(";")
+    end = time.monotonic() + 120
+    # requeued (by its task 0, once its rank 0 saw the collective break) while n2 is still down
+    while not (cluster.job_state(job) == "PENDING" and cluster.restarts(job) >= 1):
+        assert time.monotonic() < end, (cluster.job_state(job), cluster.restarts(job), cluster.node_state("n2"))
+        time.sleep(0.5)
+    assert cluster.node_state("n2").startswith("down")
+    cluster.resume("n2")  # the node is repaired only after the job left it (DESIGN.md section 5)
+    import submitit
+    sjob = submitit.SlurmExecutor(folder=tmp_path / "submitit").job_class(tmp_path / "submitit", job, tasks=[0, 1])
+    said: list[str] = []
+    outcome = _wait_slurm(spec.name, sjob, opts, echo=said.append)
+    assert outcome.status == "ok", outcome
+    # Slurm held the requeued job (reason BeginTime) and the waiting submitter started it
+    assert said == [f"  job {job} requeued (restart 1): started now, not after Slurm's 120 s hold"], said
+    run = spec.out_dir(tmp_path / "results")
+    _, metrics, summary = load_run(run)
+    [restart] = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "restart"]
+    assert summary["restarts"] == 1 and restart["from_step"] == 2 and restart["members"] == [0, 1], restart
+    assert restart["failed_replicas"] == [1] and "replica 1 gone" in restart["fault"], restart  # gone with n2
+    assert_close(losses(run), losses(local_runs / "trajectory" / "failure-free_s0"))
