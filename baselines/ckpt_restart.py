@@ -10,7 +10,7 @@ Contract:
   checkpoint (a save killed midway is never loaded: `core/checkpoint.py`), either
   - with the survivors only (--restart-mode survivors): the culprit replicas are
     dropped and the others keep the global batch M by accumulating more, or
-  - with a replacement (--restart-mode replace): after --replace-wait seconds the
+  - with a replacement (--restart-mode replace): after --replace-after seconds the
     job restarts at full size, the newcomer taking the lost replica's id.
 - What the supervisor saw (the fault, detected_at, the culprits, the mode) is left
   in DIR/baseline/fault-<attempt>.json for the next attempt's rank 0, which writes

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from recover.core.config import ConfigError, TrainConfig, flag_name
+from recover.core.config import ConfigError, TrainConfig, field_flag, flag_name
 from recover.core.fields import doc_field as _f
 
 RESTART_MODES = ("survivors", "replace")
@@ -30,13 +30,19 @@ ELASTIC_BATCH = ("keep-global", "keep-per-replica")
 class BaselineConfig:
     """Settings of the checkpoint-restart, elastic and torchft baselines."""
 
-    ckpt_every: int = _f(5, "checkpoint-restart/elastic: save a DCP checkpoint every K iterations")
-    ckpt_async: bool = _f(False, "checkpoint-restart/elastic: save with dcp.async_save instead of dcp.save")
-    ckpt_keep: int = _f(2, "checkpoint-restart/elastic: complete checkpoints kept on disk (older ones deleted)")
+    # Same concepts as recover's: one flag each (core.config.add_dataclass_flags `same_as`); the
+    # old flags --ckpt-every, --ckpt-keep and --replace-wait still parse, hidden.
+    ckpt_every: int = _f(5, "checkpoint-restart/elastic: save a DCP checkpoint every K iterations",
+                         same_as="checkpoint_every")
+    ckpt_async: bool = _f(False, "checkpoint-restart/elastic: save with dcp.async_save instead of dcp.save "
+                                 "(recover always saves asynchronously)", flag="--checkpoint-async")
+    ckpt_keep: int = _f(2, "checkpoint-restart/elastic: complete checkpoints kept on disk (older ones deleted)",
+                        same_as="checkpoint_keep")
     restart_mode: str = _f(
         "survivors", "checkpoint-restart: restart with the 'survivors' only, or with a 'replace'ment replica"
     )
-    replace_wait: float = _f(0.0, "checkpoint-restart: seconds to wait for a replacement replica (replace mode)")
+    replace_wait: float = _f(0.0, "checkpoint-restart: seconds to wait for a replacement replica (replace mode)",
+                             same_as="replace_after")
     max_restarts: int = _f(10, "checkpoint-restart/elastic: restarts allowed before the run gives up")
     elastic_batch: str = _f(
         "keep-global",
@@ -69,14 +75,14 @@ class BaselineConfig:
         for name in ("ckpt_every", "ckpt_keep", "torchft_min_replicas", "torchft_join_timeout_ms",
                      "torchft_heartbeat_timeout_ms", "torchft_heartbeat_ms"):
             if getattr(self, name) < 1:
-                raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(field_flag(BaselineConfig, name), f"must be >= 1, got {getattr(self, name)}")
         for name in ("rdzv_last_call_timeout", "rdzv_join_timeout", "rdzv_keep_alive_interval",
                      "rdzv_keep_alive_max_attempt"):
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1 (torchrun takes whole seconds), got {getattr(self, name)}")
         for name in ("replace_wait", "max_restarts"):
             if getattr(self, name) < 0:
-                raise ConfigError(flag_name(name), f"must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(field_flag(BaselineConfig, name), f"must be >= 0, got {getattr(self, name)}")
         for name in ("monitor_interval", "torchft_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(flag_name(name), f"must be > 0, got {getattr(self, name)}")

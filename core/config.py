@@ -122,8 +122,9 @@ class TrainConfig:
         10, "recover: stop the run (exit 1) after this many consecutive generations fail without a commit"
     )
     replace_after: float = _f(
-        -1.0, "recover: seconds after a replica's process dies before the launcher starts a replacement in its "
-        "slot, which joins at the next commit with the live state (-1 = never)"
+        -1.0, "seconds after a replica's loss before its replacement arrives. recover: the launcher then starts "
+        "one in its slot, which joins at the next commit with the live state (-1 = never); ckpt-restart with "
+        "--restart-mode replace: the restart waits this long for it (0 if not given)"
     )
     max_heal_attempts: int = _f(
         3, "recover: a newcomer whose state transfer failed this many times is refused (it exits, code 3; "
@@ -157,11 +158,12 @@ class TrainConfig:
         "with those connected (the workers wait as long as it tells them)"
     )
     checkpoint_every: int = _f(
-        0, "recover: save an asynchronous DCP checkpoint every K committed steps (0, the default: never; "
-        "given on the command line it must be >= 1)"
+        0, "save a DCP checkpoint every K committed steps. recover: asynchronous, never by default (0; given "
+        "on the command line it must be >= 1); ckpt-restart and elastic: blocking unless --checkpoint-async, "
+        "every 5 by default (they restart from it)"
     )
     checkpoint_dir: str = _f("", "recover: where checkpoints are written ('' = DIR/checkpoints)")
-    checkpoint_keep: int = _f(2, "recover: complete checkpoints kept on disk (older ones deleted)")
+    checkpoint_keep: int = _f(2, "complete checkpoints kept on disk, older ones deleted (recover, ckpt-restart, elastic)")
     checkpoint_failures: int = _f(
         3, "recover: checkpoint saves failed in a row (a full disk, a lost mount) after which the run stops, exit 1"
     )
@@ -322,8 +324,9 @@ class TrainConfig:
             raise ConfigError("--min-replicas", f"must be in [1, --replicas={self.replicas}], got {self.min_replicas}")
         if self.replace_after < 0 and self.replace_after != -1.0:
             raise ConfigError("--replace-after", f"must be >= 0 (or -1: never), got {self.replace_after}")
-        if self.replace_after >= 0 and self.system != "recover":
-            raise ConfigError("--replace-after", f"only the recover system admits replacements, not {self.system!r}")
+        if self.replace_after >= 0 and self.system not in ("recover", "ckpt-restart"):
+            raise ConfigError("--replace-after", f"only recover and ckpt-restart (--restart-mode replace) take "
+                                                 f"replacements, not {self.system!r}")
         if self.data:
             if not Path(self.data).is_file():
                 raise ConfigError("--data", f"file not found: {self.data}")
@@ -331,9 +334,8 @@ class TrainConfig:
             raise ConfigError("--faults", f"file not found: {self.faults}")
         if not self.out:
             raise ConfigError("--out", "must name a directory")
-        if self.checkpoint_every and self.system != "recover":
-            raise ConfigError("--checkpoint-every", f"is for --system recover, not {self.system} "
-                              "(the baselines checkpoint with --ckpt-every)")
+        if self.checkpoint_every and self.system not in ("recover", "ckpt-restart", "elastic"):
+            raise ConfigError("--checkpoint-every", f"{self.system} writes no checkpoints")
         if self.resume_from:
             if self.system != "recover":
                 raise ConfigError("--resume", f"only --system recover resumes from checkpoints, not {self.system}")
@@ -368,13 +370,37 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+def field_flag(cls: type, name: str) -> str:
+    """The flag that sets field `name` of dataclass `cls` on the command line: its own, the
+    one its metadata names (`flag`), or the shared one of the field it is the `same_as`."""
+    meta = next(f.metadata for f in fields(cls) if f.name == name)
+    return meta.get("flag") or flag_name(meta.get("same_as") or name)
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one `--flag` per dataclass field, typed by its default, documented by its help."""
+    """Add one `--flag` per dataclass field, typed by its default, documented by its help.
+
+    A field whose metadata says `same_as="name"` is the same concept as another config's
+    field `name` (a baseline's checkpoint interval and recover's): it takes that field's
+    flag and gets none of its own, so one concept has one flag across systems. Its own old
+    flag stays as a hidden alias (`--ckpt-every` still parses), so scripts keep working."""
     for f in fields(cls):
         if f.name in skip or f.metadata.get("cli") is False:
             continue
         help_text = f.metadata.get("help", "")
         default = f.default
+        if f.metadata.get("flag"):  # a flag named for the concept; the field's own name stays a hidden alias
+            kw0: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if isinstance(default, bool) \
+                else {"type": type(default), "metavar": f.name.upper()}
+            parser.add_argument(f.metadata["flag"], dest=f.name, default=None,
+                                help=f"{help_text} (default: {default!r})", **kw0)
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None, help=argparse.SUPPRESS, **kw0)
+            continue
+        if f.metadata.get("same_as"):
+            kw: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if isinstance(default, bool) \
+                else {"type": type(default), "metavar": f.name.upper()}
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None, help=argparse.SUPPRESS, **kw)
+            continue
         if isinstance(default, bool):
             parser.add_argument(
                 flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
@@ -392,6 +418,8 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, **base: Any) -> Any
     values = dict(base)
     for f in fields(cls):
         v = getattr(args, f.name, None)
+        if v is None and f.metadata.get("same_as"):  # the shared flag (see add_dataclass_flags)
+            v = getattr(args, f.metadata["same_as"], None)
         if v is not None:
             values[f.name] = v
     return cls(**values)

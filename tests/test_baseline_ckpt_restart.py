@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here st
 # differences of ~1e-9 in the weights' checksum and ~1e-7 in losses over 6 steps.
 RTOL = 1e-5
 
-BASE = ["--replicas", "2", "--microbatches", "4", "--steps", "6", "--ckpt-every", "2", "--no-progress",
+BASE = ["--replicas", "2", "--microbatches", "4", "--steps", "6", "--checkpoint-every", "2", "--no-progress",
         "--seed", "3"]
 
 
@@ -77,7 +77,7 @@ def _steps_once(metrics: list[dict]) -> None:
 def test_crash_with_replacement_resumes_at_the_checkpoint_and_ends_with_identical_weights(reference, tmp_path):
     out = tmp_path / "run"
     plan = _plan(tmp_path, {"kind": "crash", "replica": 1, "step": 3, "phase": "backward"})
-    _train(out, "--faults", plan, "--restart-mode", "replace", "--replace-wait", "0.2")
+    _train(out, "--faults", plan, "--restart-mode", "replace", "--replace-after", "0.2")
     assert_every_planned_fault_fired(out)
     config, metrics, summary = load_run(out)
     assert config["baseline"]["restart_mode"] == "replace" and config["baseline"]["ckpt_every"] == 2
@@ -107,7 +107,7 @@ def test_crash_during_checkpoint_save_loads_the_previous_complete_checkpoint(ref
     # Checkpoints are taken after steps 1 and 3; the second save is killed midway
     # (this rank's data files written, the checkpoint not yet complete).
     plan = _plan(tmp_path, {"kind": "crash", "replica": 1, "step": 3, "phase": "checkpoint_save"})
-    flags = ["--ckpt-async"] if mode == "async" else ["--no-ckpt-async"]
+    flags = ["--checkpoint-async"] if mode == "async" else ["--no-checkpoint-async"]
     _train(out, "--faults", plan, "--restart-mode", "replace", *flags)
     config, metrics, summary = load_run(out)
     assert config["baseline"]["ckpt_async"] is (mode == "async")
@@ -165,6 +165,7 @@ def test_a_frozen_replica_is_caught_by_the_collective_timeout_and_left_out(refer
 def test_sigkill_by_pid_restarts_from_the_checkpoint_and_leaves_no_orphan(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "recover.experiments.cli", "train", "--system", "ckpt-restart",
+           # --ckpt-every: the old flag, kept as a hidden alias of --checkpoint-every
            "--replicas", "2", "--microbatches", "4", "--steps", "18", "--ckpt-every", "3", "--no-progress",
            "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -30,7 +30,7 @@ from recover.core.results import read_jsonl, read_metrics, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 
-BASE = ["--system", "elastic", "--microbatches", "6", "--ckpt-every", "2", "--no-progress", "--seed", "11"]
+BASE = ["--system", "elastic", "--microbatches", "6", "--checkpoint-every", "2", "--no-progress", "--seed", "11"]
 
 
 def _run_processes(out: Path) -> list[int]:

@@ -144,7 +144,7 @@ def test_checkpoint_restart_resuming_on_fewer_replicas_is_bit_identical(tmp_path
     # replicas' commits) and folds all M ids of steps 2 and 3 alone: another partition, the same bits
     out = tmp_path / "ckpt"
     plan = _plan(tmp_path, [{"kind": "crash", "replica": 0, "step": 3, "phase": "backward"}])
-    losses, _ = _run(out, "ckpt-restart", 2, "--ckpt-every", "2", "--faults", plan)
+    losses, _ = _run(out, "ckpt-restart", 2, "--checkpoint-every", "2", "--faults", plan)
     assert_every_planned_fault_fired(out)
     _, metrics, summary = load_run(out)
     assert summary["restarts"] == 1

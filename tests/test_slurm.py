@@ -40,7 +40,7 @@ REL = 1e-5
 STEPS = 4
 # checkpoint-restart: a checkpoint every 2 steps, so its restart resumes from one (step 2)
 GRID = ["trajectory", "--seeds", "0", "--systems", "recover", "ckpt-restart", "--replicas", "2", "--steps", str(STEPS),
-        "--ckpt-every", "2"]
+        "--checkpoint-every", "2"]
 SLURM = ["--executor", "slurm", "--wait", "--tasks-per-node", "1", "--cpus-per-task", "1", "--time", "10"]
 
 

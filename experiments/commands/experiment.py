@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
                         "--systems recover; default: the scale's, 1)")
     p.add_argument("--recovery-replicas", type=int, nargs="+", default=None,
                    help="replica counts of the recovery sweep (default: the scale's)")
-    p.add_argument("--ckpt-every", type=int, default=None,
+    p.add_argument("--checkpoint-every", "--ckpt-every", dest="checkpoint_every", type=int, default=None,
                    help="checkpoint-restart and elastic runs: a checkpoint every K iterations (default: theirs, 5)")
     p.add_argument("--out", default="results", help="results folder (default: results)")
     p.add_argument("--logs", default="runs/experiments", help="where each run's process logs go (default: runs/experiments)")
@@ -76,7 +76,7 @@ def add_parser(sub) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
 
-    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "tasks_per_node", "parallel", "shard", "ckpt_every"):
+    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "tasks_per_node", "parallel", "shard", "checkpoint_every"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             return fail(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
@@ -92,7 +92,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     try:
         grid = build_grid(args.name, args.seeds, args.scale, args.systems, replicas, args.steps,
                           tuple(args.recovery_replicas) if args.recovery_replicas else None, shard=args.shard,
-                          baseline=None if args.ckpt_every is None else {"ckpt_every": args.ckpt_every})
+                          baseline=None if args.checkpoint_every is None else {"ckpt_every": args.checkpoint_every})
     except (KeyError, ValueError) as e:
         return fail(str(e).strip("'\""))
     for note in grid.notes:

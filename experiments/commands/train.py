@@ -79,6 +79,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return fail(str(e))
     system = SYSTEMS[cfg.system]
     settings = dataclass_from_args(system.settings, args) if system.settings else None
+    if settings is not None:
+        # --checkpoint-every/--checkpoint-keep/--replace-after set the baseline's own settings
+        # (config.json's "baseline" section): its recover-side fields stay at their defaults
+        cfg.checkpoint_every, cfg.replace_after = 0, -1.0
     try:
         if settings is not None:
             settings.validate(cfg)
