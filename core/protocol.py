@@ -197,6 +197,62 @@ def _committed_vote_of(rep: dict, step: int) -> list[dict]:
     return []
 
 
+@dataclass
+class RebuildPlan:
+    """What a restarted coordinator's reports say (`classify_reports`), before anything is decided."""
+
+    reports: dict[int, dict]  # replica -> the report of its hello (every replica that said hello)
+    members: dict[int, dict]  # the reports of members holding a committed state (stale steps set aside)
+    top: int  # the highest step a member reports (-1: no member)
+    ahead: dict[int, dict]  # members at `top`
+    behind: dict[int, dict]  # members at top-1 that voted for it and wait for its commit
+    waiting: list[int]  # newcomers waiting for admission (a replacement, a woken replica)
+    stale: list[int]  # everyone else: they rejoin as newcomers
+    recorded: int  # the last step metrics.jsonl holds (-1: none, or not known)
+
+
+def classify_reports(hellos: dict[int, dict], replicas: int, step: int, recorded_step: int | None) -> RebuildPlan:
+    """Sort a restarted coordinator's hellos into who is where (pure; `Membership.rebuild` acts on it).
+
+    Why "behind" members only missed a message: a commit goes out only after every member's
+    vote, so if any member reached step T, every member still at T-1 that voted holds the same
+    reduced gradient. metrics.jsonl is the other witness: the old coordinator recorded every
+    commit but at most the last one it sent, so no member can be past recorded_step + 2; a report
+    beyond that (a worker's bug) would make every sound member look behind, so it is set aside."""
+    reports = {r: h.get("report") or {} for r, h in hellos.items() if 0 <= r < replicas}
+    limit = None if recorded_step is None else max(recorded_step, step - 1) + 2
+    members = {r: rep for r, rep in reports.items()
+               if rep.get("member") and isinstance(rep.get("step"), int) and (limit is None or rep["step"] <= limit)}
+    recorded = -1 if recorded_step is None else recorded_step
+    if not members:
+        return RebuildPlan(reports, members, -1, {}, {}, [], sorted(reports), recorded)
+    top = max(rep["step"] for rep in members.values())
+    ahead = {r: rep for r, rep in members.items() if rep["step"] == top}
+    # The generation that committed top-1, from the vote each member past it committed:
+    # `committed_vote`, not its last vote, which is of step top once it voted again (the
+    # filter would then be empty and admit any old vote of top-1: a member cut off after
+    # voting in a generation that never committed would be handed a commit it was not
+    # part of). The last vote stands in only for a report without `committed_vote`
+    # (an older worker), where it is the committed one if it is of top-1.
+    committed_in = {vote["gen"] for rep in ahead.values() for vote in _committed_vote_of(rep, top - 1)}
+
+    def missed_commit(rep: dict) -> bool:
+        vote = rep.get("vote") or {}
+        return (rep["step"] == top - 1 and rep.get("wait") == "commit" and vote.get("step") == top - 1
+                and (not committed_in or vote.get("gen") in committed_in))
+
+    # (with nobody past a step, nobody is "behind" at it: top is the highest step reported)
+    behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
+    # A process in no generation that can be healed (a replacement, or a woken replica that
+    # rejoined) was waiting for admission: it goes on waiting for the next commit. Closed, it
+    # would read the close as a verdict and exit (issue 41 item 3).
+    waiting = sorted(r for r, rep in reports.items()
+                     if r not in members and hellos[r].get("can_heal") and not rep.get("member")
+                     and _int_or(rep.get("gen"), -1) < 0)
+    stale = sorted(set(reports) - set(ahead) - set(behind) - set(waiting))
+    return RebuildPlan(reports, members, top, ahead, behind, waiting, stale, recorded)
+
+
 class Membership:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
@@ -1026,50 +1082,29 @@ class Membership:
         member is past T), so T restarts as a recovery does: ledgers kept, the rest
         redone by the next generation. The workers' weights are checked by the digests
         of that generation's first votes (`_fence_corrupt_weights`)."""
-        reports = {r: h.get("report") or {} for r, h in hellos.items() if 0 <= r < self.R}
         for r, h in hellos.items():
             self.pids[r] = h.get("pid")
             self.tokens_per_mb = int(h.get("tokens_per_mb", self.tokens_per_mb))
-        # metrics.jsonl is the other witness: the old coordinator recorded every commit but at most
-        # the last one it sent, so no member can be past recorded_step + 2; a report beyond that
-        # (a worker's bug) would make every sound member look behind, so it is the one set aside.
-        limit = None if recorded_step is None else max(recorded_step, self.step - 1) + 2
-        members = {r: rep for r, rep in reports.items()
-                   if rep.get("member") and isinstance(rep.get("step"), int) and (limit is None or rep["step"] <= limit)}
-        recorded = -1 if recorded_step is None else recorded_step
-        self.alive, self.dead = set(reports), set(range(self.R)) - set(reports)
-        if not members:
+        plan = classify_reports(hellos, self.R, self.step, recorded_step)
+        self.alive, self.dead = set(plan.reports), set(range(self.R)) - set(plan.reports)
+        if not plan.members:
             return self._finish(1, f"cannot rebuild the run after a coordinator restart: no member of it reported "
-                                   f"({len(reports)} newcomer(s) did)", now)
-        top = max(rep["step"] for rep in members.values())
-        ahead = {r: rep for r, rep in members.items() if rep["step"] == top}
-        # The generation that committed top-1, from the vote each member past it committed:
-        # `committed_vote`, not its last vote, which is of step top once it voted again (the
-        # filter would then be empty and admit any old vote of top-1: a member cut off after
-        # voting in a generation that never committed would be handed a commit it was not
-        # part of). The last vote stands in only for a report without `committed_vote`
-        # (an older worker), where it is the committed one if it is of top-1.
-        committed_in = {vote["gen"] for rep in ahead.values() for vote in _committed_vote_of(rep, top - 1)}
-
-        def missed_commit(rep: dict) -> bool:
-            vote = rep.get("vote") or {}
-            return (rep["step"] == top - 1 and rep.get("wait") == "commit" and vote.get("step") == top - 1
-                    and (not committed_in or vote.get("gen") in committed_in))
-
-        # (with nobody past a step, nobody is "behind" at it: top is the highest step reported)
-        behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
-        # A process in no generation that can be healed (a replacement, or a woken replica that
-        # rejoined) was waiting for admission: it goes on waiting, here, for the next commit.
-        # Closed, it would read the close as a verdict and exit (issue 41 item 3).
-        waiting = sorted(r for r, rep in reports.items()
-                         if r not in members and hellos[r].get("can_heal") and not rep.get("member")
-                         and _int_or(rep.get("gen"), -1) < 0)
-        stale = sorted(set(reports) - set(ahead) - set(behind) - set(waiting))
+                                   f"({len(plan.reports)} newcomer(s) did)", now)
+        top, ahead, behind = plan.top, plan.ahead, plan.behind
         if top >= self.S:
-            return self._rebuilt_finish(top, ahead, behind, recorded, len(reports), now)
+            # every step is committed: the old coordinator died after sending the last commit,
+            # before writing its line or before its `done` (workers wait for that word,
+            # core/replica.py `_await_done`); nothing is left to run, so nothing is rebuilt
+            self.step = top
+            reason = (f"coordinator restarted after the last commit (step {top - 1}): {len(ahead)} member(s) "
+                      f"committed it" + (f", {len(behind)} still waited for it" if behind else ""))
+            out: list[Out] = [Out("event", msg={
+                "kind": "rebuilt", "step": top, "finished": True, "members": sorted({*ahead, *behind}),
+                "missed_commit": sorted(behind), "reports": len(plan.reports), "at": now}, reason=reason)]
+            return out + self._resend_missed_commit(plan, None, now) + self._finish(0, "all steps committed", now)
         self.step = top
         self.gen = max(max(int(rep.get("gen", -1)), int(rep.get("awaiting", -1) if rep.get("awaiting") is not None
-                                                       else -1)) for rep in members.values())
+                                                       else -1)) for rep in plan.members.values())
         self.next_gen = self.gen + 1
         self.state = "forming"
         self.expected = set(ahead) | set(behind)
@@ -1080,32 +1115,25 @@ class Membership:
         self.dealt = None  # what the old coordinator dealt is not known
         self.deadline = now + self.join_timeout
         self.digest_next_gen = True
-        reason = (f"coordinator restarted: rebuilt step {top} from {len(members)} member report(s)"
+        reason = (f"coordinator restarted: rebuilt step {top} from {len(plan.members)} member report(s)"
                   + (f"; {len(behind)} member(s) still waiting for the commit of step {top - 1}" if behind else ""))
         self._record_failure(reason, now)
-        out: list[Out] = [Out("event", msg={
+        out = [Out("event", msg={
             "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
-            "missed_commit": sorted(behind), "closed": stale, "newcomers": waiting, "reports": len(reports),
-            "at": now}, reason=reason)]
-        if recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now)):
-            # the old coordinator sent top-1's commit and died before writing its line: to those
-            # behind (they voted and wait), or to everyone (those ahead report it as committed)
-            out.append(line)
-        for r, rep in sorted(behind.items()):
-            # It steps with the gradient it holds (or skips, if the step was) and waits for generation
-            # next_gen, ledger empty.
-            out.append(Out("send", r, {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1,
-                                       **self._missed_commit(rep["vote"]), "quota": [], "next": self.next_gen}))
-            self.joins[r] = []
+            "missed_commit": sorted(behind), "closed": plan.stale, "newcomers": plan.waiting,
+            "reports": len(plan.reports), "at": now}, reason=reason)]
+        out += self._resend_missed_commit(plan, self.next_gen, now)
+        for r in behind:
+            self.joins[r] = []  # it steps with the gradient it holds and waits for next_gen, ledger empty
         for r, rep in sorted(ahead.items()):
             if rep.get("wait") == "gen" and rep.get("awaiting") is not None and rep["awaiting"] <= self.next_gen:
                 self.joins[r] = _ledger(r, rep)  # it joined already: generation next_gen's gen message answers it
             else:
                 out.append(Out("send", r, {"t": "abort", "gen": int(rep.get("gen", -1)), "step": top,
                                            "next": self.next_gen, "reason": reason}))
-        for r in waiting:
+        for r in plan.waiting:
             out += self._newcomer(r, hellos[r], now)  # "pending": admitted at the next commit
-        for r in stale:
+        for r in plan.stale:
             # behind or unhealed: it comes back through admission, healed from a member
             self.alive.discard(r)
             self.dead.add(r)
@@ -1113,26 +1141,23 @@ class Membership:
                                                f"restart: it rejoins as a newcomer"))
         return out + self._maybe_publish(now)
 
-    def _rebuilt_finish(self, top: int, ahead: dict[int, dict], behind: dict[int, dict], recorded: int,
-                        reports: int, now: float) -> list[Out]:
-        """The members report every step committed: the old coordinator died after sending the
-        last commit, before writing its line or before its `done` (workers wait for that word,
-        core/replica.py `_await_done`). The line is written from the votes reported if metrics.jsonl
-        lacks it, a member that missed the last commit hears it, and every worker that reported
-        hears `done`: nothing is left to run, so nothing is rebuilt."""
-        self.step = top
-        reason = (f"coordinator restarted after the last commit (step {top - 1}): {len(ahead)} member(s) "
-                  f"committed it" + (f", {len(behind)} still waited for it" if behind else ""))
-        out: list[Out] = [Out("event", msg={
-            "kind": "rebuilt", "step": top, "finished": True, "members": sorted({*ahead, *behind}),
-            "missed_commit": sorted(behind), "reports": reports, "at": now}, reason=reason)]
-        if recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**behind, **ahead}, now)):
+    def _resend_missed_commit(self, plan: "RebuildPlan", next_gen: int | None, now: float) -> list[Out]:
+        """The one place a restarted coordinator makes good the commit of step top-1 that the old one
+        sent but did not finish: its metrics line, from the votes reported, if metrics.jsonl lacks it
+        (the old coordinator sends, then records: a kill between the two loses the line), and the
+        commit message to each member that voted and still waits for it (`next`: the generation it
+        then waits for; None: that was the last step)."""
+        top, out = plan.top, []
+        if plan.recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**plan.behind, **plan.ahead},
+                                                                              now)):
             out.append(line)
-        for r, rep in sorted(behind.items()):
-            # the last commit: it steps with the gradient it holds, with nothing more to fold
-            out.append(Out("send", r, {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1,
-                                       **self._missed_commit(rep["vote"]), "quota": []}))
-        return out + self._finish(0, "all steps committed", now)
+        for r, rep in sorted(plan.behind.items()):
+            msg = {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1, **self._missed_commit(rep["vote"]),
+                   "quota": []}
+            if next_gen is not None:
+                msg["next"] = next_gen
+            out.append(Out("send", r, msg))
+        return out
 
     def _missed_commit(self, vote: dict) -> dict[str, Any]:
         """What a commit that a member missed says of its loss: the mean, or, for a vote whose loss

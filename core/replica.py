@@ -473,7 +473,7 @@ class Replica:
         commit is recorded. A coordinator killed between sending the last commit and writing
         its line is restarted with no one to ask if the workers had exited; waiting, they
         reconnect with their reports (through `_terminal`) and the restarted one writes the
-        line and says done (protocol `_rebuilt_finish`). This replica's step is committed
+        line and says done (protocol `rebuild`, every step committed). This replica's step is committed
         whatever follows, so no ending here reaches the caller's `commit()`: it is logged."""
         try:
             self._wait_for(set())

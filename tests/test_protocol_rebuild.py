@@ -307,3 +307,23 @@ def test_a_member_cut_off_after_voting_in_a_generation_that_never_committed_is_n
     hellos[2] = hello(report(6, 6, [], wait="commit", vote=vote_of(6, 6, prev[4:6])))
     out = fresh().rebuild(hellos, 9.0, recorded_step=6)
     assert set(sends(out, "commit")) == {2} and sends(out, "commit")[2]["gen"] == 6
+
+
+def test_the_reports_are_classified_alone_before_anything_is_decided():
+    """`classify_reports` (issue 42 item 3): who is ahead, behind (voted, missed the commit),
+    waiting for admission, or stale, from the hellos alone; no state machine involved."""
+    from recover.core.protocol import classify_reports
+
+    def report(step, wait="", vote_step=None, gen=0, member=True):
+        vote = None if vote_step is None else {"gen": gen, "step": vote_step, "ledger": [], "loss_sum": 1.0}
+        return {"report": {"member": member, "step": step, "gen": gen, "ledger": [], "wait": wait, "vote": vote,
+                           "awaiting": None}}
+
+    hellos = {0: report(5, "gen", vote_step=4), 1: report(4, "commit", vote_step=4),
+              2: report(3, "commit", vote_step=3),  # two behind: it holds nothing anyone can finish
+              3: {"can_heal": True, "report": {"member": False, "step": 0, "gen": -1, "ledger": [], "wait": ""}},
+              4: report(40)}  # past what metrics.jsonl allows: a worker's bug, set aside
+    plan = classify_reports(hellos, replicas=5, step=0, recorded_step=3)
+    assert (plan.top, sorted(plan.ahead), sorted(plan.behind)) == (5, [0], [1])
+    assert plan.waiting == [3] and plan.stale == [2, 4] and plan.recorded == 3
+    assert classify_reports({3: hellos[3]}, 5, 0, None).members == {}  # no member: nothing to rebuild
