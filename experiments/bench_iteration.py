@@ -57,13 +57,14 @@ def _iteration_seconds(metrics: Path) -> float:
 
 def allreduce_bytes(model: str, mode: str) -> int:
     """Bytes of one replica's all-reduce buffer: fp32 [gradient..., loss] or, with --exact, int64
-    [gradient..., loss, out-of-range count] (core/exact.py). A ring all-reduce sends 2(R-1)/R of it per rank."""
+    [gradient..., loss, wide count, bad count] (core/exact.py; a step with a spike also reduces the
+    n wide sums). A ring all-reduce sends 2(R-1)/R of it per rank."""
     from recover.core.shapes import model_config
     from recover.core.model import GPT
     import torch
     with torch.device("meta"):
         n = sum(p.numel() for p in GPT(model_config(model)).parameters() if p.requires_grad)
-    return (n + 2) * 8 if mode == "exact" else (n + 1) * 4
+    return (n + 3) * 8 if mode == "exact" else (n + 1) * 4
 
 
 def _run(work: Path, name: str, system: str, model: str, replicas: int, shard: int, steps: int,
