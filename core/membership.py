@@ -87,7 +87,7 @@ from pathlib import Path
 from .config import TrainConfig
 from .heartbeat import heartbeat_plan
 from .hooks import load_coordinator_hooks
-from .protocol import Membership, Out, ProtocolError
+from .protocol import Act, Membership, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
 from .gc_pacing import pace, settle
@@ -118,6 +118,20 @@ class _Conn:
         self.last_sent = now  # when a line last went to it (a heartbeat is due a beat after)
 
 
+class _Batch:
+    """What the handlers of one `_apply` share: the connection the input came on (a refused
+    hello's), when the batch's sends went out, the last message encoded (a broadcast's line,
+    reused), and the replicas whose send failed (their loss is applied after the batch)."""
+
+    __slots__ = ("origin", "sent_at", "last_msg", "line", "lost")
+
+    def __init__(self, origin: "_Conn | None", sent_at: float):
+        self.origin, self.sent_at = origin, sent_at
+        self.last_msg: dict | None = None
+        self.line = b""
+        self.lost: list[tuple[int, str]] = []
+
+
 class MembershipService:
     """Serves the control connections of one run until it ends."""
 
@@ -125,6 +139,9 @@ class MembershipService:
                  rebuild: bool = False, expect: set[int] | None = None):
         self.cfg = cfg
         self.stop = stop
+        # one handler per kind of the state machine's actions (`_apply`)
+        self._handlers = {Act.SEND: self._do_send, Act.CLOSE: self._do_close, Act.COMMIT: self._do_commit,
+                          Act.RECOVERY: self._do_recovery, Act.EVENT: self._do_event, Act.FINISH: self._do_finish}
         # Without it a connection cannot become a replica; a job script that did not
         # set one reads the generated one from the coordinator's first line.
         self.join_token = join_token or os.environ.get(JOIN_TOKEN_ENV, "") or new_join_token()
@@ -619,65 +636,71 @@ class MembershipService:
 
     # ---- actions ------------------------------------------------------------------------
     def _apply(self, actions: list[Out], origin: _Conn | None = None) -> None:
+        """Carry out the state machine's actions in order, each by the handler of its kind."""
+        batch = _Batch(origin, self.now())
+        handlers = self._handlers
+        for a in actions:
+            handlers[a.kind](a, batch)
         # A failed send makes its replica lost, and that loss has consequences (an
         # abort, a new generation) that are applied only after every action of this
         # batch: applied at once, they would overtake the rest of a broadcast, and
         # the other replicas would read [abort, commit] or [abort(g), gen(g)].
-        lost: list[tuple[int, str]] = []
-        # A broadcast (abort, done, stop) is one message object sent to many: encode it once.
-        last_msg: dict | None = None
-        line = b""
-        sent_at = self.now()
-        for a in actions:
-            if a.kind == "send":
-                conn = self.by_replica.get(a.replica)
-                if conn is None:
-                    continue
-                conn.last_sent = sent_at
-                if a.reason:
-                    self.log(a.reason)
-                if a.msg is not last_msg:
-                    last_msg, line = a.msg, dumps(a.msg) + b"\n"
-                try:
-                    conn.sock.sendall(line)
-                except OSError as e:
-                    self._drop(conn)
-                    lost.append((a.replica, f"send failed: {e}"))
-                    continue
-                if self.hooks is not None:
-                    self.hooks.after_send(a.msg, a.replica)
-            elif a.kind == "close":
-                # A refused hello closes the connection it came on, not the member's.
-                conn = origin if origin is not None and origin.replica == a.replica else self.by_replica.get(a.replica)
-                if conn is not None and conn is origin and self.by_replica.get(a.replica) is not conn:
-                    self._refuse(conn, f"hello as replica {a.replica} refused: {a.reason}", self.now(), close=True)
-                elif conn is not None:
-                    self.log(f"replica {a.replica} removed: {a.reason}")
-                    # Said before the close, so a worker that wakes up reads why (fenced: it may
-                    # rejoin; refused: never) instead of a bare close, which means a dead coordinator.
-                    self._send(conn, {"t": "fenced", **a.msg, "reason": a.reason})
-                    self._drop(conn)
-            elif a.kind == "commit":
-                # The commit messages went out before this action (the protocol orders them so).
-                settle()  # the run's state survived a step: later collections need not rescan it
-                done = self.now()
-                if a.msg["step"] <= self.recorded_step:
-                    continue  # recorded by the coordinator before a restart: one line per step
-                self.recorded_step = a.msg["step"]
-                self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
-                    "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),
-                    "heartbeats": self.heartbeats, "messages": self.messages}})
-            elif a.kind == "recovery":
-                rec = a.msg
-                self.log(
-                    f"recovered step {rec['step']} in {rec['recovery_seconds']:.3f}s: {rec['fault']}; "
-                    f"generation {rec['generation']} = {rec['survivors']}, redid {len(rec['redone'])} microbatches"
-                )
-                self.events.write({"kind": "recovery", **rec})
-            elif a.kind == "event":
-                self.log(a.reason)
-                self.events.write(a.msg)
-            elif a.kind == "finish":
-                self.result = (a.code, a.reason)
-        for r, reason in lost:
+        for r, reason in batch.lost:
             self._apply(self.proto.on_lost(r, reason, self.now()))
+
+    def _do_send(self, a: Out, batch: "_Batch") -> None:
+        conn = self.by_replica.get(a.replica)
+        if conn is None:
+            return
+        conn.last_sent = batch.sent_at
+        if a.reason:
+            self.log(a.reason)
+        if a.msg is not batch.last_msg:  # a broadcast is one message object sent to many: encode it once
+            batch.last_msg, batch.line = a.msg, dumps(a.msg) + b"\n"
+        try:
+            conn.sock.sendall(batch.line)
+        except OSError as e:
+            self._drop(conn)
+            batch.lost.append((a.replica, f"send failed: {e}"))
+            return
+        if self.hooks is not None:
+            self.hooks.after_send(a.msg, a.replica)
+
+    def _do_close(self, a: Out, batch: "_Batch") -> None:
+        # A refused hello closes the connection it came on, not the member's.
+        origin = batch.origin
+        conn = origin if origin is not None and origin.replica == a.replica else self.by_replica.get(a.replica)
+        if conn is not None and conn is origin and self.by_replica.get(a.replica) is not conn:
+            self._refuse(conn, f"hello as replica {a.replica} refused: {a.reason}", self.now(), close=True)
+        elif conn is not None:
+            self.log(f"replica {a.replica} removed: {a.reason}")
+            # Said before the close, so a worker that wakes up reads why (fenced: it may
+            # rejoin; refused: never) instead of a bare close, which means a dead coordinator.
+            self._send(conn, {"t": "fenced", **a.msg, "reason": a.reason})
+            self._drop(conn)
+
+    def _do_commit(self, a: Out, batch: "_Batch") -> None:
+        # The commit messages went out before this action (the protocol orders them so).
+        settle()  # the run's state survived a step: later collections need not rescan it
+        done = self.now()
+        if a.msg["step"] <= self.recorded_step:
+            return  # recorded by the coordinator before a restart: one line per step
+        self.recorded_step = a.msg["step"]
+        self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
+            "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),
+            "heartbeats": self.heartbeats, "messages": self.messages}})
+
+    def _do_recovery(self, a: Out, batch: "_Batch") -> None:
+        rec = a.msg
+        self.log(
+            f"recovered step {rec['step']} in {rec['recovery_seconds']:.3f}s: {rec['fault']}; "
+            f"generation {rec['generation']} = {rec['survivors']}, redid {len(rec['redone'])} microbatches"
+        )
+        self.events.write({"kind": "recovery", **rec})
+
+    def _do_event(self, a: Out, batch: "_Batch") -> None:
+        self.log(a.reason)
+        self.events.write(a.msg)
+
+    def _do_finish(self, a: Out, batch: "_Batch") -> None:
+        self.result = (a.code, a.reason)

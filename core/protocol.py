@@ -143,6 +143,7 @@ Ids on the wire (quota, ledger, members) are `core.idranges` range lists,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from . import idranges
@@ -153,11 +154,24 @@ from .speeds import SpeedTable, measure, slowest_of
 from .vote_tally import VoteTally
 
 
+class Act(str, Enum):
+    """What the service does with an `Out` (core/membership.py has one handler per kind).
+
+    A str enum: `a.kind == "commit"` reads as it did when kinds were bare strings."""
+
+    SEND = "send"  # send `msg` to `replica` (a broadcast is one msg object to many: encoded once)
+    CLOSE = "close"  # close `replica`'s connection, saying why (fenced, or a refused hello)
+    COMMIT = "commit"  # record `msg`, a committed step's line, in metrics.jsonl
+    RECOVERY = "recovery"  # record `msg`, a recovery, in events.jsonl (and the log)
+    EVENT = "event"  # record `msg` in events.jsonl and `reason` in the log
+    FINISH = "finish"  # the run is over: exit `code`, for `reason`
+
+
 @dataclass(slots=True)  # one per message sent: R of them per step
 class Out:
     """One action for the service to carry out."""
 
-    kind: str  # "send" | "close" | "commit" | "recovery" | "event" | "finish"
+    kind: Act  # which handler carries it out
     replica: int = -1  # for send/close
     msg: dict[str, Any] = field(default_factory=dict)  # send: the message; commit/recovery/event: the record
     code: int = 0  # finish: exit code
@@ -333,7 +347,7 @@ class Membership:
         if r in self.dead and msg.get("can_heal") and self.state != "finished":
             return self._newcomer(r, msg, now)
         if r in self.dead or r in self.alive or not 0 <= r < self.R:
-            return [Out("close", r, reason="unknown, duplicate or dead replica")]
+            return [Out(Act.CLOSE, r, reason="unknown, duplicate or dead replica")]
         self.alive.add(r)
         self.pids[r] = msg.get("pid")
         self.tokens_per_mb = int(msg.get("tokens_per_mb", self.tokens_per_mb))
@@ -344,13 +358,13 @@ class Membership:
         # A late start-up hello after generation 0 formed: it was dropped from the run.
         self.alive.discard(r)
         self.dead.add(r)
-        return [Out("close", r, {"t": "refused"}, reason="arrived after the run started")]
+        return [Out(Act.CLOSE, r, {"t": "refused"}, reason="arrived after the run started")]
 
     def _newcomer(self, r: int, msg: dict, now: float) -> list[Out]:
         """A hello for a dead replica's slot, from a process that can receive the state."""
         pid = msg.get("pid")
         if pid is not None and self.banned.get(r) == pid:
-            return [Out("close", r, {"t": "refused"},
+            return [Out(Act.CLOSE, r, {"t": "refused"},
                         reason=f"replica {r} (pid {pid}) was fenced on evidence and is not readmitted")]
         self.dead.discard(r)
         self.alive.add(r)
@@ -358,7 +372,7 @@ class Membership:
         why = "woken" if msg.get("rejoin") else "replacement"
         self.newcomers[r] = {"replica": r, "pid": pid, "why": why, "hello_at": now,
                              "started_at": float(msg.get("started_at", now)), "attempts": 0}
-        out = [Out("send", r, {"t": "pending", "step": self.step},
+        out = [Out(Act.SEND, r, {"t": "pending", "step": self.step},
                    reason=f"replica {r} ({why}, pid {pid}) waits for admission at the next commit")]
         if self.state == "waiting" and not self._short():
             out += self._admit(now)
@@ -401,7 +415,7 @@ class Membership:
         self.expected.discard(r)
         rec = self.joining.pop(r)
         rec["attempts"] += 1
-        failed = Out("event", msg={"kind": "join_failed", "replica": r, "generation": self.gen,
+        failed = Out(Act.EVENT, msg={"kind": "join_failed", "replica": r, "generation": self.gen,
                                    "attempts": rec["attempts"], "at": now},
                      reason=f"replica {r}'s state transfer failed with generation {self.gen} "
                             f"(attempt {rec['attempts']} of {self.max_heal_attempts})")
@@ -410,7 +424,7 @@ class Membership:
         for key in ("generation", "donor", "admitted_at", "step"):
             rec.pop(key, None)
         self.newcomers[r] = rec
-        return [Out("send", r, {"t": "pending", "step": self.step}), failed] + self._maybe_publish(now)
+        return [Out(Act.SEND, r, {"t": "pending", "step": self.step}), failed] + self._maybe_publish(now)
 
     def _refuse_newcomer(self, r: int, rec: dict[str, Any], now: float) -> list[Out]:
         """A newcomer that could not be healed `max_heal_attempts` times is refused, never admitted again
@@ -422,10 +436,10 @@ class Membership:
         self._ban(r)
         self.alive.discard(r)
         self.dead.add(r)
-        return [Out("event", msg={"kind": "join_refused", "replica": r, "pid": rec.get("pid"), "why": rec.get("why"),
+        return [Out(Act.EVENT, msg={"kind": "join_refused", "replica": r, "pid": rec.get("pid"), "why": rec.get("why"),
                                   "attempts": rec["attempts"], "step": self.step, "reason": reason, "at": now},
                     reason=reason),
-                Out("close", r, {"t": "refused"}, reason=reason)]
+                Out(Act.CLOSE, r, {"t": "refused"}, reason=reason)]
 
     def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
         """Member r folded its quota of (gen, step); once every member has, all hear `go`.
@@ -440,7 +454,7 @@ class Membership:
             return []
         self.go_at = now
         go = {"t": "go", "gen": self.gen, "step": self.step}
-        return [Out("send", m, go) for m in self.members]
+        return [Out(Act.SEND, m, go) for m in self.members]
 
     def on_stop_run(self, r: int, msg: dict, now: float) -> list[Out]:
         """Replica r ends the run for a reason of its own (its storage is failing).
@@ -453,7 +467,7 @@ class Membership:
             return []
         reason = f"replica {r} stopped the run: {msg.get('reason', 'no reason given')}"
         rec = {"kind": "stop_run", "replica": r, "step": self.step, "reason": reason, "at": now}
-        return [Out("event", msg=rec, reason=reason)] + self._finish(1, reason, now)
+        return [Out(Act.EVENT, msg=rec, reason=reason)] + self._finish(1, reason, now)
 
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
@@ -523,7 +537,7 @@ class Membership:
         redone by the others. The run goes on: nothing a peer sends ends it."""
         reason = f"replica {r} fenced: {what}"
         if r not in self.alive:
-            return [Out("close", r, reason=reason)]
+            return [Out(Act.CLOSE, r, reason=reason)]
         self._ban(r)
         return [self._fenced_record(r, reason, now, {"message": what})] + self.on_lost(r, f"fenced: {what}", now)
 
@@ -576,9 +590,9 @@ class Membership:
                "action": self.on_nonfinite, "at": now}
         if self.on_nonfinite == "stop":
             reason = (f"{text}; the run stops (--on-nonfinite stop): steps before {self.step} are committed and kept")
-            return [Out("event", msg=rec, reason=reason)] + self._finish(1, reason, now, committed=self.step)
+            return [Out(Act.EVENT, msg=rec, reason=reason)] + self._finish(1, reason, now, committed=self.step)
         self.skipped.append(self.step)
-        records = [Out("event", msg=rec, reason=f"{text}; step {self.step} skipped (--on-nonfinite skip): no "
+        records = [Out(Act.EVENT, msg=rec, reason=f"{text}; step {self.step} skipped (--on-nonfinite skip): no "
                                                    f"optimizer step, the run goes on with step {self.step + 1}")]
         return self._advance(now, None, records, skipped=True)
 
@@ -600,7 +614,7 @@ class Membership:
         self.newcomers.pop(r, None)
         self.joining.pop(r, None)
         self.unhealed.discard(r)
-        out = [Out("close", r, reason=reason)]
+        out = [Out(Act.CLOSE, r, reason=reason)]
         if self.state == "waiting" and r in self.member_set:
             # idle between steps: nothing of the next step is folded yet, so no recovery
             self.members = [m for m in self.members if m != r]
@@ -634,7 +648,7 @@ class Membership:
         self._record_failure(reason, now)
         self.expected.discard(r)
         connected = len(self.alive & self.expected)
-        out = [Out("event", msg={"kind": "startup", "exited": r, "how": how, "connected": connected,
+        out = [Out(Act.EVENT, msg={"kind": "startup", "exited": r, "how": how, "connected": connected,
                                  "expected": len(self.expected), "of": self.R, "at": now},
                    reason=f"{reason}; replicas connected {connected}/{len(self.expected)}")]
         return out + self._maybe_publish(now)
@@ -649,7 +663,7 @@ class Membership:
         msg = {"t": "startup", "wait": max(0.0, self.deadline - now), "connected": connected, "of": len(self.expected)}
         if self.heartbeat_interval is not None:
             msg["heartbeat_interval"] = self.heartbeat_interval
-        return Out("send", r, msg,
+        return Out(Act.SEND, r, msg,
                    reason=f"replicas connected {connected}/{len(self.expected)}")
 
     def on_tick(self, now: float) -> list[Out]:
@@ -667,7 +681,7 @@ class Membership:
                 self.dead.add(r)
                 self._record_failure(f"replica {r} never connected", now)
                 self.expected.discard(r)
-                out.append(Out("event", msg={"kind": "startup", "never_connected": r, "at": now},
+                out.append(Out(Act.EVENT, msg={"kind": "startup", "never_connected": r, "at": now},
                                reason=f"replica {r} did not connect within the start-up timeout"))
         return out + self._maybe_publish(now)
 
@@ -748,7 +762,7 @@ class Membership:
         # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
         self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
         abort = {"t": "abort", "gen": self.gen, "step": self.step, "next": self.next_gen, "reason": reason}
-        out = [Out("send", r, abort) for r in sorted(self.expected)]  # one message for all: encoded once
+        out = [Out(Act.SEND, r, abort) for r in sorted(self.expected)]  # one message for all: encoded once
         return out + self._maybe_publish(now)
 
     def _joined(self, r: int, ledger: idranges.Ranges, now: float) -> list[Out]:
@@ -790,7 +804,7 @@ class Membership:
         out = list(fenced)
         if self.gen == 0:  # the end of start-up, with whoever is there
             missing = sorted(set(range(self.R)) - self.member_set)
-            out.append(Out("event", msg={"kind": "startup", "formed": 0, "members": len(self.members), "of": self.R,
+            out.append(Out(Act.EVENT, msg={"kind": "startup", "formed": 0, "members": len(self.members), "of": self.R,
                                          "missing": missing, "at": now},
                            reason=f"generation 0 formed with {len(self.members)}/{self.R} replicas"
                                   + (f" (missing: {missing})" if missing else "")))
@@ -812,10 +826,10 @@ class Membership:
         if speeds is None:
             self.dealt = (joins, ids, self.member_ranges, None)
             shared = {**msg, "split": ids}
-            return [Out("send", r, shared) for r in self.members]
+            return [Out(Act.SEND, r, shared) for r in self.members]
         quotas = assign_quota_ranges(ids, self.members, speeds)
         self.dealt = (joins, ids, self.member_ranges, quotas)
-        return [Out("send", r, {**msg, "quota": quotas[r]}) for r in self.members]
+        return [Out(Act.SEND, r, {**msg, "quota": quotas[r]}) for r in self.members]
 
     def _initial_weights_differ(self) -> str:
         """Why generation 0 must not form ('' if the joined replicas' initial weights agree).
@@ -960,7 +974,7 @@ class Membership:
             rec["recovery_seconds"] = now - rec["detected_at"]
             if skipped:
                 rec["skipped"] = True
-            records.append(Out("recovery", msg=rec))
+            records.append(Out(Act.RECOVERY, msg=rec))
         if not skipped:
             records += self._first_commits(now)
         self.pending = []
@@ -974,13 +988,13 @@ class Membership:
         if not last and (self.newcomers or self._short()):
             # Step `committed` is the boundary: the members hear the commit with `next`,
             # and generation gen+1 (with the newcomers) follows, now or once enough arrived.
-            sends = [Out("send", r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": [],
+            sends = [Out(Act.SEND, r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": [],
                                      "next": self.gen + 1, **skip}) for r in self.members]
             if not self._short():
                 return sends + self._admit(now) + records
             self.state, self.deadline = "waiting", now + self.startup_wait
-            return sends + [Out("send", r, {"t": "pending", "step": self.step}) for r in self.members] + [
-                Out("event", msg={"kind": "waiting", "step": self.step, "members": list(self.members),
+            return sends + [Out(Act.SEND, r, {"t": "pending", "step": self.step}) for r in self.members] + [
+                Out(Act.EVENT, msg={"kind": "waiting", "step": self.step, "members": list(self.members),
                                   "min_replicas": self.min_replicas, "at": now},
                     reason=f"step {self.step} waits for newcomers: {len(self.members) + len(self.newcomers)} "
                            f"of at least {self.min_replicas} replicas")] + records
@@ -1006,7 +1020,7 @@ class Membership:
             rec.update(first_commit_at=now, first_commit_step=self.step,
                        start_to_first_commit_seconds=now - rec["started_at"],
                        member_digests={str(m): self.votes[m].get("weights_digest") for m in self.members})
-            out.append(Out("event", msg={"kind": "join", **rec},
+            out.append(Out(Act.EVENT, msg={"kind": "join", **rec},
                            reason=f"replica {r} ({rec['why']}) committed its first step {self.step}: "
                                   f"{rec['bytes']} bytes in {rec['transfer_seconds']:.3f}s from replica "
                                   f"{rec['donor']}, {rec['start_to_first_commit_seconds']:.1f}s after its start"))
@@ -1035,7 +1049,7 @@ class Membership:
             rec.update(generation=self.gen, step=self.step, donor=donor, admitted_at=now)
             self.joining[r] = rec
         heal = {"donor": donor, "joining": idranges.from_ids(joining)} if joining else None
-        out = [Out("event", msg={"kind": "admitted", "replicas": joining, "generation": self.gen,
+        out = [Out(Act.EVENT, msg={"kind": "admitted", "replicas": joining, "generation": self.gen,
                                  "step": self.step, "donor": donor, "members": list(self.members), "at": now},
                    reason=f"generation {self.gen} admits replica(s) {joining} at step {self.step} "
                           f"(state from replica {donor})")] if joining else []
@@ -1098,7 +1112,7 @@ class Membership:
             self.step = top
             reason = (f"coordinator restarted after the last commit (step {top - 1}): {len(ahead)} member(s) "
                       f"committed it" + (f", {len(behind)} still waited for it" if behind else ""))
-            out: list[Out] = [Out("event", msg={
+            out: list[Out] = [Out(Act.EVENT, msg={
                 "kind": "rebuilt", "step": top, "finished": True, "members": sorted({*ahead, *behind}),
                 "missed_commit": sorted(behind), "reports": len(plan.reports), "at": now}, reason=reason)]
             return out + self._resend_missed_commit(plan, None, now) + self._finish(0, "all steps committed", now)
@@ -1118,7 +1132,7 @@ class Membership:
         reason = (f"coordinator restarted: rebuilt step {top} from {len(plan.members)} member report(s)"
                   + (f"; {len(behind)} member(s) still waiting for the commit of step {top - 1}" if behind else ""))
         self._record_failure(reason, now)
-        out = [Out("event", msg={
+        out = [Out(Act.EVENT, msg={
             "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
             "missed_commit": sorted(behind), "closed": plan.stale, "newcomers": plan.waiting,
             "reports": len(plan.reports), "at": now}, reason=reason)]
@@ -1129,7 +1143,7 @@ class Membership:
             if rep.get("wait") == "gen" and rep.get("awaiting") is not None and rep["awaiting"] <= self.next_gen:
                 self.joins[r] = _ledger(r, rep)  # it joined already: generation next_gen's gen message answers it
             else:
-                out.append(Out("send", r, {"t": "abort", "gen": int(rep.get("gen", -1)), "step": top,
+                out.append(Out(Act.SEND, r, {"t": "abort", "gen": int(rep.get("gen", -1)), "step": top,
                                            "next": self.next_gen, "reason": reason}))
         for r in plan.waiting:
             out += self._newcomer(r, hellos[r], now)  # "pending": admitted at the next commit
@@ -1137,7 +1151,7 @@ class Membership:
             # behind or unhealed: it comes back through admission, healed from a member
             self.alive.discard(r)
             self.dead.add(r)
-            out.append(Out("close", r, reason=f"replica {r} does not hold step {top}'s state after the coordinator "
+            out.append(Out(Act.CLOSE, r, reason=f"replica {r} does not hold step {top}'s state after the coordinator "
                                                f"restart: it rejoins as a newcomer"))
         return out + self._maybe_publish(now)
 
@@ -1156,7 +1170,7 @@ class Membership:
                    "quota": []}
             if next_gen is not None:
                 msg["next"] = next_gen
-            out.append(Out("send", r, msg))
+            out.append(Out(Act.SEND, r, msg))
         return out
 
     def _missed_commit(self, vote: dict) -> dict[str, Any]:
@@ -1195,7 +1209,7 @@ class Membership:
                      members: list[int], recoveries: int, lr: Any, **extra: Any) -> Out:
         """A step's metrics.jsonl line (the service adds the wall time and its own load): one shape
         for a commit and for one a restarted coordinator records from the votes reported."""
-        return Out("commit", msg={
+        return Out(Act.COMMIT, msg={
             "step": step, "loss": loss, "tokens": self.M * self.tokens_per_mb,
             # the ids the members reported folding (their ledgers' union, checked exactly, as
             # id ranges: core/results.py's contract), and each member's report as it voted it:
@@ -1254,7 +1268,7 @@ class Membership:
         self.joining.pop(r, None)
         self.unhealed.discard(r)
         self._record_failure(reason, now)
-        return [self._fenced_record(r, reason, now, evidence), Out("close", r, reason=reason)]
+        return [self._fenced_record(r, reason, now, evidence), Out(Act.CLOSE, r, reason=reason)]
 
     def _ban(self, r: int) -> None:
         """Fenced on evidence: this process of `r` never comes back (a new process in its slot may)."""
@@ -1263,7 +1277,7 @@ class Membership:
 
     def _fenced_record(self, r: int, reason: str, now: float, evidence: dict[str, Any]) -> Out:
         """The events.jsonl line saying `r` was fenced, why, and on what evidence."""
-        return Out("event", r, msg={"kind": "fenced", "replica": r, "reason": reason, "step": self.step, "at": now,
+        return Out(Act.EVENT, r, msg={"kind": "fenced", "replica": r, "reason": reason, "step": self.step, "at": now,
                                     **evidence}, reason=reason)
 
     def _finish(self, code: int, reason: str, now: float, committed: int | None = None) -> list[Out]:
@@ -1274,4 +1288,4 @@ class Membership:
         msg = {"t": "done"} if code == 0 else {"t": "stop", "reason": reason}
         if committed is not None:
             msg["committed"] = committed
-        return [Out("send", r, msg) for r in sorted(self.alive)] + [Out("finish", code=code, reason=reason)]
+        return [Out(Act.SEND, r, msg) for r in sorted(self.alive)] + [Out(Act.FINISH, code=code, reason=reason)]
