@@ -306,7 +306,7 @@ class MembershipService:
         reports = [h.get("report") or {} for h in self.rebuild_hellos.values()]
         # (a hello without a report is a worker's first: it never reached the old coordinator; a
         # worker's step before generation 0 is 0 even in a resumed run, so it is not compared)
-        if reports and self.recorded_step < self.proto.step and all(
+        if reports and self.recorded_step < self.proto.current_step() and all(
                 not rep.get("member") and rep.get("gen", -1) == -1 for rep in reports):
             # It died during start-up (nothing formed, nothing committed): start-up goes on here,
             # with the hellos it has (they answer the workers' wait for generation 0).
@@ -328,7 +328,7 @@ class MembershipService:
         conn.replica = r
         self.by_replica[r] = conn
         self.rebuild_hellos[r] = msg
-        self.proto.pids[r] = msg.get("pid")
+        self.proto.note_pid(r, msg.get("pid"))
         rep = msg.get("report") or {}
         self.log(f"replica {r} reported step {rep.get('step')} generation {rep.get('gen')} "
                  f"(wait {rep.get('wait') or '-'}; {len(self.rebuild_hellos)}/{len(self.rebuild_expect)})")
@@ -577,8 +577,8 @@ class MembershipService:
                 return self._refuse(conn, f"hello as replica {msg.get('replica')} with a wrong join token", now,
                                     close=True)
             old = self.by_replica.get(msg["replica"])
-            if old is not None and msg.get("report") is not None and msg.get("pid") is not None \
-                    and msg.get("pid") == self.proto.pids.get(msg["replica"]):
+            if old is not None and msg.get("report") is not None and self.proto.same_process(msg["replica"],
+                                                                                             msg.get("pid")):
                 # The same process reconnecting: its old connection's close has not been read yet.
                 self._drop(old)
                 if self.rebuilding:
@@ -591,8 +591,8 @@ class MembershipService:
             r = msg["replica"]
             conn.replica = r
             # a dead replica's slot takes a new connection only from a newcomer (protocol: admission)
-            if 0 <= r < self.cfg.replicas and r not in self.by_replica and (
-                    r not in self.proto.dead or msg.get("can_heal") is True):
+            if 0 <= r < self.cfg.replicas and r not in self.by_replica and \
+                    self.proto.slot_open_to(r, msg.get("can_heal") is True):
                 self.by_replica[r] = conn
             self._apply(self.proto.on_hello(r, msg, now), conn)
             return

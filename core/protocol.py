@@ -343,6 +343,24 @@ class Membership:
         return VoteTally(self.keys)
 
     # ---- inputs --------------------------------------------------------------------
+    # ---- what the service asks, and tells, outside the messages (it never reaches into the fields) ----
+    def note_pid(self, r: int, pid: Any) -> None:
+        """Replica r's process id, as its latest hello gave it (a restarted coordinator's reports)."""
+        self.pids[r] = pid
+
+    def same_process(self, r: int, pid: Any) -> bool:
+        """Whether `pid` is the process replica r last said hello from (a reconnect, not a newcomer)."""
+        return pid is not None and pid == self.pids.get(r)
+
+    def slot_open_to(self, r: int, can_heal: bool) -> bool:
+        """Whether a hello for slot r may take it: a slot declared dead takes only a newcomer that
+        can be healed (admission); any other slot takes its replica."""
+        return r not in self.dead or can_heal
+
+    def current_step(self) -> int:
+        """The step being worked on: every step before it is committed."""
+        return self.step
+
     def on_hello(self, r: int, msg: dict, now: float) -> list[Out]:
         if r in self.dead and msg.get("can_heal") and self.state != "finished":
             return self._newcomer(r, msg, now)

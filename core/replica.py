@@ -488,6 +488,11 @@ class Replica:
         replica hears `stop`, and this one's closing connection is not taken for a loss."""
         self.control.send({"t": "stop_run", "reason": reason})
 
+    def adopt_committed_count(self, state: dict) -> None:
+        """Start from a checkpoint's committed count (its LR schedule and step: `CommittedStep`'s
+        state_dict), before the first step. A newcomer healed from a donor already holds a newer one."""
+        self.stepper.load_state_dict(state)
+
     def close(self) -> None:
         if self.link is not None:
             self.link.close()

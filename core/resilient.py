@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     leader = rctx is None or rctx.leader
     who = f"replica {args.replica}" + ("" if leader else f" rank {local_rank}")
     if not replica.healed:  # a newcomer already holds its donor's committed count, newer than any checkpoint
-        replica.stepper.load_state_dict(work.stepper.state_dict())  # the committed count the checkpoint holds
+        replica.adopt_committed_count(work.stepper.state_dict())  # the committed count the checkpoint holds
     saver = _Checkpointer(cfg, TrainingState.of(work, replica.stepper), hooks, args.replica) if cfg.checkpoint_every else None
     if saver is not None:
         replica.after_step = saver.after_step  # decided from the generation that committed the step

@@ -142,5 +142,10 @@ class ReplicaFollower:
         self.graveyard.bury(self.comm)
         self.comm = None
 
+    def adopt_committed_count(self, state: dict) -> None:
+        """Start from a checkpoint's committed count (its LR schedule and step: `CommittedStep`'s
+        state_dict), before the first step. A newcomer healed from a donor already holds a newer one."""
+        self.stepper.load_state_dict(state)
+
     def close(self) -> None:
         self.link.close()
