@@ -16,7 +16,7 @@ Contract:
   on every iteration of an oversubscribed machine.
 - When the connection closes, `recv` returns {"t": "closed"} and `closed` is set.
   A coordinator that closes it on purpose says why first ({"t": "fenced"} or
-  {"t": "refused"}, core/membership.py); a close without such a line is a
+  {"t": "refused"}, core/coordinator_service.py); a close without such a line is a
   coordinator that died, and the worker reconnects (core/replica.py).
 - `abort_reason(gen)` drains whatever has arrived without blocking and says
   whether the coordinator has aborted generation `gen`: a collective polls it so

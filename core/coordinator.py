@@ -15,7 +15,7 @@ Contract:
   a key of the run.
 - `--mode store`: only the store, unguarded (the baselines' rendezvous: torchrun's agents cannot
   key theirs); it runs until SIGTERM/SIGINT and exits 0.
-- `--mode recover`: also the membership service of `membership.py` (heartbeats,
+- `--mode recover`: also the membership service of `coordinator_service.py` (heartbeats,
   generations, the commit vote, metrics.jsonl); it exits 0 when the run's last
   iteration is committed and non-zero when it cannot go on (no replica left).
 - `--rebuild` (with `--mode recover`): a restart of a coordinator that died while
@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import TrainConfig
     from .gc_pacing import take_over
-    from .membership import MembershipService
+    from .coordinator_service import CoordinatorService
     from .startup import JOIN_TOKEN_ENV
     from .store_guard import StoreGuard, host_local_store, store_namespace
 
     cfg = TrainConfig.load(args.config)
-    service = MembershipService(cfg, host=args.host, port=args.control_port, stop=stop, rebuild=args.rebuild,
+    service = CoordinatorService(cfg, host=args.host, port=args.control_port, stop=stop, rebuild=args.rebuild,
                                 expect=expect)
     store = host_local_store()
     guard = StoreGuard(args.host, args.store_port, store.port, store_namespace(service.join_token))

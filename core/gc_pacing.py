@@ -31,7 +31,7 @@ Contract:
   leaves, and the full scan's cost is paid once per SWEEP_EVERY steps, not per step.
 - Pure bookkeeping: no I/O, no clock of its own (`pace` is handed the time); the
   state machine (core/protocol.py) does not call it, its drivers do
-  (core/membership.py, and the benchmark as they do).
+  (core/coordinator_service.py, and the benchmark as they do).
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ Contract:
 - A coordinator that dies by a signal while workers run (SIGKILL, a crash) is
   restarted, up to `coordinator_restarts` times, on the same host and ports with
   `--rebuild --expect <running replicas>`: the workers reconnect and it rebuilds
-  the run from their reports (core/membership.py). One that stops beating on the
+  the run from their reports (core/coordinator_service.py). One that stops beating on the
   exit-notice connection for `coordinator_timeout` seconds (frozen) is SIGKILLed
   by its PID first. pids.json and the hooks' `on_start` then name the new one.
   A restarted coordinator's exit is recorded with `restarted` set: it is not the

@@ -1,7 +1,8 @@
 """The membership and commit protocol, as a pure state machine (no I/O, no clocks).
 
-This is the coordinator's brain. `membership.py` feeds it what arrives on the
-wire (and the time); it answers with `Out` actions to carry out. Because it is
+This is the coordinator's brain, `ProtocolStateMachine`. `coordinator_service.py`
+(`CoordinatorService`: the sockets, heartbeats and files) feeds it what arrives on
+the wire (and the time); it answers with `Out` actions to carry out. Because it is
 pure, the property tests drive it through arbitrary interleavings of failures
 with an in-process fake transport.
 
@@ -155,7 +156,7 @@ from .vote_tally import VoteTally
 
 
 class Act(str, Enum):
-    """What the service does with an `Out` (core/membership.py has one handler per kind).
+    """What the service does with an `Out` (core/coordinator_service.py has one handler per kind).
 
     A str enum: `a.kind == "commit"` reads as it did when kinds were bare strings."""
 
@@ -226,7 +227,7 @@ class RebuildPlan:
 
 
 def classify_reports(hellos: dict[int, dict], replicas: int, step: int, recorded_step: int | None) -> RebuildPlan:
-    """Sort a restarted coordinator's hellos into who is where (pure; `Membership.rebuild` acts on it).
+    """Sort a restarted coordinator's hellos into who is where (pure; `ProtocolStateMachine.rebuild` acts on it).
 
     Why "behind" members only missed a message: a commit goes out only after every member's
     vote, so if any member reached step T, every member still at T-1 that voted holds the same
@@ -267,7 +268,7 @@ def classify_reports(hellos: dict[int, dict], replicas: int, step: int, recorded
     return RebuildPlan(reports, members, top, ahead, behind, waiting, stale, recorded)
 
 
-class Membership:
+class ProtocolStateMachine:
     """Generations, rejoin, the commit vote and the recovery records of one run."""
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
@@ -533,7 +534,7 @@ class Membership:
         if msg.get("loss_sum") is not None and named:
             return "its vote names non-finite losses with a finite loss sum"
         try:
-            if not Membership._within(named, idranges.check(msg.get("ledger", []))):
+            if not ProtocolStateMachine._within(named, idranges.check(msg.get("ledger", []))):
                 return "its vote names non-finite ids outside its ledger"
         except ValueError:
             return ""  # the ledger itself is judged next
@@ -1093,7 +1094,7 @@ class Membership:
 
     # ---- a restarted coordinator ---------------------------------------------------------------
     def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int | None = None) -> list[Out]:
-        """Membership, step and generation of a run whose coordinator restarted, from its workers.
+        """Members, step and generation of a run whose coordinator restarted, from its workers.
 
         `hellos`: replica -> the hello it sent the new coordinator (a member reporting a step
         past what metrics.jsonl allows is treated as stale); its "report" says

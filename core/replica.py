@@ -522,7 +522,7 @@ class Replica:
                 time.sleep(0.2)
 
     def _report(self) -> dict:
-        """Where this replica stands, for a restarted coordinator (protocol `Membership.rebuild`)."""
+        """Where this replica stands, for a restarted coordinator (protocol `ProtocolStateMachine.rebuild`)."""
         kinds, awaiting = self._waiting or (frozenset(), -1)
         vote = self._last_vote
         wait = ""

@@ -58,7 +58,7 @@ else:
 _INT, _BOOL, _STR, _NUM, _IDS = "int", "bool", "str", "number", "list of [start, stop] id ranges"
 _REPORT_KIND = "report object (see wire._REPORT)"
 
-# A hello's report (core/replica.py `_report`): where the worker stands, for `Membership.rebuild`.
+# A hello's report (core/replica.py `_report`): where the worker stands, for `ProtocolStateMachine.rebuild`.
 # Every field is required; `awaiting` and `vote` may be null.
 _REPORT: dict[str, str] = {"member": _BOOL, "step": _INT, "gen": _INT, "ledger": _IDS, "wait": _STR}
 _REPORT_NULLABLE: dict[str, str] = {"awaiting": _INT}

@@ -1,7 +1,7 @@
 """The coordinator benchmark (`recover bench coordinator`): the state machine's cost against R.
 
 Contract:
-- It drives the coordinator's real state machine (`core.protocol.Membership`) in
+- It drives the coordinator's real state machine (`core.protocol.ProtocolStateMachine`) in
   this process, with R replicas of `--per-replica` microbatches each (M = that * R),
   for each R of `--replicas`. No sockets, no workers: what it measures is the
   coordinator's own work per step, which every replica of a run waits on.
@@ -50,7 +50,7 @@ from pathlib import Path
 
 from recover.core.gc_pacing import settle, take_over
 from recover.core.policy import quota_of
-from recover.core.protocol import Membership, Out
+from recover.core.protocol import ProtocolStateMachine, Out
 from recover.core.results import step_ids_are
 from recover.core.wire import dumps, parse_line
 from recover.experiments.coordinator_results import write_results
@@ -78,7 +78,7 @@ def _encode(outs: list[Out]) -> tuple[float, int]:
 
 def _parse_and_feed(lines: list[tuple[int, bytes]], handler, now: float) -> tuple[list[Out], float, float]:
     """Each replica's line parsed and checked (core.wire.parse_line) and handed to the state
-    machine at once, as the service does (core/membership.py `_read`: the vote is still in
+    machine at once, as the service does (core/coordinator_service.py `_read`: the vote is still in
     the cache when the state machine reads it): (what it answered, seconds parsing, seconds in the state machine). The
     parse is timed alone in a pass of its own over the same lines; the state machine's
     share is the interleaved total less that."""
@@ -108,7 +108,7 @@ class _Run:
 
     def __init__(self, R: int, M: int, rng: random.Random):
         self.R, self.M, self.rng = R, M, rng
-        self.proto = Membership(R, M, 10**9, join_timeout=30.0, now=0.0)
+        self.proto = ProtocolStateMachine(R, M, 10**9, join_timeout=30.0, now=0.0)
         self.now = 0.0
         start = time.perf_counter()
         outs: list[Out] = []
@@ -220,7 +220,7 @@ def bench_coordinator(args: argparse.Namespace) -> int:
               f" machine {row['recovery_machine_s'] * 1e3:7.2f}; + encode {row['recovery_encode_s'] * 1e3:8.2f})"
               f"  vote {row['vote_bytes']} B  [{time.perf_counter() - t0:.1f}s]", flush=True)
     result = {
-        "what": "coordinator state machine (core.protocol.Membership) in process: one commit = R votes parsed "
+        "what": "coordinator state machine (core.protocol.ProtocolStateMachine) in process: one commit = R votes parsed "
                 "from JSON + on_vote; one recovery round = on_lost + R-1 rejoins parsed + on_join; medians of "
                 "`repeats`; parse: core.wire.parse_line (orjson when installed, and the field checks); *_encode_s: core.wire.dumps of what those calls answered",
         "gc": "off" if args.no_gc else "paced (core.gc_pacing.take_over)", "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,

@@ -2,7 +2,7 @@
 membership service against N simulated replicas over loopback.
 
 Contract:
-- The coordinator is `core.membership.MembershipService`, the code a run's coordinator
+- The coordinator is `core.coordinator_service.CoordinatorService`, the code a run's coordinator
   process serves (core/coordinator.py), in a process of its own started from a run's
   config.json and environment (RECOVER_T0, RECOVER_JOIN_TOKEN). Only the c10d store
   that process also hosts is left out: it is idle between generations (communicators
@@ -217,7 +217,7 @@ def bench_coordinator_service(args: argparse.Namespace) -> int:
                   f"{', '.join(f'{x:.2f}' for x in row['freeze_detect_s'])} s  [{time.perf_counter() - t:.0f}s]",
                   flush=True)
     result = {
-        "what": "core.membership.MembershipService in its own process against N simulated replicas "
+        "what": "core.coordinator_service.CoordinatorService in its own process against N simulated replicas "
                 "(experiments/bench_replica_clients.py) over loopback; per N one run: warm-up, a steady window "
                 "without faults, then crashes (connection closed) and freezes (silent, open)",
         "per_replica_microbatches": args.per_replica, "steady_steps": args.steady_steps, "seed": args.seed,
@@ -233,9 +233,9 @@ def bench_coordinator_service(args: argparse.Namespace) -> int:
 
 def serve(config: str) -> int:
     """The coordinator process of one bench run: the membership service, as core/coordinator.py serves it."""
-    from recover.core.membership import MembershipService
+    from recover.core.coordinator_service import CoordinatorService
 
-    service = MembershipService(TrainConfig.load(config), host="127.0.0.1", port=0, stop=threading.Event())
+    service = CoordinatorService(TrainConfig.load(config), host="127.0.0.1", port=0, stop=threading.Event())
     print(json.dumps({"port": service.port}), flush=True)
     take_over()  # as core/coordinator.py does: this process is the coordinator (core/gc_pacing.py)
     return service.serve()

@@ -1,7 +1,7 @@
 """The soak benchmark (`recover bench soak`): the coordinator's state machine over a long run.
 
 Contract:
-- It drives the coordinator's real state machine (`core.protocol.Membership`) in
+- It drives the coordinator's real state machine (`core.protocol.ProtocolStateMachine`) in
   this process for `--steps` steps, R replicas (`--replicas`) of `--per-replica`
   microbatches each (M = that * R). No sockets, no workers, no clock: each worker's
   side is played here as core/replica.py plays it (fold the quota it was dealt,
@@ -19,7 +19,7 @@ Contract:
   an admission, and the run ends with `done`.
 - Every `--sample-every` steps it samples: steps per second over the window, the
   size of every container the state machine holds (`container_sizes`: each dict,
-  list, set and array attribute of the Membership and of the objects it holds, one
+  list, set and array attribute of the ProtocolStateMachine and of the objects it holds, one
   level down), the process's RSS (VmRSS) and open file descriptors (/proc/self/fd),
   Python's live object count (gc.get_objects) and the size of the last metrics
   line as the service would write it (core.wire.dumps).
@@ -51,7 +51,7 @@ from typing import Any
 
 from recover.core import idranges
 from recover.core.policy import quota_of
-from recover.core.protocol import Membership, Out
+from recover.core.protocol import ProtocolStateMachine, Out
 from recover.core.results import step_ids_are
 from recover.core.wire import dumps
 
@@ -104,7 +104,7 @@ class Soak:
         self.R, self.M, self.S, self.every = replicas, per_replica * replicas, steps, every
         self.rng = random.Random(seed)
         self.now = 0.0
-        self.proto = Membership(self.R, self.M, steps, join_timeout=30.0, now=0.0)
+        self.proto = ProtocolStateMachine(self.R, self.M, steps, join_timeout=30.0, now=0.0)
         self.quota: dict[int, idranges.Ranges] = {}  # what each worker was dealt and has not folded yet
         self.held: dict[int, idranges.Ranges] = {}  # what each worker folded this step (its ledger)
         self.digest_next: set[int] = set()  # workers whose next vote carries the weights digest
@@ -305,7 +305,7 @@ def bench_soak(args: argparse.Namespace) -> int:
             result["launcher"] = run_launcher_soak(args.launcher_starts, max(1, args.sample_every // 100),
                                                    Path(work), echo=True)
     result.update(
-        what="coordinator state machine (core.protocol.Membership) in process for a long run: a member lost "
+        what="coordinator state machine (core.protocol.ProtocolStateMachine) in process for a long run: a member lost "
              "mid-step and a newcomer admitted every `every` steps; steps/s per sample window, the state "
              "machine's container sizes, the process's RSS and open fds, Python's live objects",
         machine={"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},

@@ -1,7 +1,7 @@
 """The coordinator's control port against what a peer sends (issue 41 items 6-8), pure.
 
-The real `MembershipService` (its `_read`, `_accept`, `_dispatch`, `_apply`) and the real
-`Membership` run against fake sockets: bytes in through `recv`, lines out through
+The real `CoordinatorService` (its `_read`, `_accept`, `_dispatch`, `_apply`) and the real
+`ProtocolStateMachine` run against fake sockets: bytes in through `recv`, lines out through
 `sendall`, no network. What is checked:
 - 6: the close of a connection that is no longer its replica's (a reconnect's hello was
   read first, in the same select() batch) does not make the replica lost;
@@ -20,9 +20,9 @@ import errno
 import json
 import threading
 
-from recover.core import idranges, membership
+from recover.core import coordinator_service as membership, idranges
 from recover.core.config import TrainConfig
-from recover.core.membership import MembershipService, _Conn
+from recover.core.coordinator_service import CoordinatorService, _Conn
 from recover.core.results import expand_members
 
 
@@ -73,9 +73,9 @@ class Events(list):
         pass
 
 
-def service(tmp_path, R=2, M=4, S=3) -> MembershipService:
+def service(tmp_path, R=2, M=4, S=3) -> CoordinatorService:
     cfg = TrainConfig(system="recover", replicas=R, microbatches=M, steps=S, out=str(tmp_path))
-    svc = MembershipService(cfg, "127.0.0.1", 0, threading.Event())
+    svc = CoordinatorService(cfg, "127.0.0.1", 0, threading.Event())
     svc.listener.close()
     svc.sel.close()
     svc.sel = FakeSel()
@@ -89,7 +89,7 @@ def service(tmp_path, R=2, M=4, S=3) -> MembershipService:
     return svc
 
 
-def connect(svc: MembershipService, peer: str = "10.0.0.1:1") -> _Conn:
+def connect(svc: CoordinatorService, peer: str = "10.0.0.1:1") -> _Conn:
     conn = _Conn(FakeSock(), svc.now(), peer)
     if hasattr(svc, "strangers"):  # (absent before issue 41: the item 6 test runs on that code too)
         svc.strangers[conn] = None
@@ -97,7 +97,7 @@ def connect(svc: MembershipService, peer: str = "10.0.0.1:1") -> _Conn:
     return conn
 
 
-def send(svc: MembershipService, conn: _Conn, *msgs, raw: bytes = b"") -> None:
+def send(svc: CoordinatorService, conn: _Conn, *msgs, raw: bytes = b"") -> None:
     conn.sock.inbox.append(b"".join(json.dumps(m).encode() + b"\n" for m in msgs) + raw)
     svc._read(conn)
 

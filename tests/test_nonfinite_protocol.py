@@ -1,6 +1,6 @@
 """A non-finite loss in the state machine, on the wire and in the worker's record (issue 40 item 3).
 
-Pure: the real `Membership` driven with explicit times, `wire.parse_line` on the bytes
+Pure: the real `ProtocolStateMachine` driven with explicit times, `wire.parse_line` on the bytes
 a worker sends, `NonfiniteLosses` and `CommittedStep.skip` in-process.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from recover.core import idranges
 from recover.core.config import ConfigError, TrainConfig
 from recover.core.nonfinite import NonfiniteLosses, describe, vote_fields
-from recover.core.protocol import Membership
+from recover.core.protocol import ProtocolStateMachine
 from recover.core.recipe import CommittedStep
 from recover.core.wire import _vote_ok, parse_line
 
@@ -23,8 +23,8 @@ from conftest import as_read
 R, M, S = 2, 4, 4
 
 
-def formed(on_nonfinite: str = "stop", steps: int = S) -> tuple[Membership, dict[int, list]]:
-    proto = Membership(R, M, steps, join_timeout=1.0, now=0.0, on_nonfinite=on_nonfinite)
+def formed(on_nonfinite: str = "stop", steps: int = S) -> tuple[ProtocolStateMachine, dict[int, list]]:
+    proto = ProtocolStateMachine(R, M, steps, join_timeout=1.0, now=0.0, on_nonfinite=on_nonfinite)
     quotas = {}
     for r in range(R):
         quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
@@ -32,7 +32,7 @@ def formed(on_nonfinite: str = "stop", steps: int = S) -> tuple[Membership, dict
     return proto, quotas
 
 
-def vote(proto: Membership, r: int, ledger, now: float, loss_sum=1.0, nonfinite=None) -> list:
+def vote(proto: ProtocolStateMachine, r: int, ledger, now: float, loss_sum=1.0, nonfinite=None) -> list:
     proto.on_ready(r, {"gen": proto.gen, "step": proto.step}, now)
     msg = {"t": "vote", "gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger, "loss_sum": loss_sum,
            "mb_seconds": 0.1, "lr": 0.01}
@@ -49,7 +49,7 @@ def step_ids(step: int, r: int) -> list:
     return [[lo, lo + M // R]]
 
 
-def commit_step(proto: Membership, now: float) -> list:
+def commit_step(proto: ProtocolStateMachine, now: float) -> list:
     out = vote(proto, 0, step_ids(proto.step, 0), now)
     return out + vote(proto, 1, step_ids(proto.step, 1), now)
 
@@ -111,7 +111,7 @@ def test_a_skipped_step_that_a_member_missed_is_heard_as_skipped_after_a_rebuild
     # the report travels in a hello: a null loss sum in its vote is accepted on the wire
     line = json.dumps({"t": "hello", "replica": 1, "token": "x", **hellos[1]}, allow_nan=False).encode()
     assert parse_line(line)[0] is not None
-    proto = Membership(R, M, S, join_timeout=1.0, now=0.0, on_nonfinite="skip")
+    proto = ProtocolStateMachine(R, M, S, join_timeout=1.0, now=0.0, on_nonfinite="skip")
     out = proto.rebuild(hellos, 5.0, recorded_step=0)
     (c,) = [a.msg for a in out if a.kind == "send" and a.msg["t"] == "commit"]
     assert c["skipped"] is True and c["loss"] is None and c["step"] == 1
@@ -162,4 +162,4 @@ def test_the_flag():
     with pytest.raises(ConfigError, match="--on-nonfinite"):
         TrainConfig(on_nonfinite="ignore").validate()
     with pytest.raises(ValueError):
-        Membership(2, 4, 1, join_timeout=1.0, now=0.0, on_nonfinite="ignore")
+        ProtocolStateMachine(2, 4, 1, join_timeout=1.0, now=0.0, on_nonfinite="ignore")

@@ -1,6 +1,6 @@
 """Admission of newcomers (issue 13 items 1-2), on the real state machine, no processes.
 
-`core.protocol.Membership` is driven with the messages a replacement or a woken
+`core.protocol.ProtocolStateMachine` is driven with the messages a replacement or a woken
 replica sends: a hello with `can_heal` for a dead replica's slot, the `healed`
 report, a join saying the state never arrived. Checked: a newcomer enters only at
 a commit, with a gen message naming the donor; quotas partition the step's ids
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from recover.core import idranges
 from recover.core.data import iteration_ids
-from recover.core.protocol import Membership, Out
+from recover.core.protocol import ProtocolStateMachine, Out
 
 from conftest import as_read
 
@@ -24,15 +24,15 @@ def sends(outs: list[Out], t: str) -> dict[int, dict]:
     return {a.replica: as_read(a.msg, a.replica) for a in outs if a.kind == "send" and a.msg["t"] == t}
 
 
-def formed(r: int = 3, **kw) -> Membership:
-    proto = Membership(r, M, 10, join_timeout=1e9, now=0.0, **kw)
+def formed(r: int = 3, **kw) -> ProtocolStateMachine:
+    proto = ProtocolStateMachine(r, M, 10, join_timeout=1e9, now=0.0, **kw)
     for i in range(r):
         proto.on_hello(i, {"tokens_per_mb": 1, "pid": 100 + i, "can_heal": True}, 0.0)
     assert proto.gen == 0 and proto.state == "running"
     return proto
 
 
-def vote_all(proto: Membership, quotas: dict[int, list], now: float = 1.0) -> list[Out]:
+def vote_all(proto: ProtocolStateMachine, quotas: dict[int, list], now: float = 1.0) -> list[Out]:
     outs: list[Out] = []
     for r in list(proto.members):
         outs += proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": quotas.get(r, []),
@@ -40,14 +40,14 @@ def vote_all(proto: Membership, quotas: dict[int, list], now: float = 1.0) -> li
     return outs
 
 
-def quotas_of(proto: Membership) -> dict[int, list]:
+def quotas_of(proto: ProtocolStateMachine) -> dict[int, list]:
     """An even split of the current step's ids (what gen/commit messages hand out)."""
     ids = iteration_ids(proto.step, M)
     k = len(proto.members)
     return {r: idranges.from_ids(ids[i::k]) for i, r in enumerate(proto.members)}
 
 
-def lose(proto: Membership, r: int) -> list[Out]:
+def lose(proto: ProtocolStateMachine, r: int) -> list[Out]:
     return proto.on_lost(r, "control connection closed (process gone)", 0.5)
 
 

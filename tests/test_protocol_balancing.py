@@ -1,6 +1,6 @@
 """Quota balancing starts on a sustained speed difference and does not flap on one noisy step.
 
-Driven on the real `core.protocol.Membership`: four replicas, replica 3 a 4x
+Driven on the real `core.protocol.ProtocolStateMachine`: four replicas, replica 3 a 4x
 straggler. Beside `stress-ng` (issue 10's loaded run) one step in which a fast
 replica read slowest ended the straggler's streak and its quota went back to
 equal for several steps; the balancing decision now holds until the smoothed
@@ -9,15 +9,15 @@ speeds come back within the tolerance.
 from __future__ import annotations
 
 from recover.core import idranges
-from recover.core.protocol import SPEED_WINDOW, Membership
+from recover.core.protocol import SPEED_WINDOW, ProtocolStateMachine
 
 from conftest import as_read
 
 R, M = 4, 8
 
 
-def formed() -> tuple[Membership, dict[int, list]]:
-    proto = Membership(R, M, 100, join_timeout=1e9, now=0.0)
+def formed() -> tuple[ProtocolStateMachine, dict[int, list]]:
+    proto = ProtocolStateMachine(R, M, 100, join_timeout=1e9, now=0.0)
     quotas: dict[int, list] = {}
     for r in range(R):
         quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
@@ -25,7 +25,7 @@ def formed() -> tuple[Membership, dict[int, list]]:
     return proto, quotas
 
 
-def commit_step(proto: Membership, quotas: dict[int, list], seconds: dict[int, float]) -> dict[int, list]:
+def commit_step(proto: ProtocolStateMachine, quotas: dict[int, list], seconds: dict[int, float]) -> dict[int, list]:
     """Every member votes its quota with these microbatch seconds; returns the next quotas."""
     outs = []
     for r in proto.members:

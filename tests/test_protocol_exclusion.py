@@ -1,6 +1,6 @@
 """Persistent faults end in exclusion, not a livelock (issue 12 item 3), on the real state machine.
 
-`core.protocol.Membership` is driven directly with the messages a replica with a
+`core.protocol.ProtocolStateMachine` is driven directly with the messages a replica with a
 broken link produces: it reports `fail` for every generation it is in while the
 others rejoin with their ledgers. Before the fix, 50 such reports gave
 generation 50, still at step 0, with the same members. Now the replica is fenced
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from recover.core import idranges
 from recover.core.data import iteration_ids
-from recover.core.protocol import Membership, Out
+from recover.core.protocol import ProtocolStateMachine, Out
 from recover.core.results import expand_members, step_ids
 
 from conftest import as_read
@@ -20,9 +20,9 @@ from conftest import as_read
 R, M = 3, 6
 
 
-def formed(**kw) -> tuple[Membership, dict[int, list]]:
+def formed(**kw) -> tuple[ProtocolStateMachine, dict[int, list]]:
     """Generation 0 of R replicas at step 0; every replica has folded its whole quota."""
-    proto = Membership(R, M, 4, join_timeout=1e9, now=0.0, **kw)
+    proto = ProtocolStateMachine(R, M, 4, join_timeout=1e9, now=0.0, **kw)
     quotas: dict[int, list] = {}
     for r in range(R):
         quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
@@ -31,7 +31,7 @@ def formed(**kw) -> tuple[Membership, dict[int, list]]:
     return proto, quotas
 
 
-def failed_generation(proto: Membership, reporters: list[int], ledgers: dict[int, list]) -> list[Out]:
+def failed_generation(proto: ProtocolStateMachine, reporters: list[int], ledgers: dict[int, list]) -> list[Out]:
     """`reporters` report the running generation's collective failed (first first); the
     members that are still expected rejoin with their ledgers."""
     outs: list[Out] = []
@@ -44,7 +44,7 @@ def failed_generation(proto: Membership, reporters: list[int], ledgers: dict[int
     return outs
 
 
-def vote_all(proto: Membership, ledgers: dict[int, list]) -> list[Out]:
+def vote_all(proto: ProtocolStateMachine, ledgers: dict[int, list]) -> list[Out]:
     outs: list[Out] = []
     for r in proto.members:
         outs += proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledgers[r],

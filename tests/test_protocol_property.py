@@ -1,7 +1,7 @@
 """The membership/commit protocol under hypothesis-chosen interleavings of failures.
 
-The coordinator's real state machine (`core.protocol.Membership`) and the real
-service that carries out its actions (`core.membership.MembershipService`: its
+The coordinator's real state machine (`core.protocol.ProtocolStateMachine`) and the real
+service that carries out its actions (`core.coordinator_service.CoordinatorService`: its
 dispatch and `_apply`) run against an in-process fake transport: per-worker FIFO
 channels both ways, whose coordinator ends are fake sockets that can fail a send
 (the service then drops that connection, as it does a real one), and fake workers
@@ -43,8 +43,8 @@ from hypothesis import strategies as st
 from recover.core import idranges
 from recover.core.config import TrainConfig
 from recover.core.data import iteration_ids
-from recover.core.membership import MembershipService, _Conn
-from recover.core.protocol import Membership, ProtocolError
+from recover.core.coordinator_service import CoordinatorService, _Conn
+from recover.core.protocol import ProtocolStateMachine, ProtocolError
 from recover.core.results import expand_members, reported_ids, step_ids
 
 from conftest import as_read
@@ -122,12 +122,12 @@ class World:
     def __init__(self, R: int, M: int, S: int):
         self.R, self.M, self.S = R, M, S
         cfg = TrainConfig(system="recover", replicas=R, microbatches=M, steps=S, out=SCRATCH)
-        self.service = MembershipService(cfg, "127.0.0.1", 0, threading.Event())
+        self.service = CoordinatorService(cfg, "127.0.0.1", 0, threading.Event())
         self.service.listener.close()  # no real connection: the fake sockets below
         self.service.sel.close()
         self.service.metrics.close()
         self.service.events.close()
-        self.proto = self.service.proto = Membership(R, M, S, join_timeout=1e9, now=0.0)
+        self.proto = self.service.proto = ProtocolStateMachine(R, M, S, join_timeout=1e9, now=0.0)
         # Who was still a member when the run ended: a send that fails on the final
         # "stop" closes that connection and marks the replica dead *after* the end, which
         # must not hide the persistent fault that caused the stop (found by hypothesis:
@@ -464,8 +464,8 @@ def test_every_replica_dying_stops_the_run_cleanly():
     check(world)
 
 
-def _formed(R: int, M: int) -> tuple[Membership, dict]:
-    proto = Membership(R, M, 3, join_timeout=1e9, now=0.0)
+def _formed(R: int, M: int) -> tuple[ProtocolStateMachine, dict]:
+    proto = ProtocolStateMachine(R, M, 3, join_timeout=1e9, now=0.0)
     quotas = {}
     for r in range(R):
         quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
@@ -473,7 +473,7 @@ def _formed(R: int, M: int) -> tuple[Membership, dict]:
     return proto, quotas
 
 
-def _vote(proto: Membership, r: int, ledger) -> list:
+def _vote(proto: ProtocolStateMachine, r: int, ledger) -> list:
     return proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
                              "loss_sum": 0.0, "mb_seconds": 0.01}, 0.0)
 
@@ -513,7 +513,7 @@ def test_the_commit_record_is_what_the_members_reported():
         reported_ids({"step": 3, "microbatch_ids": [0, 1]})
 
 
-def _digest_vote(proto: Membership, r: int, ledger, digest: str) -> list:
+def _digest_vote(proto: ProtocolStateMachine, r: int, ledger, digest: str) -> list:
     return proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
                              "loss_sum": 0.0, "mb_seconds": 0.01, "weights_digest": digest}, 0.0)
 

@@ -3,7 +3,7 @@
 A member that takes long to fold its quota is never removed for it: the
 all-reduce starts on `go`, once every member said `ready`; the only deadline
 after `go` is on the last vote, once every other member has voted. Pure: the
-real `Membership`, driven with explicit times.
+real `ProtocolStateMachine`, driven with explicit times.
 """
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recover.core import idranges
-from recover.core.protocol import Membership
+from recover.core.protocol import ProtocolStateMachine
 
 from conftest import as_read
 
 TIMEOUT = 1.0  # the collective timeout (the state machine's join_timeout)
 
 
-def formed(R: int, M: int, steps: int = 3) -> tuple[Membership, dict[int, list]]:
-    proto = Membership(R, M, steps, join_timeout=TIMEOUT, now=0.0)
+def formed(R: int, M: int, steps: int = 3) -> tuple[ProtocolStateMachine, dict[int, list]]:
+    proto = ProtocolStateMachine(R, M, steps, join_timeout=TIMEOUT, now=0.0)
     quotas = {}
     for r in range(R):
         quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
@@ -28,11 +28,11 @@ def formed(R: int, M: int, steps: int = 3) -> tuple[Membership, dict[int, list]]
     return proto, quotas
 
 
-def ready(proto: Membership, r: int, now: float) -> list:
+def ready(proto: ProtocolStateMachine, r: int, now: float) -> list:
     return proto.on_ready(r, {"t": "ready", "gen": proto.gen, "step": proto.step}, now)
 
 
-def vote(proto: Membership, r: int, ledger, now: float) -> list:
+def vote(proto: ProtocolStateMachine, r: int, ledger, now: float) -> list:
     return proto.on_vote(r, {"t": "vote", "gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
                              "loss_sum": 1.0, "mb_seconds": 0.1, "lr": 0.001}, now)
 

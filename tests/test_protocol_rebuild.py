@@ -1,6 +1,6 @@
 """A restarted coordinator rebuilds the run from its workers' reports (issue 13 item 4), no processes.
 
-A fresh `core.protocol.Membership` (what a coordinator started with `--rebuild`
+A fresh `core.protocol.ProtocolStateMachine` (what a coordinator started with `--rebuild`
 holds) is handed the hellos the workers send it, each with the report
 `core.replica.Replica._report` builds, and is then driven to a commit. Checked:
 - members at the same step hear an abort of their own generation and rejoin the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from recover.core import idranges
 from recover.core.data import iteration_ids
-from recover.core.protocol import Membership, Out
+from recover.core.protocol import ProtocolStateMachine, Out
 from recover.core.wire import parse_line, dumps
 from recover.core.results import expand_members, step_ids
 
@@ -47,11 +47,11 @@ def vote_of(step: int, gen: int, ledger: list[int], loss_sum: float = 12.0) -> d
     return {"gen": gen, "step": step, "ledger": idranges.from_ids(ledger), "loss_sum": loss_sum, "lr": 0.1}
 
 
-def fresh() -> Membership:
-    return Membership(R, M, S, join_timeout=1e9, now=0.0)
+def fresh() -> ProtocolStateMachine:
+    return ProtocolStateMachine(R, M, S, join_timeout=1e9, now=0.0)
 
 
-def vote_all(proto: Membership, ledgers: dict[int, list], now: float,
+def vote_all(proto: ProtocolStateMachine, ledgers: dict[int, list], now: float,
              digests: dict[int, str] | None = None) -> list[Out]:
     """Every member votes the ledger given for it."""
     out: list[Out] = []
@@ -270,17 +270,17 @@ def test_a_restarted_coordinator_reads_the_last_recorded_step_from_the_tail_and_
         tmp_path, monkeypatch):
     import json
 
-    import recover.core.membership as membership
+    import recover.core.coordinator_service as membership
 
     path = tmp_path / "metrics.jsonl"
     lines = "".join(json.dumps({"step": s, "pad": "x" * 100}) + "\n" for s in range(50))
     path.write_text(lines + '{"step": 50, "lo')  # killed mid-write
-    assert membership.MembershipService._last_recorded_step(path) == 49
+    assert membership.CoordinatorService._last_recorded_step(path) == 49
     assert path.read_text().endswith('"lo\n')  # the next record starts a line of its own
     monkeypatch.setattr(membership, "TAIL_BYTES", 300)  # only the tail is read: a few lines
     path.write_text(lines)
-    assert membership.MembershipService._last_recorded_step(path) == 49
-    assert membership.MembershipService._last_recorded_step(tmp_path / "absent.jsonl") == -1
+    assert membership.CoordinatorService._last_recorded_step(path) == 49
+    assert membership.CoordinatorService._last_recorded_step(tmp_path / "absent.jsonl") == -1
 
 
 def test_a_member_cut_off_after_voting_in_a_generation_that_never_committed_is_not_handed_that_commit():

@@ -1,7 +1,7 @@
 """A member that ends the run for a reason of its own (`stop_run`) stops it, no recovery.
 
 A checkpoint writer whose saves failed --checkpoint-failures times in a row says
-`stop_run` before it exits (core/resilient.py). Pure: the real `Membership`. What
+`stop_run` before it exits (core/resilient.py). Pure: the real `ProtocolStateMachine`. What
 is held: every live replica hears `stop` with the member's reason, the run finishes
 with exit 1, and the member's connection closing afterwards is not a lost replica
 (before this message it was: a "recovery" record raced the launcher's end of the job).
@@ -9,11 +9,11 @@ with exit 1, and the member's connection closing afterwards is not a lost replic
 from __future__ import annotations
 
 from recover.core import wire
-from recover.core.protocol import Membership
+from recover.core.protocol import ProtocolStateMachine
 
 
-def formed(R: int = 3) -> Membership:
-    proto = Membership(R, 6, 10, join_timeout=1.0, now=0.0)
+def formed(R: int = 3) -> ProtocolStateMachine:
+    proto = ProtocolStateMachine(R, 6, 10, join_timeout=1.0, now=0.0)
     for r in range(R):
         proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
     assert proto.state == "running"

@@ -25,8 +25,8 @@ from conftest import run_recover
 from recover.core.config import TrainConfig
 from recover.core.coordinator import host_store
 from recover.core.data import iteration_ids
-from recover.core.membership import MembershipService
-from recover.core.protocol import Membership
+from recover.core.coordinator_service import CoordinatorService
+from recover.core.protocol import ProtocolStateMachine
 from recover.core.replica import Replica
 from recover.core.results import read_jsonl, read_metrics
 
@@ -59,7 +59,7 @@ def solo(tmp_path):
     cfg = TrainConfig(system="recover", replicas=1, microbatches=M, steps=1, out=str(tmp_path / "run"))
     store = host_store("127.0.0.1")
     stop = threading.Event()
-    service = MembershipService(cfg, "127.0.0.1", 0, stop)
+    service = CoordinatorService(cfg, "127.0.0.1", 0, stop)
     served: dict = {}
     thread = threading.Thread(target=lambda: served.setdefault("code", service.serve()), daemon=True)
     thread.start()
@@ -144,7 +144,7 @@ def test_a_fold_refused_for_an_id_outside_the_quota_leaves_no_gradient_behind(so
 
 
 def test_generation_0_does_not_form_when_initial_weights_differ():
-    proto = Membership(3, 3, 1, join_timeout=30.0, now=0.0)
+    proto = ProtocolStateMachine(3, 3, 1, join_timeout=30.0, now=0.0)
     out = []
     for r, digest in enumerate(["aa" * 32, "bb" * 32, "aa" * 32]):
         out += proto.on_hello(r, {"tokens_per_mb": 1, "weights_digest": digest}, 0.0)

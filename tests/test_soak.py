@@ -1,6 +1,6 @@
 """The coordinator's state machine holds flat over a long run with replacements (issue 41 item 11).
 
-experiments/bench_soak.py drives core.protocol.Membership in process, a member lost
+experiments/bench_soak.py drives core.protocol.ProtocolStateMachine in process, a member lost
 mid-step and its replacement admitted every few steps. Checked on counts, not time:
 every container the state machine holds is no larger in the second half of a few
 thousand steps than in the first, the process opens no file, and the metrics line does
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from recover.core.protocol import Membership
+from recover.core.protocol import ProtocolStateMachine
 from recover.experiments.bench_soak import container_sizes, run_soak
 
 
@@ -29,13 +29,13 @@ def test_the_state_machine_holds_flat_over_thousands_of_steps_with_replacements(
 
 def test_the_soak_notices_a_container_that_grows_with_the_replacements(monkeypatch):
     """The check is not vacuous: a list that took one entry per admission would be named."""
-    admit = Membership._admit
+    admit = ProtocolStateMachine._admit
 
     def leaky(self, now):
         self.__dict__.setdefault("admitted_log", []).append(now)
         return admit(self, now)
 
-    monkeypatch.setattr(Membership, "_admit", leaky)
+    monkeypatch.setattr(ProtocolStateMachine, "_admit", leaky)
     r = run_soak(replicas=3, per_replica=2, steps=400, every=20, sample_every=50)
     assert r["summary"]["grown"] == ["admitted_log"]
 
@@ -50,7 +50,7 @@ def test_the_metrics_line_does_not_grow_with_the_microbatches():
 
 
 def test_container_sizes_reads_dicts_slots_and_arrays_one_level_down():
-    proto = Membership(3, 6, 10, join_timeout=30.0, now=0.0)
+    proto = ProtocolStateMachine(3, 6, 10, join_timeout=30.0, now=0.0)
     sizes = container_sizes(proto)
     assert sizes["keys"] == 3 and sizes["speeds._speed"] == 3 and sizes["votes.votes"] == 0
 

@@ -1,6 +1,6 @@
 """Start-up (issue 12 item 8): a replica lost before its hello does not sink the job.
 
-The pure half drives `protocol.Membership`: a launcher's exit notice for a replica
+The pure half drives `protocol.ProtocolStateMachine`: a launcher's exit notice for a replica
 that never said hello drops it at once and generation 0 forms with the others; the
 answer to a hello tells the worker the time left of the coordinator's start-up
 deadline (one source for both waits). The process half SIGKILLs a worker by PID
@@ -18,7 +18,7 @@ from conftest import as_read, load_run, run_recover
 
 from recover.core import idranges
 from recover.core.data import iteration_ids
-from recover.core.protocol import Membership
+from recover.core.protocol import ProtocolStateMachine
 from recover.core.results import read_jsonl, step_ids
 
 LOSS_RTOL = 1e-5  # as in test_resilient.py: summation order only
@@ -29,7 +29,7 @@ def _sends(out, kind):
 
 
 def test_an_exit_before_the_hello_forms_generation_0_with_the_others_at_once():
-    proto = Membership(4, 8, 2, join_timeout=30.0, now=0.0, startup_timeout=120.0)
+    proto = ProtocolStateMachine(4, 8, 2, join_timeout=30.0, now=0.0, startup_timeout=120.0)
     out = []
     for r in (0, 1, 3):
         out += proto.on_hello(r, {"tokens_per_mb": 1}, 10.0 + r)
@@ -52,14 +52,14 @@ def test_an_exit_before_the_hello_forms_generation_0_with_the_others_at_once():
 
 
 def test_an_exit_notice_for_a_connected_replica_is_left_to_its_connection():
-    proto = Membership(2, 4, 1, join_timeout=30.0, now=0.0)
+    proto = ProtocolStateMachine(2, 4, 1, join_timeout=30.0, now=0.0)
     proto.on_hello(0, {"tokens_per_mb": 1}, 1.0)
     assert proto.on_exit(0, "exited with code 1", 2.0) == []  # its closed socket says it (on_lost)
     assert proto.state == "forming" and 0 in proto.alive
 
 
 def test_every_replica_exiting_during_start_up_ends_the_run_at_once():
-    proto = Membership(2, 4, 1, join_timeout=30.0, now=0.0)
+    proto = ProtocolStateMachine(2, 4, 1, join_timeout=30.0, now=0.0)
     proto.on_exit(0, "exited with code 1", 1.0)
     out = proto.on_exit(1, "exited with code 1", 1.5)
     assert [a for a in out if a.kind == "finish"][0].reason.startswith("no replica left")

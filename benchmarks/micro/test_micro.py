@@ -27,7 +27,7 @@ from recover.core.accumulator import GradAccumulator, weights_digest, weights_fi
 from recover.core.data import iteration_ids
 from recover.core.model import GPT
 from recover.core.policy import assign_quotas, quota_of
-from recover.core.protocol import Membership
+from recover.core.protocol import ProtocolStateMachine
 from recover.core.results import step_ids
 from recover.core.shapes import model_config
 
@@ -39,9 +39,9 @@ def test_quota_policy_512_replicas(benchmark):
     assert sorted(i for q in quotas.values() for i in q) == ids
 
 
-def _formed(R: int, M: int) -> tuple[Membership, dict[int, list]]:
+def _formed(R: int, M: int) -> tuple[ProtocolStateMachine, dict[int, list]]:
     """Generation 0 of R replicas formed, and each one's quota as its worker reads it."""
-    proto = Membership(R, M, 2, join_timeout=30.0, now=0.0)
+    proto = ProtocolStateMachine(R, M, 2, join_timeout=30.0, now=0.0)
     gens = {}
     for r in range(R):
         for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0):

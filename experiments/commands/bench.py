@@ -142,7 +142,7 @@ def add_parser(sub) -> None:
     cr.set_defaults(func=cmd_bench_coordinator_restart)
     k = bsub.add_parser("coordinator", help="the coordinator's cost per commit and per recovery, against R "
                         "(--service: the real service over loopback)",
-                        description="Drive core.protocol.Membership in process with R replicas; write NAME.json. "
+                        description="Drive core.protocol.ProtocolStateMachine in process with R replicas; write NAME.json. "
                                     "With --service: the real membership service in its own process against N "
                                     "simulated replicas (a few client processes, real connections, real faults).")
     k.add_argument("--replicas", type=int, nargs="+", default=None,
@@ -159,7 +159,7 @@ def add_parser(sub) -> None:
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
     s_ = k.add_argument_group("--service", "the real service (experiments/bench_coordinator_service.py)")
     s_.add_argument("--service", action="store_true",
-                    help="run core.membership.MembershipService against simulated replicas over loopback")
+                    help="run core.coordinator_service.CoordinatorService against simulated replicas over loopback")
     s_.add_argument("--clients", type=int, default=4, help="client processes sharing the N connections (default: 4)")
     s_.add_argument("--step-seconds", type=float, default=0.5,
                     help="seconds from a quota's arrival to its vote, the compute stand-in (default: 0.5)")
@@ -179,7 +179,7 @@ def add_parser(sub) -> None:
     s_.add_argument("--work", default="", help="directory for the runs' records (default: a temp dir)")
     k.set_defaults(func=cmd_bench_coordinator)
     so = bsub.add_parser("soak", help="the coordinator state machine over a long run, a replacement every N steps: "
-                         "steps/s, container sizes, RSS and open fds", description="Drive core.protocol.Membership "
+                         "steps/s, container sizes, RSS and open fds", description="Drive core.protocol.ProtocolStateMachine "
                          "in process for many steps, a member lost and a newcomer admitted every --every steps; "
                          "sample steps/s, the sizes of its containers, the process's RSS and fds; write NAME.json.")
     so.add_argument("--steps", type=int, default=100_000, help="steps of the run (default: 100000)")

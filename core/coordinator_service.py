@@ -1,4 +1,4 @@
-"""The coordinator's membership service: sockets and clocks around `protocol.Membership`.
+"""The coordinator's service (`CoordinatorService`): sockets and clocks around `protocol.ProtocolStateMachine`.
 
 Contract:
 - Listens on a TCP port for one control connection per worker (see `control.py`).
@@ -42,7 +42,7 @@ Contract:
   "since", "until"}), never one line each. Nothing a peer sends crashes the coordinator
   or ends the run: a member (a peer holding the token) whose line is refused, or whose
   message the protocol cannot take (a vote without loss_sum, for another step, with a
-  ledger it was not dealt), is fenced ("fenced" record, `Membership.on_bad`).
+  ledger it was not dealt), is fenced ("fenced" record, `ProtocolStateMachine.on_bad`).
 - Without the token a peer holds little (issue 41): a connection gets `HELLO_TIMEOUT`
   seconds to say hello; at most `max_strangers` (a quarter of RLIMIT_NOFILE, at most
   1,024) connections without a hello are held, a new one closing the oldest; a line
@@ -61,7 +61,7 @@ Contract:
   died): it first collects one hello per worker, each with a report of where that
   worker stands, answers each with {"t": "rebuilt"}, and once every expected
   replica reported (or its exit was told by the launcher, or the collective timeout
-  passed) hands them to `Membership.rebuild`, which forms the next generation
+  passed) hands them to `ProtocolStateMachine.rebuild`, which forms the next generation
   from them. Nothing else a worker sends before that counts (it belonged to the
   dead coordinator's generation). metrics.jsonl and events.jsonl are continued:
   a commit already recorded is not recorded twice, and one the old coordinator
@@ -87,7 +87,7 @@ from pathlib import Path
 from .config import TrainConfig
 from .heartbeat import heartbeat_plan
 from .hooks import load_coordinator_hooks
-from .protocol import Act, Membership, Out, ProtocolError
+from .protocol import Act, ProtocolStateMachine, Out, ProtocolError
 from .results import JsonlWriter
 from .startup import JOIN_TOKEN_ENV, new_join_token
 from .gc_pacing import pace, settle
@@ -132,7 +132,7 @@ class _Batch:
         self.lost: list[tuple[int, str]] = []
 
 
-class MembershipService:
+class CoordinatorService:
     """Serves the control connections of one run until it ends."""
 
     def __init__(self, cfg: TrainConfig, host: str, port: int, stop: threading.Event, join_token: str = "",
@@ -171,7 +171,7 @@ class MembershipService:
             cfg.replicas, cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.heartbeat_budget)
         # A survivor that is still computing its quota rejoins only when done, so
         # the rejoin deadline is the collective deadline, not the heartbeat one.
-        self.proto = Membership(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
+        self.proto = ProtocolStateMachine(cfg.replicas, cfg.microbatches, cfg.steps, cfg.collective_timeout, self.now(),
                                 fence_after=cfg.fence_after, max_failed_generations=cfg.max_failed_generations,
                                 startup_timeout=cfg.startup_timeout, heartbeat_interval=self.heartbeat_interval,
                                 start_step=cfg.start_step, min_replicas=cfg.min_replicas,
@@ -504,7 +504,7 @@ class MembershipService:
     def _refuse(self, conn: _Conn, what: str, now: float, close: bool = False) -> None:
         """Drop what `conn` sent, counted in the interval's refusal line; close it if it keeps at
         it. A member's connection (a peer holding the join token) is not refused line by line:
-        a message its replica cannot have meant fences it (`Membership.on_bad`), and the run
+        a message its replica cannot have meant fences it (`ProtocolStateMachine.on_bad`), and the run
         goes on without it."""
         if conn.closed:
             return
