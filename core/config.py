@@ -168,7 +168,7 @@ class TrainConfig:
         3, "recover: checkpoint saves failed in a row (a full disk, a lost mount) after which the run stops, exit 1"
     )
     resume_from: str = _f("", "the complete checkpoint this run resumes from (set by --resume DIR)", cli=False)
-    faults: str = _f("", "fault plan JSON file to inject (see README); '' = none")
+    faults: str = _f("", "fault plan JSON file to inject (see docs/faults.md); '' = none")
     progress: bool = _f(True, "show a progress bar on the terminal")
     hooks: str = _f("", "module:function building worker hooks (set by the CLI; advanced)", cli=False)
     coordinator_hooks: str = _f("", "module:function building the coordinator's hooks (set by the CLI; advanced)",

@@ -2,7 +2,7 @@
 
 Contract:
 - Exit codes of a worker (a `recover train` worker, or a user's loop around
-  `Replica`; README "How a worker ends"):
+  `Replica`; docs/own-loop.md "How a worker ends"):
     0  the run is complete: every step committed and recorded
     1  the coordinator stopped the run (its reason is the line: no replica left, no
        progress, a non-finite loss, initial weights that differ, ...)

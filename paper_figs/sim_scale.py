@@ -5,7 +5,7 @@ paper_figs/sim_scale.{png,pdf}. Left: trajectory-equivalent throughput as a frac
 the failure-free job's; middle: goodput (all kept tokens) likewise; right: ETTR. A
 settings variant (ckpt-restart-async, torchft-hb5s, elastic-keep-global-lastcall30s) is
 drawn dashed in its system's colour (style.py). Llama 3's per-GPU failure rate, 30 days, replicas of
-128 GPUs replaced after an hour (see results/sim/scale and the README).
+128 GPUs replaced after an hour (see results/sim/scale and docs/simulator.md).
 """
 from __future__ import annotations
 
