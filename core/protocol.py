@@ -89,57 +89,9 @@ Invariants it keeps:
   which workers learn is the last: they stay for `done`), nothing is rebuilt:
   the last line is written if missing and every worker hears `done`.
 
-Messages, coordinator -> worker ("t" is the type):
-  gen    {gen, step, members, split|quota, microbatches, steps[, digest]}  a generation starts; fold
-                                           your quota (digest: the first vote carries the weights digest)
-  commit {gen, step, loss, split|quota[, next, skipped]}  step committed; the quota is for step+1, or with `next`:
-                                           step+1 is generation `next`'s (its gen message follows)
-                                           A quota comes as `split` (the ids all members share at equal
-                                           speeds: one message for all, each takes its policy.equal_share)
-                                           or as `quota` (this member's own ids, while speeds differ);
-                                           policy.quota_of reads either. skipped (loss null): the step's loss
-                                           was not finite and --on-nonfinite is skip: clear the accumulator,
-                                           no optimizer step, the schedule moves on (core/nonfinite.py)
-  gen ... heal {donor, joining}            (an admitting generation) the donor sends its state to `joining`
-  pending {step}                           answer to a newcomer's hello: admitted at the next commit
-  abort  {gen, step, next, reason}         gen failed at `step`; rejoin `next` with your ledger
-  startup {wait, connected, of, heartbeat_interval}  answer to a hello: start-up ends within `wait`
-                                           seconds (the worker waits that long for generation 0); beat
-                                           every `heartbeat_interval` seconds (core/heartbeat.py)
-  go     {gen, step}                       every member of gen is ready for step's all-reduce: start it
-  done   {}                                the last step is committed and recorded; exit 0 (a worker
-                                           waits for it after its last commit)
-  stop   {reason[, committed]}             the run cannot go on; exit non-zero. committed (a non-finite
-                                           stop): every member holds the state after this many steps,
-                                           untouched; a worker that writes checkpoints may save it
-  fenced {reason}                          (the service, before closing) declared dead: rejoin or exit
-  refused {reason}                         (the service, before closing) this hello is refused: exit
-  rebuilt {heartbeat_interval}             (a restarted service) answer to a hello: the report is taken
-worker -> coordinator:
-  hello  {replica, pid, tokens_per_mb, weights_digest[, can_heal, rejoin, started_at, report]}   first message;
-                                           also the join of generation 0 (it forms only if the digests
-                                           agree); after that, a newcomer's request for admission
-                                           (rejoin: a woken replica; started_at: its process start;
-                                           report: where it stands, for a restarted coordinator's `rebuild`)
-  join   {gen, step, ledger[, healed]}     rejoin after an abort (healed false: a newcomer without the state)
-  healed {gen, step, donor, bytes, seconds, weights_digest}   a newcomer's state arrived
-  ready  {gen, step}                       my quota of step is folded: I can start the all-reduce
-  vote   {gen, step, ok, ledger, loss_sum, mb_seconds, lr[, weights_digest, nonfinite]}   lr: the rate
-                                           the step will use; weights_digest (every K steps): the weights'
-                                           digest; a member off the majority is fenced. loss_sum null: the
-                                           reduced loss sum is not finite; nonfinite: the ids of the voter's
-                                           ledger whose own loss was not (core/nonfinite.py)
-  fail   {gen, step, reason}               my collective failed
-  stop_run {reason}                        the run cannot go on for a reason of this member's own (its
-                                           checkpoint saves failed --checkpoint-failures times in a row):
-                                           every live replica hears `stop`, the run ends with exit 1,
-                                           steps committed before it are kept. Said before the member
-                                           exits, so its closed connection is no loss to recover from
-  hb     {}                                heartbeat (handled by the service)
-launcher -> coordinator (the service's `launcher` connection):
-  exited {replica, how}                    that replica's process exited (`on_exit`)
-Ids on the wire (quota, ledger, members) are `core.idranges` range lists,
-[[start, stop], ...]: a few numbers per message whatever M and R are.
+Messages: every control message, its sender and its fields, are in core/messages.py, the one
+schema (core/wire.py checks what the coordinator receives against it; docs/protocol.md renders
+it as a table). Ids on the wire are `core.idranges` range lists, [[start, stop], ...].
 """
 from __future__ import annotations
 
@@ -370,8 +322,8 @@ class ProtocolStateMachine:
         self.alive.add(r)
         self.pids[r] = msg.get("pid")
         self.tokens_per_mb = int(msg.get("tokens_per_mb", self.tokens_per_mb))
-        if msg.get("weights_digest"):
-            self.digests[r] = str(msg["weights_digest"])
+        if msg.get("weights_sha256"):
+            self.digests[r] = str(msg["weights_sha256"])
         if self.state == "forming" and self.next_gen == 0:
             return [self._startup_progress(r, now), *self._joined(r, [], now)]
         # A late start-up hello after generation 0 formed: it was dropped from the run.
@@ -407,7 +359,7 @@ class ProtocolStateMachine:
             return []
         self.unhealed.discard(r)
         self.joining[r].update(healed_at=now, bytes=msg.get("bytes"), transfer_seconds=msg.get("seconds"),
-                               weights_digest=msg.get("weights_digest"))
+                               weights_digest=msg.get("weights_fingerprint"))
         return []
 
     def on_join(self, r: int, msg: dict, now: float) -> list[Out]:
@@ -881,7 +833,7 @@ class ProtocolStateMachine:
         """
         groups: dict[str, list[int]] = {}
         for r in self.members:
-            d = self.votes[r].get("weights_digest")
+            d = self.votes[r].get("weights_fingerprint")
             if d is not None:
                 groups.setdefault(d, []).append(r)
         if len(groups) <= 1:
@@ -897,7 +849,7 @@ class ProtocolStateMachine:
             why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
             self._ban(r)
             out.append(self._fenced_record(r, f"replica {r} fenced: {why}", now, {
-                "weights_digest": self.votes[r]["weights_digest"], "majority_digest": ref}))
+                "weights_digest": self.votes[r]["weights_fingerprint"], "majority_digest": ref}))
             out += self.on_lost(r, f"fenced: {why}", now)
         return out
 
@@ -1038,7 +990,7 @@ class ProtocolStateMachine:
             rec = self.joining.pop(r)
             rec.update(first_commit_at=now, first_commit_step=self.step,
                        start_to_first_commit_seconds=now - rec["started_at"],
-                       member_digests={str(m): self.votes[m].get("weights_digest") for m in self.members})
+                       member_digests={str(m): self.votes[m].get("weights_fingerprint") for m in self.members})
             out.append(Out(Act.EVENT, msg={"kind": "join", **rec},
                            reason=f"replica {r} ({rec['why']}) committed its first step {self.step}: "
                                   f"{rec['bytes']} bytes in {rec['transfer_seconds']:.3f}s from replica "

@@ -436,7 +436,7 @@ class Replica:
         if (self.digest_every and step % self.digest_every == 0) or self._digest_next_vote:
             # the weights this step's gradient came from: a replica off the majority is corrupt
             # (and after an admission: the newcomer's weights are the members')
-            vote["weights_digest"] = self.acc.weights_fingerprint()
+            vote["weights_fingerprint"] = self.acc.weights_fingerprint()
             self._digest_next_vote = False
         self._last_vote = {"gen": g, "step": step, "ledger": vote["ledger"], "loss_sum": vote["loss_sum"],
                            "lr": vote["lr"]}
@@ -501,7 +501,7 @@ class Replica:
     def _hello(self, started_at: float, rejoin: bool, report: dict | None = None) -> None:
         """Say who this replica is; `can_heal`: it can be admitted into a running job."""
         self.control.send({"t": "hello", "replica": self.replica, "pid": os.getpid(),
-                           "tokens_per_mb": self.tokens_per_microbatch, "weights_digest": self.acc.weights_digest(),
+                           "tokens_per_mb": self.tokens_per_microbatch, "weights_sha256": self.acc.weights_digest(),
                            "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at,
                            **({"report": report} if report is not None else {})})
 
@@ -691,7 +691,7 @@ class Replica:
             self._log(f"healed from replica {donor}: {stats.bytes} bytes in {stats.seconds:.3f}s, "
                       f"weights fingerprint {stats.fingerprint[:12]}")
             self.control.send({"t": "healed", "gen": g, "step": self.step, "donor": donor, "bytes": stats.bytes,
-                               "seconds": stats.seconds, "weights_digest": stats.fingerprint})
+                               "seconds": stats.seconds, "weights_fingerprint": stats.fingerprint})
         self._work_started = time.perf_counter()  # the transfer is not microbatch time
 
 

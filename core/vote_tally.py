@@ -65,13 +65,13 @@ class VoteTally:
             # counts alone, as when the commit read each member's vote from `votes`.
             self.seconds.pop(r, None)
             self.lrs = {v.get("lr") for v in votes.values()}
-            self.digested = any("weights_digest" in v for v in votes.values())
+            self.digested = any("weights_fingerprint" in v for v in votes.values())
         key = self._keys[r]
         self.ledgers[key] = ledger
         self.lrs.add(msg.get("lr"))
         s = msg.get("mb_seconds")
         if s:
             self.seconds[r] = s  # the arithmetic on them is done once per step, vectorized (core/speeds.py)
-        if "weights_digest" in msg:
+        if "weights_fingerprint" in msg:
             self.digested = True
         return len(votes)

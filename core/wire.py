@@ -17,7 +17,7 @@ Contract:
 - `MAX_LINE_BYTES` bounds one line (a vote's ledger is a few id ranges, so
   this is room, not a budget); `MAX_REFUSALS` is how many refused messages one connection may send
   before the coordinator closes it.
-- The shapes here are the worker -> coordinator messages of `protocol.py`; what
+- The shapes here are those of the worker -> coordinator messages in `core/messages.py` (the one schema); what
   a well-formed message means (its generation, its step) is the protocol's
   business, not this module's.
 - `loads(bytes)` / `dumps(obj) -> bytes` are the control port's JSON codec: orjson
@@ -55,8 +55,8 @@ else:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-_INT, _BOOL, _STR, _NUM, _IDS = "int", "bool", "str", "number", "list of [start, stop] id ranges"
-_REPORT_KIND = "report object (see wire._REPORT)"
+from .messages import BOOL as _BOOL, IDS as _IDS, INT as _INT, NUM as _NUM, REPORT as _REPORT_KIND, STR as _STR
+from .messages import OBJ as _OBJ, received_by_coordinator
 
 # A hello's report (core/replica.py `_report`): where the worker stands, for `ProtocolStateMachine.rebuild`.
 # Every field is required; `awaiting` and `vote` may be null.
@@ -65,34 +65,17 @@ _REPORT_NULLABLE: dict[str, str] = {"awaiting": _INT}
 _REPORT_VOTE: dict[str, str] = {"gen": _INT, "step": _INT, "ledger": _IDS}
 _REPORT_VOTE_NULLABLE: dict[str, str] = {"loss_sum": _NUM}  # null: the step's loss was not finite
 
-# type -> required fields and their kinds; optional fields are checked when present
+# The checks of every message the coordinator accepts, built from the one schema (core/messages.py):
+# type -> required fields and their kinds; required fields that may be null (null has a meaning of
+# its own: a vote's loss_sum, core/nonfinite.py); optional fields, checked when present and not null.
 _REQUIRED: dict[str, dict[str, str]] = {
-    "hb": {},
-    "hello": {"replica": _INT, "token": _STR},
-    "join": {"gen": _INT, "step": _INT, "ledger": _IDS},
-    "vote": {"gen": _INT, "step": _INT, "ok": _BOOL, "ledger": _IDS},
-    "ready": {"gen": _INT, "step": _INT},
-    "fail": {"gen": _INT, "step": _INT},
-    "healed": {"gen": _INT, "step": _INT},
-    "stop_run": {"reason": _STR},
-    # from the launcher (core/exit_notices.py), not from a worker
-    "launcher": {"token": _STR},
-    "exited": {"replica": _INT, "how": _STR},
-}
-# type -> fields that must be present but may be null (null has a meaning of its own)
+    m.type: {f.name: f.kind for f in m.fields if f.required and not f.nullable} for m in received_by_coordinator()}
 _REQUIRED_NULLABLE: dict[str, dict[str, str]] = {
-    # loss_sum null: the step's reduced loss is not finite (core/nonfinite.py); absent: malformed
-    "vote": {"loss_sum": _NUM},
-}
+    m.type: {f.name: f.kind for f in m.fields if f.required and f.nullable}
+    for m in received_by_coordinator() if any(f.required and f.nullable for f in m.fields)}
 _OPTIONAL: dict[str, dict[str, str]] = {
-    "hello": {"pid": _INT, "tokens_per_mb": _INT, "weights_digest": _STR, "can_heal": _BOOL, "rejoin": _BOOL,
-              "started_at": _NUM, "report": _REPORT_KIND},
-    "join": {"healed": _BOOL},
-    "healed": {"donor": _INT, "bytes": _INT, "seconds": _NUM, "weights_digest": _STR},
-    # loss_sum null: not finite (core/nonfinite.py); nonfinite: the voter's ids whose loss was not
-    "vote": {"mb_seconds": _NUM, "reason": _STR, "weights_digest": _STR, "nonfinite": _IDS},
-    "fail": {"reason": _STR},
-}
+    m.type: {f.name: f.kind for f in m.fields if not f.required}
+    for m in received_by_coordinator() if any(not f.required for f in m.fields)}
 
 
 def _fields_ok(obj: Any, required: dict[str, str], nullable: dict[str, str] | None = None) -> bool:
@@ -123,6 +106,8 @@ def _is(kind: str, v: Any) -> bool:
         return isinstance(v, str)
     if kind == _NUM:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if kind == _OBJ:
+        return isinstance(v, dict)
     try:
         idranges.check(v)
     except ValueError:
@@ -149,7 +134,7 @@ def _vote_ok(msg: dict[str, Any]) -> bool:
     return (type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int and p[0] < p[1]
             and type(get("loss_sum")) in _NUM_OR_NONE and type(get("mb_seconds")) in _NUM_OR_NONE
             and type(get("lr")) in _NUM_OR_NONE
-            and type(get("reason")) in _STR_OR_NONE and type(get("weights_digest")) in _STR_OR_NONE
+            and type(get("reason")) in _STR_OR_NONE and type(get("weights_fingerprint")) in _STR_OR_NONE
             and get("nonfinite") is None)  # a vote naming non-finite losses (rare) goes through the tables
 
 
@@ -198,6 +183,4 @@ def _table_problem(kind: str, msg: dict[str, Any]) -> str:
     for name, want in _OPTIONAL.get(kind, {}).items():
         if name in msg and msg[name] is not None and not _is(want, msg[name]):
             return f"{kind}: field {name!r} is not a {want}"
-    if kind == "vote" and "lr" in msg and msg["lr"] is not None and not _is(_NUM, msg["lr"]):
-        return "vote: field 'lr' is not a number"
     return ""

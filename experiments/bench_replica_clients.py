@@ -128,7 +128,7 @@ class Clients:
             self.active += 1
             self.sel.register(sock, selectors.EVENT_READ, rep)
             self._send(rep, {"t": "hello", "replica": r, "pid": os.getpid(), "tokens_per_mb": 1024,
-                             "weights_digest": DIGEST, "token": self.spec.token})
+                             "weights_sha256": DIGEST, "token": self.spec.token})
             # heartbeats spread over one interval, as independent worker threads would be
             self._at(now + self.spec.heartbeat_interval * (k + 1) / n, "hb", rep)
 
@@ -167,7 +167,7 @@ class Clients:
             rep.ledger, rep.quota, rep.voted = ledger, [], True
             self._send(rep, {"t": "vote", "gen": rep.gen, "step": rep.step, "ok": True, "ledger": ledger,
                              "loss_sum": 2.5, "mb_seconds": self.spec.step_seconds / self.spec.per_replica,
-                             "lr": 1e-3, "weights_digest": DIGEST})
+                             "lr": 1e-3, "weights_fingerprint": DIGEST})
             self.seen["votes_sent"] += 1
             key = str(rep.step)
             self.seen["vote_sent"][key] = max(self.seen["vote_sent"].get(key, 0.0), rep.last_sent)

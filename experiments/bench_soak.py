@@ -123,7 +123,7 @@ class Soak:
 
     def _hello(self, r: int, can_heal: bool = False) -> dict:
         self.next_pid += 1
-        msg = {"t": "hello", "replica": r, "pid": self.next_pid, "tokens_per_mb": 1024, "weights_digest": DIGEST}
+        msg = {"t": "hello", "replica": r, "pid": self.next_pid, "tokens_per_mb": 1024, "weights_sha256": DIGEST}
         if can_heal:
             msg.update(can_heal=True, started_at=self.now)
         return msg
@@ -180,7 +180,7 @@ class Soak:
             outs: list[Out] = []
             for r in self.to_heal & p.member_set:
                 outs += p.on_healed(r, {"t": "healed", "gen": p.gen, "step": step, "donor": 0, "bytes": 1,
-                                        "seconds": 0.01, "weights_digest": DIGEST}, now)
+                                        "seconds": 0.01, "weights_fingerprint": DIGEST}, now)
                 self.to_heal.discard(r)
             members = list(p.members)
             for r in members:  # fold the quota dealt
@@ -209,7 +209,7 @@ class Soak:
                         "loss_sum": 2.5 * self.M / len(members), "mb_seconds": 0.25 * (1 + 0.05 * self.rng.random()),
                         "lr": 1e-3}
                 if r in self.digest_next:
-                    vote["weights_digest"] = DIGEST
+                    vote["weights_fingerprint"] = DIGEST
                     self.digest_next.discard(r)
                 outs += p.on_vote(r, vote, now)
             self._absorb(outs)

@@ -138,7 +138,7 @@ _samples = [None, True, False, 0, -3, 10**6, 0.5, "", "ab", [[0, 8]], [[5, 3]], 
 _values = st.one_of(st.sampled_from(_samples), st.integers(-2**63, 2**63 - 1),  # (orjson: 64-bit ints)
                     st.floats(allow_nan=False, allow_infinity=False),
                     st.text(max_size=3))
-_fields = ["gen", "step", "ok", "ledger", "loss_sum", "mb_seconds", "lr", "reason", "weights_digest", "healed", "x"]
+_fields = ["gen", "step", "ok", "ledger", "loss_sum", "mb_seconds", "lr", "reason", "weights_fingerprint", "healed", "x"]
 
 
 _sent = {"vote": {"t": "vote", "gen": 3, "step": 7, "ok": True, "ledger": [[56, 64]], "loss_sum": 20.5,
@@ -171,7 +171,7 @@ def test_every_one_field_change_is_judged_as_the_tables_judge_it(kind):
 
 
 def test_the_workers_vote_and_join_take_the_fast_checks():
-    assert _vote_ok(_sent["vote"]) and _vote_ok({**_sent["vote"], "weights_digest": "ab" * 32})
+    assert _vote_ok(_sent["vote"]) and _vote_ok({**_sent["vote"], "weights_fingerprint": "ab" * 32})
     assert _join_ok(_sent["join"]) and _join_ok({**_sent["join"], "ledger": [], "healed": False})
 
 

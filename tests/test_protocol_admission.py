@@ -36,7 +36,7 @@ def vote_all(proto: ProtocolStateMachine, quotas: dict[int, list], now: float = 
     outs: list[Out] = []
     for r in list(proto.members):
         outs += proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": quotas.get(r, []),
-                                  "loss_sum": 1.0, "mb_seconds": 0.01, "weights_digest": "w"}, now)
+                                  "loss_sum": 1.0, "mb_seconds": 0.01, "weights_fingerprint": "w"}, now)
     return outs
 
 
@@ -69,7 +69,7 @@ def test_a_newcomer_is_admitted_only_at_the_next_commit_and_healed_by_a_member()
     assert sorted(i for g in gens.values() for i in idranges.to_ids(g["quota"])) == iteration_ids(1, M)
     # the join record is written at the newcomer's first commit, with what it reported
     proto.on_healed(2, {"gen": 2, "step": 1, "donor": heal["donor"], "bytes": 1234, "seconds": 0.5,
-                        "weights_digest": "w"}, 1.1)
+                        "weights_fingerprint": "w"}, 1.1)
     quotas = {r: g["quota"] for r, g in gens.items()}
     out = vote_all(proto, quotas, now=2.0)
     (join,) = [a.msg for a in out if a.kind == "event" and a.msg.get("kind") == "join"]
@@ -104,7 +104,7 @@ def test_a_process_fenced_on_evidence_is_not_readmitted_but_a_new_one_in_its_slo
     outs = []
     for r in proto.members:  # replica 2's weights differ from the majority: fenced
         outs += proto.on_vote(r, {"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
-                                  "mb_seconds": 0.01, "weights_digest": "bad" if r == 2 else "w"}, 1.0)
+                                  "mb_seconds": 0.01, "weights_fingerprint": "bad" if r == 2 else "w"}, 1.0)
     assert 2 in proto.dead and 2 in proto.banned
     again = proto.on_hello(2, {"tokens_per_mb": 1, "pid": 102, "can_heal": True, "rejoin": True}, 1.5)
     assert [a.kind for a in again] == ["close"] and 2 in proto.dead

@@ -46,6 +46,7 @@ from recover.core.data import iteration_ids
 from recover.core.coordinator_service import CoordinatorService, _Conn
 from recover.core.protocol import ProtocolStateMachine, ProtocolError
 from recover.core.results import expand_members, reported_ids, step_ids
+from recover.core.messages import schema_problem
 
 from conftest import as_read
 
@@ -92,7 +93,10 @@ class FakeSocket:
         if self.r in self.world.failing_sends:
             raise OSError(f"fake: send to replica {self.r} failed")
         for line in data.decode().splitlines():
-            self.world.workers[self.r].inbox.append(json.loads(line))
+            msg = json.loads(line)
+            # every message the coordinator sends is one core/messages.py describes, field by field
+            assert schema_problem(msg) == "", (schema_problem(msg), msg)
+            self.world.workers[self.r].inbox.append(msg)
 
     def close(self) -> None:
         if not self.closed:
@@ -515,7 +519,7 @@ def test_the_commit_record_is_what_the_members_reported():
 
 def _digest_vote(proto: ProtocolStateMachine, r: int, ledger, digest: str) -> list:
     return proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
-                             "loss_sum": 0.0, "mb_seconds": 0.01, "weights_digest": digest}, 0.0)
+                             "loss_sum": 0.0, "mb_seconds": 0.01, "weights_fingerprint": digest}, 0.0)
 
 
 def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_share_redone():

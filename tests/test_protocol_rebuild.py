@@ -59,7 +59,7 @@ def vote_all(proto: ProtocolStateMachine, ledgers: dict[int, list], now: float,
         msg = {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledgers[r], "loss_sum": 6.0,
                "mb_seconds": 0.01, "lr": 0.1}
         if digests is not None:
-            msg["weights_digest"] = digests[r]
+            msg["weights_fingerprint"] = digests[r]
         out += proto.on_vote(r, msg, now)
     return out
 

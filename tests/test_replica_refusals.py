@@ -147,7 +147,7 @@ def test_generation_0_does_not_form_when_initial_weights_differ():
     proto = ProtocolStateMachine(3, 3, 1, join_timeout=30.0, now=0.0)
     out = []
     for r, digest in enumerate(["aa" * 32, "bb" * 32, "aa" * 32]):
-        out += proto.on_hello(r, {"tokens_per_mb": 1, "weights_digest": digest}, 0.0)
+        out += proto.on_hello(r, {"tokens_per_mb": 1, "weights_sha256": digest}, 0.0)
     assert not [a for a in out if a.kind == "send" and a.msg["t"] == "gen"]
     finish = [a for a in out if a.kind == "finish"]
     assert finish and finish[0].code != 0

@@ -37,14 +37,14 @@ def test_a_malformed_ledger_is_refused_and_nothing_is_taken(bad):
 def test_digests_and_disagreeing_rates_are_noted_for_the_commit_to_judge():
     tally = VoteTally(KEYS)
     tally.add(0, {"ledger": [[0, 2]], "lr": 0.1})
-    tally.add(1, {"ledger": [[2, 4]], "lr": 0.2, "weights_digest": "ab"})
+    tally.add(1, {"ledger": [[2, 4]], "lr": 0.2, "weights_fingerprint": "ab"})
     assert tally.digested and tally.lrs == {0.1, 0.2}
 
 
 def test_a_second_vote_of_one_member_replaces_its_first_in_every_sum():
     tally = VoteTally(KEYS)
     tally.add(0, {"ledger": [[0, 2]], "lr": 0.1})
-    tally.add(1, {"ledger": [[2, 4]], "lr": 0.5, "mb_seconds": 0.3, "weights_digest": "ab"})
+    tally.add(1, {"ledger": [[2, 4]], "lr": 0.5, "mb_seconds": 0.3, "weights_fingerprint": "ab"})
     assert tally.add(1, {"ledger": [[2, 3]], "lr": 0.1}) == 2
     assert tally.ledgers == {"0": [[0, 2]], "1": [[2, 3]]}
     assert tally.lrs == {0.1} and tally.seconds == {} and not tally.digested
