@@ -252,7 +252,19 @@ def trajectory(seeds: list[int], scale: Scale) -> list[RunSpec]:
         p = sample_plan("spread", scale.replicas, steps, seed, kind=LOSS_KIND)
         return dataclasses.replace(p, description="lose half of the replicas, spread over the run")
 
-    return _comparison("trajectory", seeds, scale, steps, plan)
+    runs = _comparison("trajectory", seeds, scale, steps, plan)
+    # Bit-identical mode (--exact, core/exact.py): recover against a failure-free reference that runs
+    # exact too; the same microbatch ids, reduced order-independently, give |loss difference| = 0.
+    exact = {"exact": True}
+    ref_v = SystemVariant(variant_label("plain", exact), "plain")
+    rec_v = SystemVariant(variant_label("recover", exact), "recover")
+    for seed in seeds:
+        ref = f"{ref_v.label}_s{seed}"
+        runs.append(_spec("trajectory", ref, ref_v, seed, scale.replicas, steps, scale, None, "",
+                          shard=reference_shard(scale), overrides=exact))
+        runs.append(_spec("trajectory", f"{rec_v.label}_s{seed}", rec_v, seed, scale.replicas, steps, scale,
+                          plan(seed), ref, overrides=exact))
+    return runs
 
 
 # A per-GPU failure rate that loses about half the GPUs within the run (P(fail) =

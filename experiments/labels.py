@@ -51,14 +51,18 @@ VARIANT_SETTINGS: tuple[VariantSetting, ...] = (
     # recover's hang detection (TrainConfig's heartbeat timeout): the recovery grid also runs it at
     # the baselines' collective timeout, so that every system gets one hang-detection bound.
     VariantSetting("recover", "heartbeat_timeout", 3.0, lambda v: f"hb{v:g}s", section="train"),
+    # Bit-identical mode (TrainConfig.exact, core/exact.py): the trajectory grid runs recover and its
+    # failure-free reference with it too, where |loss - failure-free loss| is 0 at every step.
+    VariantSetting("recover", "exact", False, lambda v: "exact", section="train"),
+    VariantSetting("plain", "exact", False, lambda v: "exact", section="train"),
 )
 
 
 def variant_label(system: str, settings: Mapping[str, Any] | None = None) -> str:
     """The label of `system` run with `settings` (BaselineConfig fields, or TrainConfig ones for the
     settings of section "train"; absent ones take their default)."""
-    if system == "plain":
-        return FAILURE_FREE
+    if system == "plain":  # the reference of its comparison, in exact mode a reference of its own
+        return FAILURE_FREE + ("-exact" if (settings or {}).get("exact") else "")
     settings = settings or {}
     parts = [system]
     for v in VARIANT_SETTINGS:

@@ -43,7 +43,7 @@ def test_grids_aggregation_and_simulator_share_the_labels():
         assert v.label == variant_label(v.system, dict(v.settings))
     grid = build_grid("trajectory", seeds=[0])
     for run in grid.runs:
-        cfg = {"train": {"system": run.system}, "baseline": run.settings}
+        cfg = {"train": {"system": run.system, **run.overrides}, "baseline": run.settings}
         assert aggregate._label_of(cfg) == run.label
     faulty = {v.label for v in FAULTY_SYSTEMS}
     for label, (_, system, settings) in SIM_SYSTEMS.items():

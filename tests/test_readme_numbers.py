@@ -314,3 +314,11 @@ def test_the_readmes_headline_table_is_the_committed_summaries():
     (printed,) = re.search(r"largest loss difference ([\d.e-]+): summation order", readme).groups()
     # printed with two significant digits (4.8e-07)
     assert float(printed) == pytest.approx(max(float(r["max_abs_loss_diff"]) for r in traj), rel=0.02)
+
+
+def test_exact_mode_is_bit_identical_in_the_committed_trajectory_runs():
+    """The README's claim for --exact (issue 17): 0.0 at every step, faults fired, in every seed."""
+    rows = [r for r in csv.DictReader(open(ROOT / "results" / "trajectory_summary.csv")) if r["label"] == "recover-exact"]
+    assert len(rows) == 3 and all(r["status"] == "ok" and float(r["max_abs_loss_diff"]) == 0.0 and int(r["faults_fired"]) > 0
+                                  and r["steps_on_trajectory"] == r["steps"] for r in rows)
+    assert "|loss difference\\| 0.0 at every step of 3 seeds" in (ROOT / "README.md").read_text()
