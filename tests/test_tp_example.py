@@ -1,6 +1,7 @@
-"""examples/tp_loop.py, a user's own tensor-parallel loop, under `recover launch --tp 2`: failure-free
-against the same recipe in one process without TP, and with one non-leader rank of one replica
-SIGKILLed by its PID mid-run."""
+"""examples/tp_loop.py, a user's own tensor-parallel loop, under `recover launch --tp 2` with one
+non-leader rank of one replica SIGKILLed by its PID mid-run: every step folds exactly its M ids, and
+every loss, before and after the kill, is the same recipe's in one process without TP (the
+failure-free trajectory). One launch (~30 s on 2 idle cores)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_recover, run_recover_killing
+from conftest import run_recover_killing
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, read_metrics, reported_ids
@@ -51,12 +52,6 @@ def _one_process_losses() -> list[float]:
 
 
 def test_a_users_tp_loop_loses_a_rank_and_keeps_its_trajectory(tmp_path):
-    ref = run_recover(*_args(tmp_path / "ff"), timeout=300)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    failure_free = [m["loss"] for m in read_metrics(tmp_path / "ff" / "metrics.jsonl")]
-    assert len(failure_free) == STEPS
-    # TP computes the model's function: the split run follows one process's trajectory
-    assert failure_free == pytest.approx(_one_process_losses(), rel=1e-4)
     out = tmp_path / "kill"
     proc, victim = run_recover_killing(_args(out), out, replica=1, after_commits=4, rank=1, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -67,5 +62,6 @@ def test_a_users_tp_loop_loses_a_rank_and_keeps_its_trajectory(tmp_path):
     assert metrics[-1]["members"] == [0, 2]  # the killed rank's whole replica went
     recoveries = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
     assert len(recoveries) == 1 and recoveries[0]["survivors"] == [0, 2]
-    for m, ref_loss in zip(metrics, failure_free):
-        assert m["loss"] == pytest.approx(ref_loss, rel=1e-5)
+    # before and after the kill, the losses are those of the same recipe in one process (the
+    # failure-free trajectory: a failure-free run of the example matches it to 1e-7, README)
+    assert [m["loss"] for m in metrics] == pytest.approx(_one_process_losses(), rel=1e-5)
