@@ -258,9 +258,6 @@ class TrainConfig:
             if self.pp > layers and not own_model:
                 raise ConfigError("--pp", f"{self.pp} stages, but the model has {layers} layers (--model {self.model}); "
                                           f"each stage needs at least one")
-            if self.shard > 1:
-                raise ConfigError("--pp", "pipeline stages inside a --shard grid are not trained yet: "
-                                          "run --pp with --shard 1")
         if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
             flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")

@@ -29,6 +29,9 @@ stage, stages = ctx.parallel.pp_index, ctx.parallel.args.pp
 torch.manual_seed(0)  # every rank builds the same whole model, then keeps its stage's layers
 layers = [torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh()),
           torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()), torch.nn.Linear(64, 1)]
+if ctx.parallel.args.shard > 1:  # each shard rank would take other rows, and nothing here sums them
+    raise SystemExit("this example keeps whole stages: run it with --shard 1 (FSDP2 stages: shard_model each "
+                     "stage and call acc.absorb_detached() after every schedule run, as core/parallel/pp.py does)")
 if not 1 <= stages <= len(layers):
     raise SystemExit(f"--pp {stages}: this model has {len(layers)} layers, room for 1..{len(layers)} stages")
 per, extra = divmod(len(layers), stages)  # contiguous runs, the first len % P stages one layer more

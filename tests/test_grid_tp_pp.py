@@ -23,8 +23,8 @@ from recover.experiments.commands.experiment import cmd_experiment
 from recover.experiments.launch_submitit import SlurmOptions, _submit_slurm
 from recover.experiments.layout import ReplicaLayout
 
-LAYOUTS = [  # (shard, tp, pp, pp_schedule): every dimension alone, and S x T
-    (1, 2, 1, None), (1, 1, 2, "afab"), (1, 2, 2, "1f1b"), (2, 2, 1, None),
+LAYOUTS = [  # (shard, tp, pp, pp_schedule): every dimension alone, T x P, S x T and S x P
+    (1, 2, 1, None), (1, 1, 2, "afab"), (1, 2, 2, "1f1b"), (2, 2, 1, None), (2, 1, 2, "1f1b"),
 ]
 
 
@@ -90,7 +90,6 @@ def test_slurm_nodes_count_every_rank_of_the_layout():
     ({"pp": 0}, "layout pp: must be an integer >= 1"),
     ({"tp": 3}, r"trajectory/recover_s0: --tp: 3 does not divide the model's 2 attention heads"),
     ({"pp": 3}, r"trajectory/recover_s0: --pp: 3 stages, but the model has 2 layers"),
-    ({"pp": 2, "shard": 2}, r"--pp: pipeline stages inside a --shard grid are not trained yet"),
     ({"pp": 2, "pp_schedule": "zb"}, r"--pp-schedule: 'zb' is not one of afab, 1f1b"),
 ])
 def test_a_layout_that_does_not_fit_fails_before_anything_starts(kw, match):
