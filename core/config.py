@@ -220,8 +220,10 @@ class TrainConfig:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     # ---- validation ------------------------------------------------------------
-    def validate(self, systems: tuple[str, ...] | None = None) -> None:
-        """Raise ConfigError for the first bad value (before any process starts)."""
+    def validate(self, systems: tuple[str, ...] | None = None, own_model: bool = False) -> None:
+        """Raise ConfigError for the first bad value (before any process starts). `own_model`: the
+        workers train a model of their own (`recover launch`), so --tp and --pp are not checked
+        against --model's heads and layers (the user's loop checks its own)."""
         if systems is not None and self.system not in systems:
             raise ConfigError("--system", f"unknown system {self.system!r}; choose from {', '.join(systems)}")
         if self.model not in MODEL_CONFIGS:
@@ -235,9 +237,9 @@ class TrainConfig:
             raise ConfigError("--shard", f"must be >= 1, got {self.shard}")
         if self.tp < 1:
             raise ConfigError("--tp", f"must be >= 1, got {self.tp}")
-        if self.tp > 1:
-            if self.system != "recover":
-                raise ConfigError("--tp", f"only the recover system runs tensor-parallel replicas, not {self.system!r}")
+        if self.tp > 1 and self.system != "recover":
+            raise ConfigError("--tp", f"only the recover system runs tensor-parallel replicas, not {self.system!r}")
+        if self.tp > 1 and not own_model:
             g = self.gpt_config()  # (the model name is checked above)
             if g.n_head % self.tp:
                 raise ConfigError("--tp", f"{self.tp} does not divide the model's {g.n_head} attention heads "
@@ -253,12 +255,9 @@ class TrainConfig:
             if self.system != "recover":
                 raise ConfigError("--pp", f"only the recover system runs pipeline-parallel replicas, not {self.system!r}")
             layers = self.gpt_config().n_layer
-            if self.pp > layers:
+            if self.pp > layers and not own_model:
                 raise ConfigError("--pp", f"{self.pp} stages, but the model has {layers} layers (--model {self.model}); "
                                           f"each stage needs at least one")
-            if self.shard > 1:
-                raise ConfigError("--pp", "pipeline stages inside a --shard grid are not trained yet: "
-                                          "run --pp with --shard 1")
         if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
             flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")

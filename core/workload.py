@@ -71,24 +71,25 @@ class Workload:
         else:
             from .parallel.fsdp import ShardedAccumulator, shard_model
             a = ctx.args
-            duplicates = []
             if a.pp > 1:  # this rank's stage only (built from the whole model, so the same weights)
                 from .parallel.pp import GPTStage
                 a.validate(gcfg)
                 self.model = GPTStage(self.model, ctx.pp_index, a.pp)
-                duplicates = self.model.duplicates()
             if a.tp > 1:
                 from .parallel.tp import tensor_parallel
                 a.validate(gcfg)
                 tensor_parallel(self.model, ctx.tp_mesh)
             if a.shard > 1 or (a.tp == 1 and a.pp == 1):
                 shard_model(self.model, ctx.shard_mesh)
+            # after TP and FSDP2, which replace the parameters (a list taken before would name none)
+            duplicates = self.model.duplicates() if a.pp > 1 else []
             self.acc = ShardedAccumulator(self.model, mesh=ctx.mesh, duplicates=duplicates)
             if a.pp > 1:
                 from .parallel.pp import Pipeline
                 rows = torch.tensor_split(torch.arange(cfg.batch_size), a.shard)[ctx.shard_index].numel()
                 self.pipeline = Pipeline(self.model, ctx, cfg.pp_schedule, cfg.seed, rows=rows,
-                                         share=rows / cfg.batch_size, device=self.device)
+                                         share=rows / cfg.batch_size, device=self.device,
+                                         rebind=self.acc.absorb_detached)
         self.schedule = cfg.lr_schedule()
         self.optimizer = build_adamw(self.acc.params, self.schedule(0), cfg.weight_decay)
         self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip,

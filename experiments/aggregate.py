@@ -6,8 +6,8 @@ Contract (ROOT = the results folder, EXP = the experiment):
   run came from a grid; without it the label, seed and failure-free reference are
   inferred from config.json: system "plain" is the failure-free run of its seed).
 - Writes ROOT/EXP.csv: one row per (run, committed step): system label, seed,
-  replicas and the replica's layout (`shard`: ranks per replica, 1 for runs that
-  predate it), loss, the failure-free run's loss at that step and the difference, tokens,
+  replicas and the replica's layout (`shard`, `tp`, `pp`: experiments/layout.py, each
+  1 for runs that predate it), loss, the failure-free run's loss at that step and the difference, tokens,
   wall time, members, whether the step is on the failure-free trajectory, and the
   running totals of effective tokens and process-seconds.
 - Writes ROOT/EXP_summary.csv: one row per run: final loss and its difference
@@ -27,7 +27,7 @@ Contract (ROOT = the results folder, EXP = the experiment):
     throughput = effective tokens, each / the run's training time (the wall_time of
     its last commit) and / its process-hours;
   * process-seconds = the integral, from the start to the last commit, of the
-    processes the job holds: S ranks per replica times R minus the replicas lost so far (faults of a kind that
+    processes the job holds: S x T x P ranks per replica times R minus the replicas lost so far (faults of a kind that
     takes a replica out, by their wall_time in faults.jsonl: no replacement, as in
     the paper), but never fewer than the members of the next commit (a system that
     brought a replica back is charged for it). This is the paper's GPU-hours, with
@@ -64,11 +64,11 @@ per second from the first commit on) and the start-up they leave out: headline a
 
 REL_TOL = 1e-4  # relative loss difference still counted as "the same trajectory" (fp summation order is ~1e-7)
 
-STEP_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "shard", "step", "loss", "ref_loss", "loss_diff",
+STEP_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "shard", "tp", "pp", "step", "loss", "ref_loss", "loss_diff",
                "abs_loss_diff", "rel_loss_diff", "tokens", "cum_tokens", "wall_time", "members", "n_members",
                "generation", "ids_match", "on_trajectory", "cum_effective_tokens", "cum_process_seconds",
                "faults_fired", "faults_at_step"]
-SUMMARY_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "shard", "fault_kind", "status", "reason",
+SUMMARY_FIELDS = ["experiment", "run", "label", "system", "seed", "replicas", "shard", "tp", "pp", "fault_kind", "status", "reason",
                   "steps_expected", "steps", "steps_on_trajectory", "faults_fired", "final_loss", "ref_final_loss",
                   "final_loss_diff", "max_abs_loss_diff", "max_rel_loss_diff", "train_seconds", "tokens",
                   "goodput_tokens_per_s", "effective_tokens", "effective_tokens_per_s", "process_hours",
@@ -94,6 +94,13 @@ class Run:
     faults: list[dict]  # faults.jsonl (faults that fired)
     events: list[dict]  # events.jsonl
     shard: int = 1  # ranks per replica S (config.json's train.shard; 1 for runs that predate it)
+    tp: int = 1  # tensor-parallel ranks T per replica (train.tp; 1 for runs that predate it)
+    pp: int = 1  # pipeline stages P per replica (train.pp; 1 for runs that predate it)
+
+    @property
+    def ranks(self) -> int:
+        """Processes (GPUs) per replica: S x T x P."""
+        return self.shard * self.tp * self.pp
 
 
 def _label_of(config: dict) -> str:
@@ -114,6 +121,7 @@ def load_run(d: Path) -> Run | None:
         reference=spec.get("reference", None) if spec else None, fault_kind=spec.get("fault_kind", ""),
         metrics=read_metrics(d / "metrics.jsonl"), summary=summary, faults=read_jsonl(d / "faults.jsonl"),
         events=read_jsonl(d / "events.jsonl"), shard=int(train.get("shard", 1)),
+        tp=int(train.get("tp", 1)), pp=int(train.get("pp", 1)),
     )
 
 
@@ -165,11 +173,11 @@ def step_rows(experiment: str, run: Run, ref: Run | None) -> list[dict[str, Any]
     for m in run.metrics:
         r = ref_by_step.get(m["step"])
         cum_tokens += m["tokens"]
-        cum_proc += run.shard * _process_seconds(prev_t, m["wall_time"], run.replicas, losses, len(m["members"]))
+        cum_proc += run.ranks * _process_seconds(prev_t, m["wall_time"], run.replicas, losses, len(m["members"]))
         prev_t = max(prev_t, m["wall_time"])
         row: dict[str, Any] = {
             "experiment": experiment, "run": run.name, "label": run.label, "system": run.system, "seed": run.seed,
-            "replicas": run.replicas, "shard": run.shard, "step": m["step"], "loss": m["loss"], "tokens": m["tokens"],
+            "replicas": run.replicas, "shard": run.shard, "tp": run.tp, "pp": run.pp, "step": m["step"], "loss": m["loss"], "tokens": m["tokens"],
             "cum_tokens": cum_tokens, "wall_time": m["wall_time"], "members": " ".join(map(str, m["members"])),
             "n_members": len(m["members"]), "generation": m.get("generation", ""),
             "faults_fired": sum(1 for t in fault_times if t <= m["wall_time"]),
@@ -229,7 +237,7 @@ def summary_row(experiment: str, run: Run, ref: Run | None, rows: list[dict]) ->
     rec, det = _first_recovery(run)
     row = {
         "experiment": experiment, "run": run.name, "label": run.label, "system": run.system, "seed": run.seed,
-        "replicas": run.replicas, "shard": run.shard, "fault_kind": run.fault_kind, "status": run.summary.get("status", "missing"),
+        "replicas": run.replicas, "shard": run.shard, "tp": run.tp, "pp": run.pp, "fault_kind": run.fault_kind, "status": run.summary.get("status", "missing"),
         "reason": run.summary.get("reason", ""), "steps_expected": run.steps_expected, "steps": len(run.metrics),
         "steps_on_trajectory": sum(1 for r in rows if r["on_trajectory"] is True) if has_ref else None,
         "faults_fired": len(run.faults), "final_loss": last["loss"] if last else None,

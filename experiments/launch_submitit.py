@@ -33,7 +33,7 @@ Contract:
   the run's files and clock kept, until `max_restarts`. Systems that re-form their
   job with a supervisor of their own (torchft, elastic: on_slurm "") are skipped on
   Slurm with a note: their supervisors start local processes. So are runs whose replicas have many
-  ranks (shard > 1): one task per replica is all `slurm_task` starts today, and the
+  ranks (shard x tp x pp > 1): one task per replica is all `slurm_task` starts today, and the
   launcher that ends the rest of a replica when one of its ranks dies runs here only.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
   submitit job's stderr when the job itself died).
@@ -483,9 +483,9 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             outcomes.append(Outcome(spec.name, "skipped",
                                     f"{spec.system} re-forms its job from a supervisor that starts local processes; "
                                     "not launched on Slurm yet"))
-        elif spec.shard > 1:
+        elif spec.layout().ranks > 1:
             outcomes.append(Outcome(spec.name, "skipped",
-                                    f"replicas of {spec.shard} ranks are not launched on Slurm yet (one task per "
+                                    f"replicas of {spec.layout().ranks} ranks are not launched on Slurm yet (one task per "
                                     "replica); run it with --executor local"))
         else:
             runnable.append(spec)

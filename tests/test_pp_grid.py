@@ -57,8 +57,7 @@ def test_train_config_refuses_a_pp_that_does_not_fit_naming_the_flag():
         TrainConfig(system="plain", replicas=2, microbatches=2, pp=2).validate()
     with pytest.raises(ConfigError, match="--pp: checkpoints"):
         TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, checkpoint_every=2).validate()
-    with pytest.raises(ConfigError, match="--pp: pipeline stages inside a --shard grid"):
-        TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, shard=2).validate()
+    TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, shard=2).validate()  # FSDP2 stages
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, pp_schedule="afab").validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, tp=2).validate()
     TrainConfig(system="recover", model="small", replicas=2, microbatches=2, pp=4).validate()
@@ -83,11 +82,12 @@ def test_stages_compose_to_the_whole_model_and_untie_the_head():
     assert s0.duplicates() == [] and s1.duplicates() == [s1.head.weight]
 
 
-def _run(out: Path, pp: int, schedule: str, tp: int = 1, timeout: float = 240) -> list[dict]:
+def _run(out: Path, pp: int, schedule: str, tp: int = 1, timeout: float = 240, shard: int = 1) -> list[dict]:
+    n = pp * shard * tp
     run_ranks_around_a_store(lambda port: [
-        [sys.executable, WORKER, str(port), str(out), str(i), str(pp), schedule, str(tp)] for i in range(pp * tp)],
-        timeout)
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(pp * tp)]
+        [sys.executable, WORKER, str(port), str(out), str(i), str(pp), schedule, str(tp), str(shard)]
+        for i in range(n)], timeout)
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(n)]
 
 
 def _reference():
@@ -175,6 +175,28 @@ def test_one_replica_of_pp2_x_tp2_matches_single_process(tmp_path: Path):
     for r in ranks:
         for got, ref in zip(r["losses"], losses):
             assert got == pytest.approx(ref, rel=1e-5)
+        assert r["norm"] == pytest.approx(norm, rel=1e-5)
+        assert r["mean_loss"] == pytest.approx(mean, rel=1e-6)
+        assert r["checksum"] == pytest.approx(checksum, rel=1e-6)
+        assert r["detached"] == []
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(300)
+def test_one_replica_of_pp2_x_shard2_matches_single_process(tmp_path: Path):
+    """FSDP2 stages: torch's stage setup sets .grad to None on FSDP modules, so each run's fresh
+    gradients are added back into the accumulator's views (ShardedAccumulator.absorb_detached), and
+    the tied head's copy is named a duplicate after FSDP2 replaced the parameters: each id once,
+    the tied weight once, over two schedule runs (a quota and its redo)."""
+    ranks = _run(tmp_path, 2, "1f1b", shard=2)
+    losses, norm, mean, checksum = _reference()
+    # the grid: local rank = pp_index * S + shard_index (T = 1)
+    assert [(r["stage"], r["shard_index"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for s in (0, 1):  # each rank's losses are its rows' part: the two shard positions add up to the id's
+        parts = [r["losses"] for r in ranks if r["stage"] == s]
+        for run_a, run_b, ref in zip(*parts, losses):
+            assert [a + b for a, b in zip(run_a, run_b)] == pytest.approx(ref, rel=1e-5)
+    for r in ranks:
         assert r["norm"] == pytest.approx(norm, rel=1e-5)
         assert r["mean_loss"] == pytest.approx(mean, rel=1e-6)
         assert r["checksum"] == pytest.approx(checksum, rel=1e-6)

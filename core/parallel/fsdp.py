@@ -19,7 +19,9 @@ Contract (the sharded form of core/accumulator.py's, same interface):
   M)` sets every local shard to reduced/M (M global) and returns the iteration's
   mean microbatch loss, summing the loss parts of the replica's ranks over the
   replica's group (the one collective here; it runs once per step, after the
-  cross-replica reduction succeeded); `clear()` empties both.
+  cross-replica reduction succeeded); `clear()` empties both. `absorb_detached()`
+  adds a `.grad` that code replaced (torch's pipeline stage setup sets FSDP
+  modules' to None: core/parallel/pp.py) into its view and points `.grad` back.
 - `weights_digest()`/`weights_fingerprint()` name this rank's local shards: equal
   for the ranks at one position of all replicas, not across positions.
 - Tensor parallelism (core/parallel/tp.py; `mesh`, the replica's ("shard", "tp")
@@ -217,6 +219,16 @@ class ShardedAccumulator:
                                             shape=p.shape, stride=p.stride())
             else:
                 p.grad = view
+
+    def absorb_detached(self) -> None:
+        """Add each .grad that no longer views the buffer into its view, then point .grad back at it.
+        For code that set .grad to None and let a backward make a fresh one holding only what it
+        added (torch's pipeline stage setup does so to FSDP modules: core/parallel/pp.py)."""
+        for i in self.detached():
+            p, view = self.params[i], self._views[i]
+            if p.grad is not None:
+                view.add_(_local(p.grad))
+        self.reattach()
 
     def detached(self) -> list[int]:
         """Indices (in `params`) of the parameters whose local .grad no longer views the buffer."""

@@ -16,7 +16,8 @@
 
 Contract:
 - `ReplicaContext.from_env()` reads what the launcher sets (RECOVER_REPLICA,
-  RECOVER_LOCAL_RANK, RECOVER_RANKS_PER_REPLICA, RECOVER_TP, RECOVER_STORE_ADDR; the deadlines from
+  RECOVER_LOCAL_RANK, RECOVER_RANKS_PER_REPLICA, RECOVER_TP, RECOVER_PP, RECOVER_PP_SCHEDULE,
+  RECOVER_STORE_ADDR; the deadlines from
   RECOVER_COLLECTIVE_TIMEOUT, RECOVER_HEARTBEAT_INTERVAL and
   RECOVER_HEARTBEAT_TIMEOUT when set) and builds, for this rank: its replica's
   groups (`parallel`, a ParallelContext: the replica is the process's default
@@ -34,8 +35,11 @@ Contract:
   scale the loss by the share, and the ranks' gradients sum to the microbatch's.
   The rows follow the shard index: the `tp` ranks of one shard position (tensor
   parallelism, `from_env(tp=T)` or RECOVER_TP: RECOVER_RANKS_PER_REPLICA counts all S x T ranks of the
-  replica) take the same rows. Likewise `from_env(tp=T, pp=P, pp_schedule=...)`:
-  RECOVER_RANKS_PER_REPLICA counts P x S x T ranks, on the ("pp", "shard", "tp") grid.
+  replica) take the same rows. Likewise `from_env(tp=T, pp=P, pp_schedule=...)` (or
+  RECOVER_PP, RECOVER_PP_SCHEDULE: `recover launch --pp P --pp-schedule ...`):
+  RECOVER_RANKS_PER_REPLICA counts P x S x T ranks, on the ("pp", "shard", "tp") grid;
+  `parallel.pp_index` is this rank's stage, `parallel.pp_mesh` its stages' group
+  (examples/pp_loop.py runs torch's pipelining over it).
 - With T > 1, `join` has the committed step clip with the accumulator's
   `clip_grad_norm_` (torch's refuses a model split over two meshes and plain tensors).
 """
@@ -74,16 +78,19 @@ class ReplicaContext:
 
     @classmethod
     def from_env(cls, collective_timeout: float | None = None, heartbeat_interval: float | None = None,
-                 heartbeat_timeout: float | None = None, tp: int | None = None, pp: int = 1,
-                 pp_schedule: str = "1f1b") -> "ReplicaContext":
+                 heartbeat_timeout: float | None = None, tp: int | None = None, pp: int | None = None,
+                 pp_schedule: str | None = None) -> "ReplicaContext":
         """This rank's context in a job started by the launcher (`recover launch --shard S`); a
         deadline not given comes from the environment, else its default (30 s, 0.1 s, 3 s). With
-        `tp` = T > 1 (default: RECOVER_TP, else 1) the launcher's RECOVER_RANKS_PER_REPLICA ranks
-        per replica are S x T (tp innermost)."""
+        `tp` = T > 1 (default: RECOVER_TP, else 1) and `pp` = P (default: RECOVER_PP, else 1) the
+        launcher's RECOVER_RANKS_PER_REPLICA ranks per replica are P x S x T (tp innermost); the
+        schedule's name defaults to RECOVER_PP_SCHEDULE, else 1f1b."""
         r = int(os.environ["RECOVER_REPLICA"])
         local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
         shard = int(os.environ.get("RECOVER_RANKS_PER_REPLICA", "1"))  # the replica's ranks
         tp = tp or int(os.environ.get("RECOVER_TP", "1"))
+        pp = pp or int(os.environ.get("RECOVER_PP", "1"))
+        pp_schedule = pp_schedule or os.environ.get("RECOVER_PP_SCHEDULE") or "1f1b"
         if shard % (tp * pp):
             raise ValueError(f"--tp {tp} x --pp {pp} does not divide the replica's {shard} ranks")
         replicas = int(os.environ.get("RECOVER_REPLICAS", r + 1))

@@ -51,6 +51,14 @@ Contract:
   (seed, ids[k]), so a redone microbatch draws the same dropout masks. Stage s > 0
   draws from the reseeded stream rather than where stage s-1 left it, so with
   dropout > 0 a PP run matches a one-rank replica in distribution, not bit for bit.
+- FSDP2 stages (S > 1): torch's stage setup, at the first step of every schedule,
+  reshards each FSDP module and sets its parameters' `.grad` to None
+  (`_post_metadata_inference_cleanup`), which cuts them from the accumulator's
+  views; FSDP2 then gives the run's reduce-scattered sum a fresh `.grad`. So
+  `Pipeline(..., rebind=acc.absorb_detached)` calls `rebind()` after every run,
+  before the tied weights are summed: each fresh `.grad` is added into its view and
+  `.grad` points at the view again (earlier runs of the step stay in the views).
+  Without it the committed gradient would be empty.
 - Shapes are given to torch (each stage's input and output for one microbatch),
   so its stages skip the runtime shape inference, which would run a forward and
   backward of the stage's module outside any microbatch.
@@ -136,10 +144,12 @@ class Pipeline:
     """Runs one schedule over a list of microbatch ids, on one stage of a replica (see the contract)."""
 
     def __init__(self, stage: GPTStage, ctx, schedule: str = "1f1b", seed: int = 0,
-                 rows: int = 1, share: float = 1.0, device: torch.device | str = "cpu"):
+                 rows: int = 1, share: float = 1.0, device: torch.device | str = "cpu",
+                 rebind: Callable[[], None] | None = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"--pp-schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.module = stage
+        self.rebind = rebind
         self.schedule_cls = SCHEDULES[schedule]
         self.group = ctx.pp_mesh.get_group()
         self.last_rank = dist.get_global_rank(self.group, stage.stages - 1)  # in the replica's group
@@ -203,6 +213,8 @@ class Pipeline:
         finally:
             handle.remove()
             stage.before_forward = None
+        if self.rebind is not None:
+            self.rebind()
         out = torch.zeros(n, dtype=torch.float64)
         if stage.last:
             out.copy_(torch.stack([l.detach().double() for l in losses]))

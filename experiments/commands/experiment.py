@@ -8,9 +8,10 @@ Contract:
   OUT/NAME/ into OUT/NAME.csv and OUT/NAME_summary.csv. It exits 1 if any run
   failed (each failure printed with its log path), 0 otherwise. `--dry-run`
   prints the grid (and, for slurm, nothing is submitted).
-- `--shard S` gives every run replicas of S ranks (HSDP; experiments/layout.py); a
-  system that does not run that layout is refused by the grid's validation, naming
-  it, before anything starts (keep such grids to `--systems recover`).
+- `--shard S`, `--tp T` and `--pp P` (with `--pp-schedule`) give every run replicas
+  of S x T x P ranks (experiments/layout.py); a system that does not run that layout
+  is refused by the grid's validation, naming it, before anything starts (keep such
+  grids to `--systems recover`; the failure-free reference runs what plain runs of it).
 """
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ def add_parser(sub) -> None:
     p.add_argument("--shard", type=int, default=None,
                    help="ranks per replica S (HSDP: FSDP2 shards the model over them; recover only, so give "
                         "--systems recover; default: the scale's, 1)")
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel ranks T per replica (recover only; default: the scale's, 1)")
+    p.add_argument("--pp", type=int, default=None,
+                   help="pipeline stages P per replica (recover only; default: the scale's, 1)")
+    p.add_argument("--pp-schedule", choices=["afab", "1f1b"], default=None,
+                   help="pipeline schedule of --pp runs (default: the scale's, 1f1b)")
     p.add_argument("--recovery-replicas", type=int, nargs="+", default=None,
                    help="replica counts of the recovery sweep (default: the scale's)")
     p.add_argument("--checkpoint-every", "--ckpt-every", dest="checkpoint_every", type=int, default=None,
@@ -76,7 +83,8 @@ def add_parser(sub) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
 
-    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "tasks_per_node", "parallel", "shard", "checkpoint_every"):
+    for flag in ("replicas", "steps", "nodes", "gpus_per_node", "tasks_per_node", "parallel", "shard", "tp", "pp",
+                 "checkpoint_every"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             return fail(f"--{flag.replace('_', '-')}: must be >= 1, got {v}")
@@ -85,13 +93,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         gpn = args.gpus_per_node or SCALES[args.scale].gpus_per_node
         if gpn < 1:
             return fail("--nodes: the scale is CPU-only; give --gpus-per-node too")
-        shard = args.shard or SCALES[args.scale].shard
-        if (args.nodes * gpn) % shard:
-            return fail(f"--nodes: {args.nodes} x {gpn} GPUs do not split into replicas of --shard {shard} ranks")
-        replicas = args.nodes * gpn // shard
+        sc = SCALES[args.scale]
+        ranks = (args.shard or sc.shard) * (args.tp or sc.tp) * (args.pp or sc.pp)
+        if (args.nodes * gpn) % ranks:
+            return fail(f"--nodes: {args.nodes} x {gpn} GPUs do not split into replicas of {ranks} ranks "
+                        "(--shard x --tp x --pp)")
+        replicas = args.nodes * gpn // ranks
     try:
         grid = build_grid(args.name, args.seeds, args.scale, args.systems, replicas, args.steps,
                           tuple(args.recovery_replicas) if args.recovery_replicas else None, shard=args.shard,
+                          tp=args.tp, pp=args.pp, pp_schedule=args.pp_schedule,
                           baseline=None if args.checkpoint_every is None else {"ckpt_every": args.checkpoint_every})
     except (KeyError, ValueError) as e:
         return fail(str(e).strip("'\""))
@@ -101,7 +112,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.dry_run:
         for r in grid.runs:
             faults = len(r.plan["faults"]) if r.plan else 0
-            print(f"  {r.name:<40} {r.system:<14} seed {r.seed} R={r.replicas} S={r.shard} M={r.microbatches} "
+            print(f"  {r.name:<40} {r.system:<14} seed {r.seed} R={r.replicas} S={r.shard} T={r.tp} P={r.pp} M={r.microbatches} "
                   f"steps={r.steps} faults={faults} nodes={r.nodes}")
         return 0
     if args.scale != "local" and args.executor != "slurm":

@@ -3,10 +3,13 @@
 Contract: starts the coordinator (store + membership) and one process per replica
 running the given command, each with RECOVER_REPLICA, RECOVER_STORE_ADDR and
 RECOVER_CONTROL_ADDR set so that `recover.core.Replica.from_env(...)` joins the
-job. With --shard S (and --tp T), S x T processes per replica (RECOVER_LOCAL_RANK,
-RECOVER_RANKS_PER_REPLICA, RECOVER_TP),
-which join through `recover.core.parallel.join.ReplicaContext.from_env()` (HSDP:
-examples/hsdp_loop.py); any of them dying ends the others of its replica. With --replace-after S, a replica whose process dies gets a new one in its
+job. With --shard S, --tp T and --pp P (and --pp-schedule), P x S x T processes per
+replica (RECOVER_LOCAL_RANK, RECOVER_RANKS_PER_REPLICA, RECOVER_TP, RECOVER_PP,
+RECOVER_PP_SCHEDULE), which join through
+`recover.core.parallel.join.ReplicaContext.from_env()` (examples/hsdp_loop.py,
+tp_loop.py, pp_loop.py); any of them dying ends the others of its replica. The
+workers train a model of their own, so --tp and --pp are not checked against a
+--model (TrainConfig.validate(own_model=True)): the loop's own setup checks them. With --replace-after S, a replica whose process dies gets a new one in its
 slot S seconds later, which joins at the next commit with the live state. The results contract (config.json, metrics.jsonl, events.jsonl,
 summary.json, logs/) is written to --out exactly as for `recover train`.
 """
@@ -25,7 +28,7 @@ from . import fail
 
 
 # the TrainConfig fields a user's job is run with
-LAUNCH_FIELDS = ("replicas", "shard", "tp", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
+LAUNCH_FIELDS = ("replicas", "shard", "tp", "pp", "pp_schedule", "microbatches", "steps", "heartbeat_timeout", "collective_timeout", "heartbeat_interval",
                  "fence_after", "max_failed_generations", "startup_timeout", "replace_after", "min_replicas", "max_heal_attempts",
                  "rejoin", "coordinator_timeout", "reconnect_timeout", "coordinator_restarts", "on_nonfinite")
 
@@ -54,7 +57,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return fail("COMMAND: missing; give the worker command after --")
     cfg = TrainConfig(system="recover", out=args.out, **{name: getattr(args, name) for name in LAUNCH_FIELDS})
     try:
-        cfg.validate()
+        cfg.validate(own_model=True)
     except ConfigError as e:
         return fail(str(e))
     out = Path(cfg.out)
@@ -74,7 +77,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                          "RECOVER_COLLECTIVE_TIMEOUT": repr(cfg.collective_timeout),
                                          "RECOVER_HEARTBEAT_INTERVAL": repr(cfg.heartbeat_interval),
                                          "RECOVER_HEARTBEAT_TIMEOUT": repr(cfg.heartbeat_timeout),
-                                         "RECOVER_TP": str(cfg.tp)},
+                                         "RECOVER_TP": str(cfg.tp), "RECOVER_PP": str(cfg.pp),
+                                         "RECOVER_PP_SCHEDULE": cfg.pp_schedule},
         replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
         coordinator_restarts=cfg.coordinator_restarts, coordinator_timeout=cfg.coordinator_timeout,
         ranks_per_replica=cfg.ranks_per_replica,
