@@ -31,9 +31,11 @@ Contract:
   task 0 leaves the next start its fault notice (DIR/baseline/fault-<n>.json, as the
   local supervisor does) and runs `scontrol requeue` on its job; every start
   (SLURM_RESTART_COUNT) trains at full size from the last complete checkpoint, with
-  the run's files and clock kept, until `max_restarts`. Systems that re-form their
-  job with a supervisor of their own (torchft, elastic: on_slurm "") are skipped on
-  Slurm with a note: their supervisors start local processes. So are runs whose replicas have many
+  the run's files and clock kept, until `max_restarts`. elastic (on_slurm "agents")
+  runs one `torchrun` agent per task (a node; `_run_agent`), with the c10d rendezvous
+  on task 0's store, which no agent hosts. Systems that re-form their
+  job with a supervisor of their own and have no Slurm form (on_slurm "") are skipped
+  on Slurm with a note, and so are runs whose replicas have many
   ranks (shard > 1): one task per replica is all `slurm_task` starts today, and the
   launcher that ends the rest of a replica when one of its ranks dies runs here only.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
@@ -223,11 +225,14 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(restart))
     code = 0
     if rank in members:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
-            env=worker_env,
-        )
-        code = worker.wait()
+        if system.on_slurm == "agents":  # this task is a node: its torchrun agent, which starts the worker
+            code = _run_agent(spec, root, out, config_path, rank, f"recover-{job_id}-{restart}", worker_env)
+        else:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
+                env=worker_env,
+            )
+            code = worker.wait()
         (sync / f"done-{rank}").write_text(str(code))
     if rank != 0:
         return {"rank": rank, "returncode": code}
@@ -258,10 +263,34 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
     committed = len(read_jsonl(out / "metrics.jsonl"))
     ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode != "recover")
     extra = {"restarts": restart} if system.on_slurm == "requeue" else {}
+    elastic = out / "baseline" / "elastic.json"  # the agents' restarts, numbered by the workers' rank 0
+    if system.on_slurm == "agents" and elastic.exists():
+        extra["restarts"] = json.loads(elastic.read_text())["generation"]
     summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,
                             reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id,
                             **extra)
     return {"rank": 0, "returncode": code, "status": summary["status"]}
+
+
+def _run_agent(spec: RunSpec, root: str, out: Path, config_path: Path, rank: int, run_id: str,
+               env: dict[str, str]) -> int:
+    """elastic: this task's `torchrun` agent (one per node, c10d rendezvous on task 0's store, which
+    no agent hosts), as the local supervisor starts it; a replica_loss of this node's worker takes
+    the agent too (baselines.elastic.LostNodes), as losing a node would. Returns the agent's exit."""
+    from recover.baselines.elastic import LostNodes, torchrun_argv
+
+    args = torchrun_argv(spec.train_config(root), spec.settings_obj(), config_path, run_id)
+    # torchrun_argv advertises 127.0.0.1 (its agents share a machine): here each agent is on its node
+    node = coordinator_host(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
+    args[args.index("--local-addr") + 1] = node
+    agent = subprocess.Popen([sys.executable, "-m", "recover.baselines.elastic_agent", *args],
+                             env={**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"})
+    lost = LostNodes(out)
+    lost.on_start({rank: [agent.pid]}, 0.0)
+    while agent.poll() is None:
+        lost.on_tick(0.0)
+        time.sleep(0.2)
+    return agent.returncode
 
 
 def _coordinator_argv(spec: RunSpec, system: Any, config_path: Path) -> list[str]:
@@ -281,6 +310,7 @@ def _first_start(spec: RunSpec, root: str, out: Path, config_path: Path) -> None
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "baseline", ignore_errors=True)  # never resume another run's checkpoints
+    (out / "baseline").mkdir()
     (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
     spec.write_plan(root)
     cfg = spec.train_config(root)

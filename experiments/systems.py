@@ -38,7 +38,8 @@ class System:
     # How `--executor slurm` runs it (experiments/launch_submitit.py): "tasks", one task per rank
     # in one job, task 0 hosting the coordinator (recover's, a bare store, or torchft's lighthouse);
     # "requeue", the same, and a failure requeues the job, which resumes from its last complete
-    # checkpoint; "" not launched on Slurm yet (its supervisor starts local processes).
+    # checkpoint; "agents", one torchrun agent per task (a node) around task 0's store (elastic);
+    # "" not launched on Slurm yet (its supervisor starts local processes).
     on_slurm: str = "tasks"
 
     def load_supervisor(self) -> Callable | None:
@@ -67,7 +68,7 @@ SYSTEMS: dict[str, System] = {
         System("elastic", "recover.baselines.elastic_worker", "store", False,
                "elastic restart with TorchElastic (torchrun agents, c10d rendezvous, MIN:R nodes): a fault "
                "restarts every worker from the last checkpoint with the nodes left",
-               supervisor="recover.baselines.elastic:supervise", settings=BaselineConfig, on_slurm=""),
+               supervisor="recover.baselines.elastic:supervise", settings=BaselineConfig, on_slurm="agents"),
     ]
 }
 
