@@ -16,12 +16,13 @@ Contract:
   set of #SBATCH lines. Jobs are submitted with `--no-kill` (sbatch and srun both:
   srun's own default ends the whole step when one node fails), so a node that fails
   takes only its own tasks and the job runs on (`SlurmOptions.no_kill`). Task 0
-  writes config.json and starts the coordinator
-  (`python -m recover.core.coordinator --host 0.0.0.0` with ports derived from the
-  job id, `job_ports`); every task then runs the system's worker module for its
-  rank with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR (task 0's host: the job's
-  first node name when it resolves, else task 0's own hostname, published in the
-  job's sync directory),
+  writes config.json and starts the coordinator (`python -m recover.core.coordinator
+  --host 0.0.0.0` on ports the OS picks, or torchft's lighthouse for torchft) and
+  publishes its address in the job's sync directory: the job's first node name when
+  it resolves (else task 0's own hostname) and the ports the coordinator's first line
+  names (a task 0 whose coordinator does not come up says so there, and the other
+  tasks stop waiting). Every task then runs the system's worker module for its rank
+  with RECOVER_STORE_ADDR / RECOVER_CONTROL_ADDR,
   RECOVER_REPLICA, RECOVER_T0 and the run's RECOVER_JOIN_TOKEN (task 0 draws it,
   hands it to the coordinator and, through the job's sync directory, to every
   task); task 0 waits for the run to end and writes
@@ -30,9 +31,11 @@ Contract:
   task 0 leaves the next start its fault notice (DIR/baseline/fault-<n>.json, as the
   local supervisor does) and runs `scontrol requeue` on its job; every start
   (SLURM_RESTART_COUNT) trains at full size from the last complete checkpoint, with
-  the run's files and clock kept, until `max_restarts`. Systems that re-form their
-  job with a supervisor of their own (torchft, elastic: on_slurm "") are skipped on
-  Slurm with a note: their supervisors start local processes. So are runs whose replicas have many
+  the run's files and clock kept, until `max_restarts`. elastic (on_slurm "agents")
+  runs one `torchrun` agent per task (a node; `_run_agent`), with the c10d rendezvous
+  on task 0's store, which no agent hosts. Systems that re-form their
+  job with a supervisor of their own and have no Slurm form (on_slurm "") are skipped
+  on Slurm with a note, and so are runs whose replicas have many
   ranks (shard x tp x pp > 1): one task per replica is all `slurm_task` starts today, and the
   launcher that ends the rest of a replica when one of its ranks dies runs here only.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
@@ -58,7 +61,6 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,12 +144,6 @@ def run_one(spec_dict: dict[str, Any], root: str, logs_root: str) -> dict[str, A
 
 
 # ---- one run, as one multi-task Slurm job ------------------------------------------------
-def job_ports(job_id: str) -> tuple[int, int]:
-    """(store port, control port) derived from the job id: every task computes the same pair."""
-    base = 20000 + 2 * (zlib.crc32(job_id.encode()) % 10000)
-    return base, base + 1
-
-
 def coordinator_host(node: str) -> str:
     """The address the other tasks reach task 0 at: its Slurm node name when that resolves (a real
     cluster), else this host's own name (several slurmd nodes on one machine, as in the tests)."""
@@ -158,9 +154,11 @@ def coordinator_host(node: str) -> str:
         return socket.gethostname()
 
 
-def _wait_for(path: Path, timeout: float) -> dict:
+def _wait_for(path: Path, timeout: float, failed: Path | None = None) -> dict:
     end = time.time() + timeout
     while time.time() < end:
+        if failed is not None and failed.exists():
+            raise RuntimeError(f"task 0 failed: {failed.read_text()}")
         if path.exists():
             try:
                 return json.loads(path.read_text())
@@ -182,7 +180,6 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
     out = spec.out_dir(root)
     # Per start of the job: a requeued job never reads its earlier start's markers.
     sync = out / ".slurm" / job_id / str(restart)
-    store_port, control_port = job_ports(f"{job_id}.{restart}")
     if rank >= spec.replicas:  # the last node's spare task slots
         return {"rank": rank, "idle": True}
     config_path = out / "config.json"
@@ -194,19 +191,25 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         else:  # a requeued job resumes the same run: its files, its clock
             t0 = json.loads((out / ".slurm" / job_id / "0" / "ready.json").read_text())["t0"]
         token = new_join_token()
+        sync.mkdir(parents=True, exist_ok=True)
         coordinator = subprocess.Popen(
-            [sys.executable, "-m", "recover.core.coordinator", "--config", str(config_path),
-             "--mode", system.coordinator_mode, "--host", "0.0.0.0",
-             "--store-port", str(store_port), "--control-port", str(control_port)],
+            _coordinator_argv(spec, system, config_path),
             stdout=subprocess.PIPE, env={**os.environ, "RECOVER_T0": repr(t0), JOIN_TOKEN_ENV: token},
         )
-        coordinator.stdout.readline()  # its first line: the store is up
-        sync.mkdir(parents=True, exist_ok=True)
+        first = coordinator.stdout.readline()  # its first line: it is up, on the ports the OS gave it
+        try:
+            up = json.loads(first)
+        except json.JSONDecodeError:
+            why = f"the coordinator did not come up (exit {coordinator.wait(30)}, said {first!r}); see task 0's log"
+            (sync / "failed.txt").write_text(why)  # the other tasks stop waiting and say so
+            raise RuntimeError(why) from None
         # The job's own directory hands the token to its tasks (readable by its owner only).
         ready = sync / "ready.json"
         ready.touch(mode=0o600)
-        ready.write_text(json.dumps({"t0": t0, "host": coordinator_host(host0), "join_token": token}))
-    ready = _wait_for(sync / "ready.json", timeout=600)
+        ready.write_text(json.dumps({"t0": t0, "host": coordinator_host(host0), "join_token": token,
+                                     "store_port": up["store_port"], "control_port": up["control_port"]}))
+    ready = _wait_for(sync / "ready.json", timeout=600, failed=sync / "failed.txt")
+    store_port, control_port = ready["store_port"], ready["control_port"]
     members = _members(spec, system, out, restart)
     if rank not in members:  # a replica lost earlier in a survivors-mode run: its slot stays empty
         (sync / f"done-{rank}").write_text("0")
@@ -222,11 +225,14 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(restart))
     code = 0
     if rank in members:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
-            env=worker_env,
-        )
-        code = worker.wait()
+        if system.on_slurm == "agents":  # this task is a node: its torchrun agent, which starts the worker
+            code = _run_agent(spec, root, out, config_path, rank, f"recover-{job_id}-{restart}", worker_env)
+        else:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
+                env=worker_env,
+            )
+            code = worker.wait()
         (sync / f"done-{rank}").write_text(str(code))
     if rank != 0:
         return {"rank": rank, "returncode": code}
@@ -238,7 +244,7 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         failed = {k: c for k, c in done.items() if c != 0}
         if system.fail_fast and failed:
             break
-        if system.coordinator_mode == "store" and len(done) >= spec.replicas:
+        if system.coordinator_mode != "recover" and len(done) >= spec.replicas:  # a store, a lighthouse
             break
         time.sleep(0.5)
     if coordinator.poll() is None:
@@ -255,12 +261,47 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         _requeue(out, restart, done, members, ready["t0"], settings.restart_mode)  # does not return: Slurm ends and restarts the job
     (out / PLAN_INPUT).unlink(missing_ok=True)  # the run saved its own copy, fault_plan.json
     committed = len(read_metrics(out / "metrics.jsonl"))
-    ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode == "store")
+    ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode != "recover")
     extra = {"restarts": restart} if system.on_slurm == "requeue" else {}
+    elastic = out / "baseline" / "elastic.json"  # the agents' restarts, numbered by the workers' rank 0
+    if system.on_slurm == "agents" and elastic.exists():
+        extra["restarts"] = json.loads(elastic.read_text())["generation"]
     summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,
                             reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id,
                             **extra)
     return {"rank": 0, "returncode": code, "status": summary["status"]}
+
+
+def _run_agent(spec: RunSpec, root: str, out: Path, config_path: Path, rank: int, run_id: str,
+               env: dict[str, str]) -> int:
+    """elastic: this task's `torchrun` agent (one per node, c10d rendezvous on task 0's store, which
+    no agent hosts), as the local supervisor starts it; a replica_loss of this node's worker takes
+    the agent too (baselines.elastic.LostNodes), as losing a node would. Returns the agent's exit."""
+    from recover.baselines.elastic import LostNodes, torchrun_argv
+
+    args = torchrun_argv(spec.train_config(root), spec.settings_obj(), config_path, run_id)
+    # torchrun_argv advertises 127.0.0.1 (its agents share a machine): here each agent is on its node
+    node = coordinator_host(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
+    args[args.index("--local-addr") + 1] = node
+    agent = subprocess.Popen([sys.executable, "-m", "recover.baselines.elastic_agent", *args],
+                             env={**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"})
+    lost = LostNodes(out)
+    lost.on_start({rank: [agent.pid]}, 0.0)
+    while agent.poll() is None:
+        lost.on_tick(0.0)
+        time.sleep(0.2)
+    return agent.returncode
+
+
+def _coordinator_argv(spec: RunSpec, system: Any, config_path: Path) -> list[str]:
+    """Task 0's coordinator process: torchft's lighthouse for torchft, else recover's coordinator."""
+    if system.coordinator_mode == "torchft-lighthouse":  # it binds a port of its own and says which
+        s = spec.settings_obj()
+        return [sys.executable, "-m", "recover.baselines.torchft_lighthouse", "--host", "0.0.0.0",
+                "--min-replicas", str(s.torchft_min_replicas), "--join-timeout-ms", str(s.torchft_join_timeout_ms),
+                "--heartbeat-timeout-ms", str(s.torchft_heartbeat_timeout_ms)]
+    return [sys.executable, "-m", "recover.core.coordinator", "--config", str(config_path),
+            "--mode", system.coordinator_mode, "--host", "0.0.0.0", "--store-port", "0", "--control-port", "0"]
 
 
 def _first_start(spec: RunSpec, root: str, out: Path, config_path: Path) -> None:
@@ -269,6 +310,7 @@ def _first_start(spec: RunSpec, root: str, out: Path, config_path: Path) -> None
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "baseline", ignore_errors=True)  # never resume another run's checkpoints
+    (out / "baseline").mkdir()
     (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
     spec.write_plan(root)
     cfg = spec.train_config(root)

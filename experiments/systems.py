@@ -36,8 +36,10 @@ class System:
     settings: type | None = None  # dataclass of the system's own settings: CLI flags, config.json "baseline"
     layout: tuple[str, ...] = ()  # ReplicaLayout dimensions it runs above 1 (() = replicas of one rank only)
     # How `--executor slurm` runs it (experiments/launch_submitit.py): "tasks", one task per rank
-    # in one job; "requeue", the same, and a failure requeues the job, which resumes from its
-    # last complete checkpoint; "" not launched on Slurm yet (its supervisor starts local processes).
+    # in one job, task 0 hosting the coordinator (recover's, a bare store, or torchft's lighthouse);
+    # "requeue", the same, and a failure requeues the job, which resumes from its last complete
+    # checkpoint; "agents", one torchrun agent per task (a node) around task 0's store (elastic);
+    # "" not launched on Slurm yet (its supervisor starts local processes).
     on_slurm: str = "tasks"
 
     def load_supervisor(self) -> Callable | None:
@@ -62,11 +64,11 @@ SYSTEMS: dict[str, System] = {
         System("torchft", "recover.baselines.torchft_worker", "torchft-lighthouse", False,
                "torchft (shrink in place): lighthouse quorums, Manager.allreduce; a failed step is discarded "
                "and the global batch shrinks while replicas are missing",
-               supervisor="recover.baselines.torchft_run:supervise", settings=BaselineConfig, on_slurm=""),
+               supervisor="recover.baselines.torchft_run:supervise", settings=BaselineConfig),
         System("elastic", "recover.baselines.elastic_worker", "store", False,
                "elastic restart with TorchElastic (torchrun agents, c10d rendezvous, MIN:R nodes): a fault "
                "restarts every worker from the last checkpoint with the nodes left",
-               supervisor="recover.baselines.elastic:supervise", settings=BaselineConfig, on_slurm=""),
+               supervisor="recover.baselines.elastic:supervise", settings=BaselineConfig, on_slurm="agents"),
     ]
 }
 
