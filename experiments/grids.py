@@ -272,6 +272,8 @@ def trajectory(seeds: list[int], scale: Scale) -> list[RunSpec]:
         return dataclasses.replace(p, description="lose half of the replicas, spread over the run")
 
     runs = _comparison("trajectory", seeds, scale, steps, plan)
+    if scale.layout().ranks > 1:
+        return runs  # --exact runs replicas of one rank only (TrainConfig refuses more)
     # Bit-identical mode (--exact, core/exact.py): recover against a failure-free reference that runs
     # exact too; the same microbatch ids, reduced order-independently, give |loss difference| = 0.
     exact = {"exact": True}
@@ -279,8 +281,7 @@ def trajectory(seeds: list[int], scale: Scale) -> list[RunSpec]:
     rec_v = SystemVariant(variant_label("recover", exact), "recover")
     for seed in seeds:
         ref = f"{ref_v.label}_s{seed}"
-        runs.append(_spec("trajectory", ref, ref_v, seed, scale.replicas, steps, scale, None, "",
-                          shard=reference_shard(scale), overrides=exact))
+        runs.append(_spec("trajectory", ref, ref_v, seed, scale.replicas, steps, scale, None, "", overrides=exact))
         runs.append(_spec("trajectory", f"{rec_v.label}_s{seed}", rec_v, seed, scale.replicas, steps, scale,
                           plan(seed), ref, overrides=exact))
     return runs
