@@ -239,7 +239,8 @@ def print_table(s: dict) -> None:
     def row(name: str, d: dict, unit: str = "s") -> str:
         return f"  {name:<28} p50 {d['p50']:8.3f}{unit}  p95 {d['p95']:8.3f}{unit}  (n={d['n']})"
 
-    layout = f" of {s['shard']} ranks" if s.get("shard", 1) > 1 else ""
+    lay = ReplicaLayout.from_dict(s)  # a summary written before tp and pp holds shard only
+    layout = f" of {lay.ranks} ranks ({lay.describe()})" if lay.ranks > 1 else ""
     print(f"{s['system']}: {s['kills']} kills over {s['runs']} runs, {s['replicas']} replicas{layout}, "
           f"M={s['microbatches']}")
     print(row("recovery overhead", s["recovery_overhead_s"]))
