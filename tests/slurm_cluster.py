@@ -196,7 +196,7 @@ class SlurmCluster:
         dbd.write_text("\n".join([
             "AuthType=auth/munge", f"AuthInfo={munge}", "DbdHost=localhost", "DbdAddr=127.0.0.1",
             f"DbdPort={self.dbd_port}", "SlurmUser=root", "StorageType=accounting_storage/mysql",
-            "StorageHost=localhost", "StorageUser=root", f"StorageLoc=slurm_acct_db",
+            "StorageHost=localhost", "StorageUser=root", "StorageLoc=slurm_acct_db",
             f"PidFile={self.path('run', 'slurmdbd.pid')}", f"LogFile={self.log('slurmdbd-own')}",
             "DebugLevel=info",
         ]) + "\n")
@@ -243,6 +243,11 @@ class SlurmCluster:
     def job_state(self, job: str) -> str:
         """The job's state by squeue (PENDING, RUNNING, ...; '' once it left the queue)."""
         return self._run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+
+    def job_states(self, job: str) -> list[str]:
+        """Every state sacct recorded for the job's allocation, oldest first (RESIZING when it lost a node)."""
+        p = self._run("sacct", "-n", "-X", "-P", "-j", job, "-o", "State")
+        return [line.split(" ")[0] for line in p.stdout.split("\n") if line.strip()]
 
     def restarts(self, job: str) -> int:
         """How many times Slurm requeued the job (scontrol's Restarts=N; -1 once it left slurmctld's memory)."""
