@@ -175,14 +175,14 @@ def test_slurm_paper_scale_sbatch_content(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = record.read_text()
     scripts = [s for s in text.split("=====") if s.strip()]
-    # failure-free, recover, torchft and both elastic variants share one shape: one array; ckpt-restart,
-    # the same shape
-    # but requeued on failure, is an array of its own
+    # failure-free, recover, torchft, both elastic variants and the two --exact runs (failure-free-exact,
+    # recover-exact) share one shape: one array; ckpt-restart, the same shape but requeued on failure,
+    # is an array of its own
     assert len(scripts) == 2
     s, ckpt = scripts
     for line in ["#SBATCH --nodes=64", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --partition=gpu", "#SBATCH --account=llm", "#SBATCH --time=600",
-                 "#SBATCH --cpus-per-task=8", "#SBATCH --job-name=recover-trajectory", "#SBATCH --array=0-4%4",  # 5 runs, at most --array-parallelism (4) at once
+                 "#SBATCH --cpus-per-task=8", "#SBATCH --job-name=recover-trajectory", "#SBATCH --array=0-6%4",  # 7 runs, at most --array-parallelism (4) at once
                  "#SBATCH --no-kill", "source /shared/venv/bin/activate"]:
         assert line in s, f"{line!r} not in\n{s}"
     assert "#SBATCH --requeue" not in s and "#SBATCH --requeue" in ckpt and "#SBATCH --nodes=64" in ckpt
