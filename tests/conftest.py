@@ -198,3 +198,40 @@ def run_ranks_around_a_store(rank_argvs, timeout: float = 240) -> None:
             if p.stdout:
                 p.stdout.close()
         del store
+
+
+def train_metrics(out: Path, *args: str, steps: int, microbatches: int, timeout: float = 300) -> list[dict]:
+    """`recover train ARGS` for `steps` steps of `microbatches`, checked to exit 0; its metrics lines."""
+    from recover.core.results import read_metrics
+
+    proc = run_recover("train", *args, "--microbatches", str(microbatches), "--steps", str(steps), "--out", str(out),
+                       "--no-progress", timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_metrics(out / "metrics.jsonl")
+
+
+def one_process_losses(model, steps: int, microbatches: int) -> list[float]:
+    """The example loops' recipe (examples/tp_loop.py, pp_loop.py: their data, AdamW, a 5-step warm-up,
+    clipping at 1.0) for `model` in one process: each step's gradient is the mean over its ids, its
+    loss their mean loss. Seed the model's construction before calling (torch.manual_seed(0))."""
+    import torch
+
+    from recover.core.data import iteration_ids
+
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 5))
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for mb in iteration_ids(step, microbatches):
+            g = torch.Generator().manual_seed(mb)
+            x = torch.randn(32, 16, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x), torch.sin(x.sum(dim=1, keepdim=True))) / microbatches
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return losses

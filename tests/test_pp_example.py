@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_recover_killing
+from conftest import one_process_losses, run_recover_killing
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, read_metrics, reported_ids
@@ -33,23 +33,7 @@ def _one_process_losses() -> list[float]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh()),
                                 torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()), torch.nn.Linear(64, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 5))
-    losses = []
-    for step in range(STEPS):
-        opt.zero_grad()
-        total = 0.0
-        for mb in iteration_ids(step, M):
-            g = torch.Generator().manual_seed(mb)
-            x = torch.randn(32, 16, generator=g)
-            loss = torch.nn.functional.mse_loss(model(x), torch.sin(x.sum(dim=1, keepdim=True))) / M
-            loss.backward()
-            total += loss.item()
-        losses.append(total)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    return losses
+    return one_process_losses(model, STEPS, M)
 
 
 @pytest.mark.procs

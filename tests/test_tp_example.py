@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_recover_killing
+from conftest import one_process_losses, run_recover_killing
 
 from recover.core.data import iteration_ids
 from recover.core.results import read_jsonl, read_metrics, reported_ids
@@ -32,23 +32,7 @@ def _one_process_losses() -> list[float]:
     gradient is the mean over its M ids, its loss their mean loss."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 5))
-    losses = []
-    for step in range(STEPS):
-        opt.zero_grad()
-        total = 0.0
-        for mb in iteration_ids(step, M):
-            g = torch.Generator().manual_seed(mb)
-            x = torch.randn(32, 16, generator=g)
-            loss = torch.nn.functional.mse_loss(model(x), torch.sin(x.sum(dim=1, keepdim=True))) / M
-            loss.backward()
-            total += loss.item()
-        losses.append(total)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    return losses
+    return one_process_losses(model, STEPS, M)
 
 
 def test_a_users_tp_loop_loses_a_rank_and_keeps_its_trajectory(tmp_path):

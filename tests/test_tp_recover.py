@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from conftest import assert_every_planned_fault_fired, load_run, run_recover
+from conftest import assert_every_planned_fault_fired, load_run, train_metrics
 
 from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, read_metrics, reported_ids
+from recover.core.results import read_jsonl, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -23,10 +23,7 @@ STEPS, M = 5, 4
 
 
 def _train(out, *args: str, timeout: float = 300):
-    proc = run_recover("train", *args, "--microbatches", str(M), "--steps", str(STEPS), "--out", str(out),
-                       "--no-progress", timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_metrics(out / "metrics.jsonl")
+    return train_metrics(out, *args, steps=STEPS, microbatches=M, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
