@@ -107,9 +107,9 @@ def microbatches_begun(out: str | os.PathLike, generation: int, from_step: int) 
     return sum(1 for g, step, _ in _worklog_lines(out) if g == generation and step >= from_step)
 
 
-def furthest_step_begun(out: str | os.PathLike) -> int:
-    """The highest step any replica of any incarnation so far began (-1 if none)."""
-    return max((step for _, step, _ in _worklog_lines(out)), default=-1)
+def furthest_step_begun(out: str | os.PathLike, generation: int | None = None) -> int:
+    """The highest step any replica began, of incarnation `generation` or of any so far (-1 if none)."""
+    return max((step for g, step, _ in _worklog_lines(out) if generation is None or g == generation), default=-1)
 
 
 def record_detection(out: str | os.PathLike, generation: int, replica: int, t0: float, how: str) -> None:

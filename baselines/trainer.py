@@ -110,7 +110,11 @@ def train(
             restart = {
                 "kind": "restart", "generation": inc.generation, **fault_notice(),
                 "started_at": inc.started_at, "from_step": start, "furthest_step": furthest,
-                "work_lost_steps": len(dropped), "work_lost_microbatches": microbatches_begun(out, inc.generation - 1, start),
+                # A step begun in the failed incarnation proves every step before it finished its
+                # all-reduce on every member: those steps were done and are redone even when rank 0
+                # was torn down before it wrote their lines (a race the recorded lines alone lose).
+                "work_lost_steps": max(len(dropped), furthest_step_begun(out, inc.generation - 1) - start),
+                "work_lost_microbatches": microbatches_begun(out, inc.generation - 1, start),
                 "members": sorted(inc.members), "world": inc.world,
             }
         plan = {"start": start}
