@@ -264,3 +264,46 @@ def test_cluster_checkpoint_cost_scales_measured_dcp_throughput(tmp_path):
     assert str(b) in c.sources["checkpoint_async_stall_seconds"]
     none = paper_512(bench=tmp_path / "empty").calibration.costs
     assert none.checkpoint_async_stall_seconds is None and none.checkpoint_save_seconds == 10.0
+
+
+def test_gpt_parameters_counts_what_the_model_holds():
+    """The simulator's parameter count (no torch) against the model torch builds, every size, with and without biases."""
+    import dataclasses
+
+    from recover.core.model import GPT
+    from recover.core.shapes import MODEL_CONFIGS
+    from recover.experiments.sim.measured import TINY_PARAMETERS, gpt_parameters
+
+    for name in ("tiny", "small", "medium"):
+        for bias in (False, True):
+            shape = dataclasses.replace(MODEL_CONFIGS[name], bias=bias)
+            built = sum(p.numel() for p in GPT(shape).parameters())
+            assert gpt_parameters(dataclasses.asdict(shape)) == built, (name, bias)
+    assert TINY_PARAMETERS == sum(p.numel() for p in GPT(MODEL_CONFIGS["tiny"]).parameters())
+
+
+def test_compare_times_a_batch_by_its_failure_free_runs_mean_and_scales_a_larger_models_checkpoints(tmp_path):
+    small = {"model": {"block_size": 128, "n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256}}
+    # two failure-free runs of one batch, before and after its faulty runs: 0.1 s and 0.3 s steps
+    write_fixture_run(tmp_path / "b" / "plain_1", "plain", [10.0 + 0.1 * i for i in range(6)], [True] * 6, extra_cfg=small)
+    write_fixture_run(tmp_path / "b" / "plain_2", "plain", [14.0 + 0.3 * i for i in range(6)], [True] * 6, extra_cfg=small)
+    plan = {"faults": [{"kind": "crash", "replica": 3, "step": 2, "phase": "backward"}]}
+    cfg = {**small, "baseline": {"ckpt_every": 2}}
+    write_fixture_run(tmp_path / "b" / "ck", "ckpt-restart", [12.0, 12.2, 22.0, 22.2, 22.4, 22.6], [True] * 6, plan,
+                      extra_cfg=cfg)
+    v = compare(find_runs(tmp_path / "b"), tmp_path / "no-bench")
+    rows = {Path(r["run"]).name: r for r in v["runs"]}
+    assert rows["plain_1"]["role"] == rows["plain_2"]["role"] == "timing reference"
+    ck = rows["ck"]
+    assert any(n.startswith("timing from mean of 2 runs") for n in ck["notes"])
+    assert any("836,736 parameters" in n for n in ck["notes"])
+    assert v["total"] == 1 and "within_tolerance_from_start" in ck
+    # the same run recorded as the tiny model: the checkpoint costs are the measured ones, smaller
+    tiny = {"baseline": {"ckpt_every": 2}}
+    write_fixture_run(tmp_path / "t" / "plain_1", "plain", [10.0 + 0.1 * i for i in range(6)], [True] * 6)
+    write_fixture_run(tmp_path / "t" / "plain_2", "plain", [14.0 + 0.3 * i for i in range(6)], [True] * 6)
+    write_fixture_run(tmp_path / "t" / "ck", "ckpt-restart", [12.0, 12.2, 22.0, 22.2, 22.4, 22.6], [True] * 6, plan,
+                      extra_cfg=tiny)
+    t = {Path(r["run"]).name: r for r in compare(find_runs(tmp_path / "t"), tmp_path / "no-bench")["runs"]}["ck"]
+    assert not any("parameters" in n for n in t["notes"])
+    assert t["sim"]["last_commit_seconds"] < ck["sim"]["last_commit_seconds"]

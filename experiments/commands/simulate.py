@@ -193,15 +193,16 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
     for row in result["runs"]:
-        e = row["error_after_first_step"]
+        e, e0 = row["error_after_first_step"], row["error_from_start"]
         verdict = ("  (timing reference)" if row["role"] != "validated" else
                    "" if row["within_tolerance"] else f"  (outside {100 * result['tolerance']:.0f}%)")
-        print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}{verdict}")
+        print(f"  {row['simulated_as']:<20} {row['run']}: error {'n/a' if e is None else f'{100 * e:+.1f}%'}"
+              f" (from the start {'n/a' if e0 is None else f'{100 * e0:+.1f}%'}){verdict}")
     for row in result.get("not_simulated", []):
         print(f"  not simulated        {row['run']}: shard {row['shard']}, {row['reason']}")
     for name, d in result["pooled_by_system"].items():
         e = d["error"]
         print(f"  pooled {name:<13} {d['runs']} runs: error {'n/a' if e is None else f'{100 * e:+.1f}%'}")
-    print(f"{result['validated']}/{result['total']} runs within {100 * result['tolerance']:.0f}% -> "
-          f"{out / 'validation.json'}")
+    print(f"{result['validated']}/{result['total']} runs within {100 * result['tolerance']:.0f}% after the first step, "
+          f"{result['validated_from_start']}/{result['total']} from the start -> {out / 'validation.json'}")
     return 0

@@ -34,8 +34,23 @@ REAL_DIR = REPO / "results" / "sim" / "real"
 """The committed real runs of this machine (the validation batches)."""
 BENCH_DIR = REPO / "results" / "bench"
 
-TINY_PARAMETERS = 119_104
-"""The tiny model's trainable parameters (core/workload.py's `tiny`; a property of the model, not a measurement)."""
+
+
+def gpt_parameters(shape: dict) -> int:
+    """Trainable parameters of the transformer of `shape` (a config.json "model" section: vocab_size,
+    block_size, n_layer, n_embd, bias): token and position embeddings, per block 12 d^2 weights and two
+    layer norms, a final layer norm; the output head shares the token embedding. A property of the
+    model, computed without torch (the simulator stays free of it)."""
+    d, layers = int(shape["n_embd"]), int(shape["n_layer"])
+    bias = bool(shape.get("bias", False))
+    # per block: attention 4 d^2 and MLP 8 d^2, two layer norms; biases: qkv 3d, proj d, fc 4d, proj d, norms 2d
+    per_block = 12 * d * d + 2 * d + (11 * d if bias else 0)
+    final_norm = d + (d if bias else 0)
+    return int(shape["vocab_size"]) * d + int(shape["block_size"]) * d + layers * per_block + final_norm
+
+
+TINY_PARAMETERS = gpt_parameters({"vocab_size": 256, "block_size": 64, "n_layer": 2, "n_embd": 64})
+"""The tiny model's trainable parameters (core/shapes.py's `tiny`: 119,104; a property of the model, not a measurement)."""
 STATE_BYTES_PER_PARAMETER = 12
 """Checkpointed state per parameter: fp32 weights and AdamW's two fp32 moments (bf16 copies are derived, not saved)."""
 TINY_STATE_BYTES = TINY_PARAMETERS * STATE_BYTES_PER_PARAMETER
