@@ -52,11 +52,11 @@ def main(results: str, experiment: str, out: str, name: str) -> list[Path]:
                             Patch(facecolor="0.4", alpha=0.45, hatch="//", label="goodput (all committed tokens)")],
                    fontsize=8)
     ff = s[s["label"] == "failure-free"][eff]
-    spread = f"; failure-free runs differ {ff.max() / ff.min():.2f}x" if len(ff) > 1 and ff.min() > 0 else ""
+    spread = f"\nfailure-free runs {ff.max() / ff.min():.2f}x apart" if len(ff) > 1 and ff.min() > 0 else ""
     axes[2].set(xlabel="", ylabel="tokens / s")
-    axes[2].set_title(f"from the first commit (mean over seeds; dots: seeds){spread}", fontsize=9)
+    axes[2].set_title(f"from the first commit (mean over seeds; dots: seeds){spread}", fontsize=10)
     axes[2].tick_params(axis="x", rotation=30)
-    fig.suptitle(f"{experiment}: successive failures at a per-GPU failure rate; x = a fault fired")
+    fig.suptitle(f"{experiment}: successive failures at a per-GPU failure rate; x = a fault fired", y=1.06)
     return save(fig, out, name)
 
 

@@ -242,21 +242,43 @@ def test_local_throughput_numbers_match_the_aggregated_summary():
     same(epr.replace(",", ""), h["elastic-keep-per-replica"]["goodput_tokens_per_s"])
 
 
-def test_validation_table_matches_validation_json():
-    """Each system's row: errors after the first step (runs A, B, pooled) and from the start (A, B)."""
-    v = json.loads((SIM / "validation.json").read_text())
+def _validation_table(caption: str, path: Path, plans: tuple[str, str]) -> dict:
+    """The table whose header names `caption`: each system's errors after the first step (two runs,
+    pooled) and from the start (two runs), against the validation.json at `path`."""
+    v = json.loads(path.read_text())
     runs = {(r["simulated_as"], r["run"].rsplit("_plan_", 1)[-1]): r for r in v["runs"] if r["role"] == "validated"}
+    at = README.index(f"| system ({caption}) |")
+    table = README[at:README.index("\n\n", at)]
     pct = r"([+-][\d.]+)%"
+    a_, b_ = plans
     for system in ("recover", "ckpt-restart", "elastic-keep-global", "torchft"):
-        a, b, pooled, a0, b0 = found(rf"\| {system} \| {pct} \| {pct} \| {pct} \| {pct} \| {pct} \|")
-        same(a, 100 * runs[(system, "a")]["error_after_first_step"])
-        same(b, 100 * runs[(system, "b")]["error_after_first_step"])
+        m = re.search(rf"\| {system} \| {pct} \| {pct} \| {pct} \| {pct} \| {pct} \|", table)
+        assert m, f"the {caption} validation table lost {system}"
+        a, b, pooled, a0, b0 = m.groups()
+        same(a, 100 * runs[(system, a_)]["error_after_first_step"])
+        same(b, 100 * runs[(system, b_)]["error_after_first_step"])
         same(pooled, 100 * v["pooled_by_system"][system]["error"])
-        same(a0, 100 * runs[(system, "a")]["error_from_start"])
-        same(b0, 100 * runs[(system, "b")]["error_from_start"])
-    outside = sum(abs(r["error_from_start"]) > v["tolerance"] for r in runs.values())
-    (n,) = found(r"From the start \(launch included\) (\d+) of 8 runs are outside 10%")
-    assert int(n) == outside and len(runs) == 8
+        same(a0, 100 * runs[(system, a_)]["error_from_start"])
+        same(b0, 100 * runs[(system, b_)]["error_from_start"])
+    assert len(runs) == 8
+    return v
+
+
+def test_validation_table_matches_validation_json():
+    """The tiny 20-step runs' table: each system's row, and how many runs are outside 10% from the start."""
+    v = _validation_table("tiny, 20 steps", SIM / "validation.json", ("a", "b"))
+    outside = sum(abs(r["error_from_start"]) > v["tolerance"] for r in v["runs"] if r["role"] == "validated")
+    (n,) = found(r"From the start\s+\(launch included\) (\d+) of 8 runs are outside 10%")
+    assert int(n) == outside
+
+
+def test_small_model_validation_table_matches_its_validation_json():
+    """Issue 16 item 6: the small model's 80-step runs, every system within 10% run by run after the first
+    step, and the count within 10% from the start, as the docs say."""
+    v = _validation_table("small, 80 steps", SIM / "validation-small" / "validation.json", ("c", "d"))
+    (n,) = found(r"Every run is within 10% after the first step, run by run; from the start (\d) of 8 are")
+    assert v["validated"] == v["total"] == 8
+    assert int(n) == v["validated_from_start"]
 
 
 def test_throughput_fault_steps_match_the_committed_runs():

@@ -154,8 +154,9 @@ def test_local_calibration_reads_bench_files(tmp_path):
     cal = local_calibration(b)
     assert cal.job.iteration_seconds(4) == pytest.approx(0.06)
     assert cal.costs.checkpoint_save_seconds == 0.5 and cal.sources["checkpoint_save_seconds"].startswith("hand-made")
-    # kill-to-commit 9 s minus (16/8 lost + 1 committing) iterations and the load
-    assert cal.costs.restart_seconds == pytest.approx(9.0 - 3 * 0.06 - cal.costs.checkpoint_load_seconds)
+    # kill-to-commit 9 s minus the committing iteration and the load (the 16 lost microbatches are
+    # redone after that commit, so they are not inside it)
+    assert cal.costs.restart_seconds == pytest.approx(9.0 - 0.06 - cal.costs.checkpoint_load_seconds)
     stall = cal.costs.recover_detect_seconds + cal.costs.recover_rebuild_seconds
     assert stall == pytest.approx(0.3 - _redo_mean(cal.job))
     assert "recover bench recovery --kills 20" in cal.sources["recover_rebuild_seconds"]
@@ -301,3 +302,34 @@ def test_compare_times_a_batch_by_its_failure_free_runs_mean_and_scales_a_larger
     t = {Path(r["run"]).name: r for r in compare(find_runs(tmp_path / "t"), tmp_path / "no-bench")["runs"]}["ck"]
     assert not any("parameters" in n for n in t["notes"])
     assert t["sim"]["last_commit_seconds"] < ck["sim"]["last_commit_seconds"]
+
+
+def test_fit_compute_measures_the_shared_cpu_at_each_replica_count():
+    """One replica's step gives the microbatch alone; each other count its own effective CPU slots, which
+    the job interpolates; without a 1-replica run there is nothing to fit."""
+    from recover.experiments.sim.model import JobModel
+    from recover.experiments.sim.validation import fit_compute
+
+    no_allreduce = lambda r: 0.0  # noqa: E731
+    # 8 microbatches: 0.32 s alone (0.04 each); 2 replicas at 0.2 s -> 1.6 slots; 4 at 0.25 s -> 1.28
+    t, slots = fit_compute({1: 0.32, 2: 0.2, 4: 0.25}, 8, no_allreduce)
+    assert t == pytest.approx(0.04) and slots == (pytest.approx((2, 1.6)), pytest.approx((4, 1.28)))
+    assert fit_compute({2: 0.2, 4: 0.25}, 8, no_allreduce) is None
+    job = JobModel(n_gpus=4, gpus_per_replica=1, microbatches=8, microbatch_seconds=t, grad_bytes=0.0,
+                   link_latency=0.0, cpu_slots=2, cpu_slots_at=slots)
+    # the job reproduces the measured steps, and interpolates at 3 replicas
+    assert job.iteration_seconds(1) == pytest.approx(0.32)
+    assert job.iteration_seconds(2) == pytest.approx(0.2)
+    assert job.iteration_seconds(4) == pytest.approx(0.25)
+    assert job.slots(3) == pytest.approx((1.6 + 1.28) / 2)
+
+
+def test_restart_samples_take_off_only_the_committing_step_and_the_load(tmp_path):
+    """A restart record's restart_seconds runs to the first commit after the restart (the checkpoint's next
+    step); the lost steps are redone after it, so they are not taken off."""
+    from recover.experiments.sim.realruns import restart_samples
+
+    write_fixture_run(tmp_path / "ck", "ckpt-restart", [12.0, 12.1, 12.2], [True] * 3)
+    (tmp_path / "ck" / "events.jsonl").write_text(json.dumps(
+        {"kind": "restart", "restart_seconds": 4.0, "work_lost_steps": 15}) + "\n")
+    assert restart_samples(load_run(tmp_path / "ck"), 0.2, 0.3) == [pytest.approx(3.5)]

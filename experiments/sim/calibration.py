@@ -237,16 +237,16 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
     async_stall = pick("checkpoint_async_stall_seconds")
 
     def from_kill(tag: str, key: str, default: float, default_src: str) -> float:
-        """A baseline's restart cost: the bench's kill-to-next-commit minus the redone work
-        (lost microbatches / M iterations), the committing iteration itself and the load."""
+        """A baseline's restart cost: the bench's kill-to-next-commit minus the committing iteration
+        and the load. The next commit after a restart is the checkpoint's next step, replayed
+        first: the lost work is redone after it (kill_to_progress_s), so none is inside it."""
         if key in b:
             sources[key] = b[key][1]
             return b[key][0]
         if f"{tag}_kill_to_commit" in b:
             k, ks = b[f"{tag}_kill_to_commit"]
-            lost = b[f"{tag}_lost_microbatches"][0] / b[f"{tag}_microbatches"][0]
-            sources[key] = f"derived: kill-to-next-commit minus ({lost:.2f} + 1) iterations and the load; {ks}"
-            return max(0.0, k - (lost + 1) * t_it - load)
+            sources[key] = f"derived: kill-to-next-commit minus the committing iteration and the load; {ks}"
+            return max(0.0, k - t_it - load)
         sources[key] = default_src
         return default
 

@@ -198,8 +198,8 @@ def local_measured(real: str | Path | None = None, bench: str | Path | None = No
         xs = [x for r in rs for x in restart_samples(r, folder_step[r.path.parent], load)]
         out[key] = (_median(xs, f"{system}'s restart"),
                     f"computed: median of {len(xs)} restarts of `recover train --system {system}`, events.jsonl "
-                    f"restart_seconds minus the redone steps, the committing step (its folder's failure-free step "
-                    f"time) and the load ({_rel([r.path for r in rs])})")
+                    f"restart_seconds (to the first commit after the restart) minus that committing step (its folder's "
+                    f"failure-free step time) and the load ({_rel([r.path for r in rs])})")
     ft = of("torchft")
     xs = [x for r in ft for x in torchft_samples(r)]
     out["torchft_seconds"] = (_median(xs, "torchft's recovery"),

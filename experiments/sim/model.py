@@ -32,6 +32,9 @@ Why each piece:
   parallel, so each ring carries grad_bytes / gpus_per_replica bytes.
 - cpu_slots exists only for the local validation machine, where R worker processes
   share 2 CPU cores: with more replicas than cores each microbatch takes longer.
+  cpu_slots_at replaces it with the effective slots measured at some replica counts
+  (sim/validation.py's `fit_compute`: fewer than 2, and fewer with more processes, since
+  the coordinator, heartbeats and gloo's threads share the cores too).
 """
 from __future__ import annotations
 
@@ -55,7 +58,10 @@ class JobModel:
     grad_bytes: float = _f(2.6e9, "bytes of one replica's whole gradient (all its GPUs together)")
     link_bandwidth: float = _f(25e9, "bytes/s one GPU sends on the data-parallel ring")
     link_latency: float = _f(10e-6, "seconds per ring step")
-    cpu_slots: int = _f(0, "local machine only: CPU cores the replicas share (0 = no sharing)")
+    cpu_slots: float = _f(0, "local machine only: CPU cores the replicas share (0 = no sharing; fitted, so fractional)")
+    cpu_slots_at: tuple[tuple[int, float], ...] = _f(
+        (), "local validation only: (replicas, effective CPU slots) measured at some replica counts, interpolated "
+            "linearly between them and held beyond; overrides cpu_slots")
     # Not a calibration value (the table in summary.json leaves it out): the source of
     # gpus_per_replica says the layout in words.
     layout: ReplicaLayout | None = _f(None, "the replica's rank grid, shard x tp x pp = gpus_per_replica "
@@ -97,9 +103,22 @@ class JobModel:
 
     def microbatch_time(self, r: int) -> float:
         """t_mb(r): one microbatch on one replica while r replicas run."""
-        if self.cpu_slots and r > self.cpu_slots:
-            return self.microbatch_seconds * (r / self.cpu_slots)
+        slots = self.slots(r)
+        if slots and r > slots:
+            return self.microbatch_seconds * (r / slots)
         return self.microbatch_seconds
+
+    def slots(self, r: int) -> float:
+        """The CPU slots r replicas share: cpu_slots, or cpu_slots_at interpolated at r."""
+        if not self.cpu_slots_at:
+            return self.cpu_slots
+        pts = sorted(self.cpu_slots_at)
+        if r <= pts[0][0]:
+            return pts[0][1]
+        for (ra, ca), (rb, cb) in zip(pts, pts[1:]):
+            if r <= rb:
+                return ca + (cb - ca) * (r - ra) / (rb - ra)
+        return pts[-1][1]
 
     def compute_seconds(self, m: float, r: int) -> float:
         """compute(m, r): m microbatches spread over r equal replicas."""

@@ -7,8 +7,8 @@ Contract:
 - Samples of what a run paid, as the simulator's Costs mean them (each from the run's
   own files, nothing typed in):
   `reference_timing` (a failure-free run: median step-to-step time, step 0's wall time),
-  `restart_samples` (a checkpointing baseline's restarts, events.jsonl, minus the redone
-  steps, the committing step and the load), `torchft_samples` (torchft's loss to next
+  `restart_samples` (a checkpointing baseline's restarts, events.jsonl, detected to the
+  first commit after it, minus that committing step and the load), `torchft_samples` (torchft's loss to next
   commit, its quorum_change records), `recovery_samples` (recover: fault fired ->
   detected_at -> formed_at, faults.jsonl and events.jsonl).
 Both validation.py (comparing runs with their simulation) and measured.py (the local
@@ -75,12 +75,13 @@ def reference_timing(run: RealRun) -> dict[str, tuple[float, str]]:
 
 def restart_samples(run: RealRun, iteration_seconds: float, load_seconds: float) -> list[float]:
     """Restart costs seen in a run's events.jsonl, as the simulator's restart_seconds means them:
-    the record's fault-to-next-commit minus the redone steps, the committing step and the load."""
+    the record's restart_seconds (detected -> the first commit after the restart, which is the
+    checkpoint's next step: the lost steps are redone after it) minus that committing step and
+    the load."""
     out = []
     for e in read_jsonl(run.path / "events.jsonl"):
         if e.get("kind") == "restart" and isinstance(e.get("restart_seconds"), (int, float)):
-            lost = int(e.get("lost_steps", e.get("work_lost_steps")) or 0)
-            out.append(max(0.0, e["restart_seconds"] - (lost + 1) * iteration_seconds - load_seconds))
+            out.append(max(0.0, e["restart_seconds"] - iteration_seconds - load_seconds))
     return out
 
 

@@ -109,9 +109,33 @@ def model_scaled(costs, params: int):
                    checkpoint_async_stall_seconds=costs.checkpoint_async_stall_seconds * k)
 
 
+def fit_compute(step_seconds: dict[int, float], microbatches: int,
+                allreduce) -> tuple[float, tuple[tuple[int, float], ...]] | None:
+    """(one microbatch's seconds alone, the CPU slots the replicas effectively share at each measured
+    replica count) from failure-free step times by replica count, or None without a 1-replica run
+    and another.
+
+    The model's step is ceil(M/R) x t_mb x max(1, R/c(R)) + allreduce(R). One replica shares nothing
+    and all-reduces nothing: t_mb = step(1) / M. Each other count R then gives its own
+    c(R) = ceil(M/R) x t_mb x R / (step(R) - allreduce(R)); the job interpolates between them
+    (`JobModel.cpu_slots_at`). Measured on this machine's 2 cores, c comes out below 2, and lower
+    with more processes: the coordinator, heartbeats and gloo's threads take their share too."""
+    if 1 not in step_seconds or len(step_seconds) < 2:
+        return None
+    t = step_seconds[1] / microbatches
+    slots = []
+    for r, y in sorted(step_seconds.items()):
+        if r >= 2 and y - allreduce(r) > 0:
+            slots.append((r, max(1.0, -(-microbatches // r) * t * r / (y - allreduce(r)))))
+    return (t, tuple(slots)) if slots else None
+
+
 def simulate_like(run: RealRun, bench: str | None = None,
-                  same_session: dict[str, tuple[float, str]] | None = None) -> tuple[str, dict[str, Any], list[str]]:
-    """Simulate the run's own set-up; returns (simulated system, measures, notes)."""
+                  same_session: dict[str, tuple[float, str]] | None = None,
+                  compute: dict[int, float] | None = None) -> tuple[str, dict[str, Any], list[str]]:
+    """Simulate the run's own set-up; returns (simulated system, measures, notes). `compute`: failure-free
+    step times by replica count measured in the run's batch (same M); with a 1-replica run among
+    them they replace the compute model (`fit_compute`)."""
     tr = _train(run)
     notes: list[str] = []
     real_system = str(tr["system"])
@@ -134,6 +158,12 @@ def simulate_like(run: RealRun, bench: str | None = None,
         job = replace(job, grad_bytes=(params + 1) * 4)
         notes.append(f"checkpoint costs scaled to the run's model: {params:,} parameters x "
                      f"{STATE_BYTES_PER_PARAMETER} bytes (the tiny model's {TINY_PARAMETERS:,} measured)")
+    fit = fit_compute(compute, M, job.allreduce_seconds) if compute else None
+    if fit:
+        job = replace(job, microbatch_seconds=fit[0], cpu_slots_at=fit[1])
+        notes.append(f"compute from the batch's failure-free runs of {', '.join(map(str, sorted(compute)))} "
+                     f"replicas: {fit[0] * 1e3:.1f} ms a microbatch alone, CPU slots shared "
+                     + ", ".join(f"{c:.2f} at {r}" for r, c in fit[1]))
     if tr.get("heartbeat_timeout"):
         costs = replace(costs, hang_detect_seconds=float(tr["heartbeat_timeout"]))
     sc = local(steps=steps)
@@ -207,6 +237,10 @@ def compare(paths: list[str | Path], bench: str | None = None, tolerance: float 
             timings.setdefault(shape(run), []).append(t)
             ref_paths.add(run.path)
     refs = {key: mean_timing(ts) for key, ts in timings.items()}
+    # the failure-free step time of every replica count a batch measured (for `fit_compute`)
+    steps_by_folder: dict[tuple, dict[int, float]] = {}
+    for (folder, r, m), t in refs.items():
+        steps_by_folder.setdefault((folder, m), {})[r] = t["iteration_seconds"][0]
     for i, (p, run) in enumerate(zip(paths, loaded)):
         real = measure(run)
         key = shape(run)
@@ -219,26 +253,31 @@ def compare(paths: list[str | Path], bench: str | None = None, tolerance: float 
         others = [o for j, o in enumerate(loaded) if j != i and str(_train(o).get("system")) == name
                   and o.path.parent == run.path.parent]
         load = cal.costs.checkpoint_load_seconds * run_parameters(run) / TINY_PARAMETERS
-        samples = sorted(x for o in others for x in restart_samples(o, t_it, load))
+        # The mean, not the median, of the other runs' samples: a run's time is the sum of its
+        # recoveries, so the expected one is what the simulator must charge each. torchft's are
+        # bimodal here (about 1 s by its heartbeat, or its 10 s collective timeout when a peer
+        # died with the all-reduce pending), and a median charged every loss the short one.
+        samples = [x for o in others for x in restart_samples(o, t_it, load)]
         loo_note = None
+        where = ", ".join(str(o.path) for o in others)
         if samples:
-            med = samples[len(samples) // 2]
-            src = f"median of {len(samples)} restarts in other {name} runs ({', '.join(str(o.path) for o in others)})"
-            session["elastic_restart_seconds" if name == "elastic" else "restart_seconds"] = (med, src)
-            loo_note = f"restart time {med:.2f} s: {src}"
+            mean = sum(samples) / len(samples)
+            src = f"mean of {len(samples)} restarts in other {name} runs ({where})"
+            session["elastic_restart_seconds" if name == "elastic" else "restart_seconds"] = (mean, src)
+            loo_note = f"restart time {mean:.2f} s: {src}"
         rec = [x for o in others for x in recovery_samples(o)] if name == "recover" else []
         if rec:
-            src = f"median of {len(rec)} recoveries in other recover runs ({', '.join(str(o.path) for o in others)})"
-            session["recover_detect_seconds"] = (sorted(d for d, _ in rec)[len(rec) // 2], "detection: " + src)
-            session["recover_rebuild_seconds"] = (sorted(r for _, r in rec)[len(rec) // 2], "rebuild: " + src)
+            src = f"mean of {len(rec)} recoveries in other recover runs ({where})"
+            session["recover_detect_seconds"] = (sum(d for d, _ in rec) / len(rec), "detection: " + src)
+            session["recover_rebuild_seconds"] = (sum(r for _, r in rec) / len(rec), "rebuild: " + src)
             loo_note = (f"recover detect {session['recover_detect_seconds'][0] * 1e3:.0f} ms, rebuild "
                         f"{session['recover_rebuild_seconds'][0] * 1e3:.0f} ms: {src}")
-        ft = sorted(x for o in others for x in torchft_samples(o)) if name == "torchft" else []
+        ft = [x for o in others for x in torchft_samples(o)] if name == "torchft" else []
         if ft:
-            src = f"median of {len(ft)} quorum changes in other torchft runs ({', '.join(str(o.path) for o in others)})"
-            session["torchft_recovery_seconds"] = (ft[len(ft) // 2], src)
-            loo_note = f"torchft loss-to-next-commit {ft[len(ft) // 2]:.2f} s: {src}"
-        system, sim, notes = simulate_like(run, bench, session or None)
+            src = f"mean of {len(ft)} quorum changes in other torchft runs ({where})"
+            session["torchft_recovery_seconds"] = (sum(ft) / len(ft), src)
+            loo_note = f"torchft loss-to-next-commit {sum(ft) / len(ft):.2f} s: {src}"
+        system, sim, notes = simulate_like(run, bench, session or None, steps_by_folder.get((key[0], key[2])))
         if loo_note:
             notes.append(loo_note)
         e_start, e_after = _err(sim["from_start"], real["from_start"]), _err(sim["after_first_step"], real["after_first_step"])
