@@ -335,6 +335,8 @@ def test_the_readmes_headline_table_is_the_committed_summaries():
         assert m, f"the README's headline table lost {label}'s crash recovery"
         for printed, r in zip(m.groups(), (2, 4, 8)):
             same(printed, float(rows[f"{system}_crash_r{r}_s0"]["recovery_seconds"]))
+    (p512,) = re.search(r"recover / checkpoint-restart ([\d.]+)x in trajectory-equivalent", readme).groups()
+    same(p512, summary("paper-512")["ratio_recover_over_ckpt_restart"]["effective_throughput"])
     traj = [r for r in csv.DictReader(open(ROOT / "results" / "trajectory_summary.csv")) if r["label"] == "recover"]
     (printed,) = re.search(r"largest loss difference ([\d.e-]+): summation order", readme).groups()
     # printed with two significant digits (4.8e-07)
