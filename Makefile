@@ -23,8 +23,6 @@ demo: $(STAMP)
 # about half the time (tests wait on heartbeats, deadlines and process starts), so
 # two share the machine without starving each other. Each test file stays on one
 # worker (--dist loadfile): module-scoped reference runs are made once, not per worker.
-# Files are handed out in collection order (--no-loadscope-reorder; xdist's default
-# orders them by test count), which tests/conftest.py makes longest first.
 # TEST_WORKERS=0 runs serially, in one process (for a debugger, or -x bisection).
 TEST_WORKERS ?= 2
 
@@ -45,7 +43,7 @@ slurm-packages:
 	fi
 
 test: $(STAMP) slurm-packages
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The inner loop: pure and property tests only, no process started (RECOVER_FAST=1
 # makes any unmarked test that starts one fail; see tests/conftest.py).

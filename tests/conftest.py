@@ -36,19 +36,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 # it too. A test about a real interpreter start (a kill during the import) sets spawn.
 os.environ.setdefault("RECOVER_WORKER_START", "fork")
 
-# The longest files first (longest-processing-time-first scheduling). `make test` runs two
-# xdist workers with --dist loadfile: a file runs whole on one worker, in collection order,
-# so a minutes-long file collected last (test_slurm.py sorts late) kept one worker busy
-# after the other had run out of work. Measured with --durations: the Slurm file ~2.5 min
-# of one worker (its cluster's start included), the others here 35-90 s each.
-LONGEST_FILES_FIRST = ("test_slurm.py", "test_hsdp_example.py", "test_control_plane_attack.py",
-                       "test_slow_is_not_dead.py", "test_baseline_elastic.py")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
-
 
 def as_read(msg: dict, r: int, members: list | None = None) -> dict:
     """A gen or commit message as replica r's worker reads it: its quota resolved
