@@ -51,32 +51,28 @@ def test_a_line_stays_small_however_many_ids_its_step_has():
     assert len(line) < 200 and json.loads(line)[IDS] == [[7 * M, 8 * M]]
 
 
-def _to_new_form(root: Path) -> int:
-    """Rewrite every metrics.jsonl under `root` with ranges in place of the plain ids; lines rewritten."""
+def _rewrite_ids(root: Path, to_ranges: bool) -> int:
+    """Rewrite every metrics.jsonl under `root` with its step ids in the range form (`to_ranges`) or
+    as the plain list; returns the lines rewritten."""
+    src, dst, convert = (OLD_IDS, IDS, step_id_ranges) if to_ranges else (IDS, OLD_IDS, step_ids)
     n = 0
     for p in root.rglob("metrics.jsonl"):
         lines = read_jsonl(p)
         for m in lines:
-            if OLD_IDS in m:
-                m[IDS] = step_id_ranges(m)
-                del m[OLD_IDS]
+            if src in m:
+                m[dst] = convert(m)
+                del m[src]
                 n += 1
         p.write_text("".join(json.dumps(m) + "\n" for m in lines))
     return n
+
+
+def _to_new_form(root: Path) -> int:
+    return _rewrite_ids(root, to_ranges=True)
 
 
 def _to_old_form(root: Path) -> int:
-    """The reverse: every metrics.jsonl under `root` with the plain ids in place of ranges; lines rewritten."""
-    n = 0
-    for p in root.rglob("metrics.jsonl"):
-        lines = read_jsonl(p)
-        for m in lines:
-            if IDS in m:
-                m[OLD_IDS] = step_ids(m)
-                del m[IDS]
-                n += 1
-        p.write_text("".join(json.dumps(m) + "\n" for m in lines))
-    return n
+    return _rewrite_ids(root, to_ranges=False)
 
 
 def _csv(path: Path) -> list[dict]:
