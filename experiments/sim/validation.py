@@ -21,8 +21,12 @@ Contract:
   same system in the same folder, never the run itself: a baseline's restart time from their events.jsonl
   restart records; recover's detection (fault fired -> detected_at) and rebuild
   (detected_at -> formed_at) from their faults.jsonl and events.jsonl; torchft's
-  loss-to-next-commit from their quorum_change records. Without such
+  loss-to-next-commit from their quorum_change records; each the mean of their samples (a run's
+  time is the sum of its recoveries, and torchft's are bimodal). Without such
   runs: `recover bench` results, or measured.py's (from the committed runs).
+- Compute: when a folder also holds failure-free runs of 1 replica and of more, the compute
+  model is measured at each replica count (`fit_compute`) instead of an even split of the
+  machine's 2 cores.
 - `simulate_like(run)` builds the local scenario from the run's own config.json
   (train: system, replicas, M, steps, batch and block size, its hang deadline;
   baseline: the BaselineConfig the run recorded, i.e. its checkpoint interval,
