@@ -140,6 +140,27 @@ def run_recover_killing(args: list[str], out: Path, replica: int, after_commits:
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), victim
 
 
+def run_killing_rank_1_of_replica_1(args: list[str], out: Path, steps: int, microbatches: int) -> list[dict]:
+    """The example tests of a replica of many ranks (HSDP, TP, PP): `recover ARGS...` with rank 1 of
+    replica 1 (not its leader) SIGKILLed by its PID after 4 commits, of 3 replicas. Asserts what each
+    of them claims beside its losses: the run ends well, the victim was that rank, every step is
+    committed with exactly its M ids in the leaders' ledgers, the killed rank's whole replica went
+    in one recovery. Returns the run's metrics for the loss comparison."""
+    from recover.core.data import iteration_ids
+    from recover.core.results import read_jsonl, read_metrics, reported_ids
+
+    proc, victim = run_recover_killing(args, out, replica=1, after_commits=4, rank=1, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert victim == json.loads((out / "pids.json").read_text())["replicas"]["1"][1]  # rank 1, not the leader
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert all(reported_ids(m) == iteration_ids(m["step"], microbatches) for m in metrics)  # the leaders' ledgers
+    assert metrics[-1]["members"] == [0, 2]  # the killed rank's whole replica went
+    recoveries = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
+    assert len(recoveries) == 1 and recoveries[0]["survivors"] == [0, 2]
+    return metrics
+
+
 def pid_alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
     try:

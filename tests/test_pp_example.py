@@ -6,17 +6,13 @@ failure-free trajectory). One launch. Also what `recover launch` checks of --tp/
 starts (pure)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import one_process_losses, run_recover_killing
-
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, read_metrics, reported_ids
+from conftest import one_process_losses, run_killing_rank_1_of_replica_1
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "pp_loop.py")
 STEPS, M = 30, 6  # 30 steps: the kill after 4 commits lands mid-run even on a loaded machine
@@ -40,15 +36,7 @@ def _one_process_losses() -> list[float]:
 @pytest.mark.timeout(400)
 def test_a_users_pp_loop_loses_a_stage_and_keeps_its_trajectory(tmp_path):
     out = tmp_path / "kill"
-    proc, victim = run_recover_killing(_args(out), out, replica=1, after_commits=4, rank=1, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert victim == json.loads((out / "pids.json").read_text())["replicas"]["1"][1]  # the last stage
-    metrics = read_metrics(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(STEPS))
-    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)  # the leaders' ledgers
-    assert metrics[-1]["members"] == [0, 2]  # the killed rank's whole replica went
-    recoveries = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
-    assert len(recoveries) == 1 and recoveries[0]["survivors"] == [0, 2]
+    metrics = run_killing_rank_1_of_replica_1(_args(out), out, STEPS, M)
     # before and after the kill, the losses are those of the same recipe in one process (the
     # failure-free trajectory: a failure-free run of the example matches it to 1e-7, README)
     assert [m["loss"] for m in metrics] == pytest.approx(_one_process_losses(), rel=1e-5)

@@ -4,17 +4,13 @@ every loss, before and after the kill, is the same recipe's in one process witho
 failure-free trajectory). One launch (~30 s on 2 idle cores)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import one_process_losses, run_recover_killing
-
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, read_metrics, reported_ids
+from conftest import one_process_losses, run_killing_rank_1_of_replica_1
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(400)]
 
@@ -37,15 +33,7 @@ def _one_process_losses() -> list[float]:
 
 def test_a_users_tp_loop_loses_a_rank_and_keeps_its_trajectory(tmp_path):
     out = tmp_path / "kill"
-    proc, victim = run_recover_killing(_args(out), out, replica=1, after_commits=4, rank=1, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert victim == json.loads((out / "pids.json").read_text())["replicas"]["1"][1]  # tp rank 1, not the leader
-    metrics = read_metrics(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(STEPS))
-    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)  # the leaders' ledgers
-    assert metrics[-1]["members"] == [0, 2]  # the killed rank's whole replica went
-    recoveries = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
-    assert len(recoveries) == 1 and recoveries[0]["survivors"] == [0, 2]
+    metrics = run_killing_rank_1_of_replica_1(_args(out), out, STEPS, M)
     # before and after the kill, the losses are those of the same recipe in one process (the
     # failure-free trajectory: a failure-free run of the example matches it to 1e-7, README)
     assert [m["loss"] for m in metrics] == pytest.approx(_one_process_losses(), rel=1e-5)
