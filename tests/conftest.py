@@ -161,6 +161,28 @@ def run_killing_rank_1_of_replica_1(args: list[str], out: Path, steps: int, micr
     return metrics
 
 
+def write_aggregation_run(root: Path, name: str, system: str, train_extra: dict | None = None,
+                          faults: tuple[float, ...] = ()) -> None:
+    """A 4-step, 2-replica run under root/exp/name as aggregation reads it (the layout tests): plain is
+    the failure-free reference "ff", any other system names it; replica 1 leaves after step 1, and each
+    wall time in `faults` is a replica_loss recorded in faults.jsonl. `train_extra` adds config.json
+    train fields (a layout: shard, tp, pp; runs written before the layout have none)."""
+    d = root / "exp" / name
+    d.mkdir(parents=True)
+    train = {"system": system, "seed": 0, "replicas": 2, "steps": 4, **(train_extra or {})}
+    (d / "config.json").write_text(json.dumps({"train": train}))
+    (d / "spec.json").write_text(json.dumps({"label": "failure-free" if system == "plain" else system,
+                                             "reference": "" if system == "plain" else "ff"}))
+    with open(d / "metrics.jsonl", "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"step": i, "loss": 5.0 - i, "tokens": 10, "microbatch_ids": [2 * i, 2 * i + 1],
+                                "generation": 0, "members": [0, 1] if i < 2 else [0], "wall_time": i + 1.0}) + "\n")
+    with open(d / "faults.jsonl", "w") as f:
+        for t in faults:
+            f.write(json.dumps({"kind": "replica_loss", "replica": 1, "step": 1, "wall_time": t}) + "\n")
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "steps": 4}))
+
+
 def pid_alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
     try:

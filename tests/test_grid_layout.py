@@ -11,10 +11,9 @@ import csv
 import json
 import random
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
-from conftest import assert_every_planned_fault_fired, run_recover
+from conftest import assert_every_planned_fault_fired, run_recover, write_aggregation_run
 
 from recover.core.config import ConfigError
 from recover.experiments import grids as E
@@ -109,28 +108,9 @@ def test_slurm_skips_replicas_of_many_ranks_with_a_reason(tmp_path):
 
 
 # ---- aggregation --------------------------------------------------------------------------
-def _run(root: Path, name: str, system: str, shard: int | None, faults: list[float] = ()) -> None:
-    d = root / "exp" / name
-    d.mkdir(parents=True)
-    train = {"system": system, "seed": 0, "replicas": 2, "steps": 4}
-    if shard is not None:  # runs written before the layout have no shard
-        train["shard"] = shard
-    (d / "config.json").write_text(json.dumps({"train": train}))
-    (d / "spec.json").write_text(json.dumps({"label": "failure-free" if system == "plain" else system,
-                                             "reference": "" if system == "plain" else "ff"}))
-    with open(d / "metrics.jsonl", "w") as f:
-        for i in range(4):
-            f.write(json.dumps({"step": i, "loss": 5.0 - i, "tokens": 10, "microbatch_ids": [2 * i, 2 * i + 1],
-                                "generation": 0, "members": [0, 1] if i < 2 else [0], "wall_time": i + 1.0}) + "\n")
-    with open(d / "faults.jsonl", "w") as f:
-        for t in faults:
-            f.write(json.dumps({"kind": "replica_loss", "replica": 1, "step": 1, "wall_time": t}) + "\n")
-    (d / "summary.json").write_text(json.dumps({"status": "ok", "steps": 4}))
-
-
 def test_runs_csvs_carry_the_layout_and_charge_every_rank(tmp_path):
-    _run(tmp_path, "ff", "plain", None)
-    _run(tmp_path, "recover", "recover", 2, faults=[1.5])
+    write_aggregation_run(tmp_path, "ff", "plain")  # written before the layout: no shard
+    write_aggregation_run(tmp_path, "recover", "recover", {"shard": 2}, faults=(1.5,))
     assert STEP_FIELDS.index("shard") == STEP_FIELDS.index("replicas") + 1
     assert SUMMARY_FIELDS.index("shard") == SUMMARY_FIELDS.index("replicas") + 1
     p_steps, p_summary, _ = aggregate(tmp_path, "exp")

@@ -12,10 +12,9 @@ from __future__ import annotations
 import csv
 import json
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
-from conftest import assert_every_planned_fault_fired, run_recover
+from conftest import assert_every_planned_fault_fired, run_recover, write_aggregation_run
 
 from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, STEP_FIELDS, SUMMARY_FIELDS, aggregate
@@ -134,27 +133,9 @@ def test_the_cli_dry_run_prints_the_layout_and_checks_flags(capsys):
 
 
 # ---- aggregation --------------------------------------------------------------------------
-def _run(root: Path, name: str, train_extra: dict, faults: list[float] = ()) -> None:
-    d = root / "exp" / name
-    d.mkdir(parents=True)
-    system = "plain" if name == "ff" else "recover"
-    train = {"system": system, "seed": 0, "replicas": 2, "steps": 4, **train_extra}
-    (d / "config.json").write_text(json.dumps({"train": train}))
-    (d / "spec.json").write_text(json.dumps({"label": "failure-free" if name == "ff" else system,
-                                             "reference": "" if name == "ff" else "ff"}))
-    with open(d / "metrics.jsonl", "w") as f:
-        for i in range(4):
-            f.write(json.dumps({"step": i, "loss": 5.0 - i, "tokens": 10, "microbatch_ids": [2 * i, 2 * i + 1],
-                                "generation": 0, "members": [0, 1] if i < 2 else [0], "wall_time": i + 1.0}) + "\n")
-    with open(d / "faults.jsonl", "w") as f:
-        for t in faults:
-            f.write(json.dumps({"kind": "replica_loss", "replica": 1, "step": 1, "wall_time": t}) + "\n")
-    (d / "summary.json").write_text(json.dumps({"status": "ok", "steps": 4}))
-
-
 def test_runs_csvs_carry_tp_and_pp_beside_shard_and_charge_every_rank(tmp_path):
-    _run(tmp_path, "ff", {})  # written before the layout: no shard, tp or pp
-    _run(tmp_path, "grid", {"shard": 1, "tp": 2, "pp": 3}, faults=[1.5])
+    write_aggregation_run(tmp_path, "ff", "plain")  # written before the layout: no shard, tp or pp
+    write_aggregation_run(tmp_path, "grid", "recover", {"shard": 1, "tp": 2, "pp": 3}, faults=(1.5,))
     for fields in (STEP_FIELDS, SUMMARY_FIELDS):
         assert fields.index("tp") == fields.index("shard") + 1 and fields.index("pp") == fields.index("tp") + 1
     p_steps, p_summary, _ = aggregate(tmp_path, "exp")
