@@ -37,6 +37,9 @@ NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
 PARTITION = "debug"
 CLUSTER = "recover"
+# sacct's states of a job that has not ended yet (its man page, JOB STATE CODES)
+ACTIVE_JOB_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "COMPLETING", "SUSPENDED",
+                               "CONFIGURING", "STAGE_OUT", "SIGNALING", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
 def why_not() -> str | None:
@@ -248,6 +251,21 @@ class SlurmCluster:
         """Every state sacct recorded for the job's allocation, oldest first (RESIZING when it lost a node)."""
         p = self._run("sacct", "-n", "-X", "-P", "-j", job, "-o", "State")
         return [line.split(" ")[0] for line in p.stdout.split("\n") if line.strip()]
+
+    def final_job_states(self, job: str, timeout_s: float = 60) -> list[str]:
+        """`job_states` once the last one is an end state; waits for it, up to `timeout_s`.
+
+        submitit calls a job done as soon as its result file is written, which is before the
+        batch script has returned and before slurmctld has told slurmdbd the job ended: for a
+        moment after, sacct still says RUNNING (seen in CI). The states are returned as they
+        stand at the timeout, so a job that never ends fails the caller's assertion, not this.
+        """
+        end = time.monotonic() + timeout_s
+        states = self.job_states(job)
+        while (not states or states[-1] in ACTIVE_JOB_STATES) and time.monotonic() < end:
+            time.sleep(0.5)
+            states = self.job_states(job)
+        return states
 
     def restarts(self, job: str) -> int:
         """How many times Slurm requeued the job (scontrol's Restarts=N; -1 once it left slurmctld's memory)."""

@@ -175,7 +175,8 @@ def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_r
     assert "recover fault 0: node_down of replica 1 at step 2" in cluster.node_reason("n2")
     # The job was not ended with its node (no NODE_FAIL): Slurm shrank it (RESIZING) and it ran to
     # its end, where sacct says FAILED only because srun reports the task the node took.
-    assert cluster.job_states(job) == ["RESIZING", "FAILED"], cluster.job_states(job)
+    states = cluster.final_job_states(job)
+    assert states == ["RESIZING", "FAILED"], states
     [fired] = assert_every_planned_fault_fired(run)
     assert fired["kind"] == "node_down" and fired["step"] == 2
     [recovery] = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "recovery"]
