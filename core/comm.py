@@ -30,6 +30,10 @@ Contract:
   with an operation in flight blocks the dropping thread until that operation's
   backend timeout (28 s of a 30 s timeout, in the middle of a recovery), so the
   training thread must never be the one that drops it.
+- The daemon threads left inside the backend (the graveyard's reaper in a destructor,
+  an abandoned rendezvous) are listed in `backend_threads`, whose atexit handler waits
+  for them, each at most its backend timeout (+5 s), before the interpreter finalizes:
+  one that took the GIL back during finalization would abort the process.
 - Each communicator rendezvous over a store client of its own, opened by the
   `open_store` it is built with and dropped with it. Why: a c10d TCPStore client
   is one socket whose requests are serialized, and a rendezvous abandoned by an
@@ -50,6 +54,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from . import backend_threads
+
 AbortCheck = Callable[[], Optional[str]]
 """Returns a reason string when the caller wants the operation abandoned, else None."""
 
@@ -57,6 +63,7 @@ OpenStore = Callable[[], dist.Store]
 """Opens a new client of the rendezvous store (one per communicator: see the contract)."""
 
 POLL_SECONDS = 0.0005
+EXIT_SLACK = 5.0  # s past a backend timeout that the interpreter's exit waits for a call it bounds
 WAIT_SLICE = timedelta(milliseconds=2)  # gloo: longest blind stretch of a wait (see `_wait_blocking`)
 
 
@@ -83,8 +90,10 @@ def _make_process_group(backend: str, store: dist.Store, rank: int, size: int, t
 class Communicator:
     """A process group for one generation's members, with deadline-bound operations."""
 
-    def __init__(self, pg, generation: int, rank: int, size: int, backend: str, store: dist.Store | None = None):
+    def __init__(self, pg, generation: int, rank: int, size: int, backend: str, store: dist.Store | None = None,
+                 timeout: float = 30.0):
         self.pg = pg
+        self.timeout = timeout  # the backend's own: no operation of it outlives this
         self.store = store  # this communicator's own store client (the backend may still use it)
         self.generation = generation
         self.rank = rank
@@ -115,11 +124,14 @@ class Communicator:
         result: dict = {}
 
         def connect() -> None:
-            try:
-                result["store"] = store = open_store()
-                result["pg"] = _make_process_group(backend, dist.PrefixStore(prefix, store), rank, size, timeout)
-            except BaseException as e:  # noqa: BLE001 - reported to the caller below
-                result["error"] = e
+            # listed while inside: an abandoned rendezvous returns up to `timeout` later,
+            # maybe as the interpreter exits (core/backend_threads.py)
+            with backend_threads.inside(f"rendezvous of {prefix}", time.monotonic() + timeout + EXIT_SLACK):
+                try:
+                    result["store"] = store = open_store()
+                    result["pg"] = _make_process_group(backend, dist.PrefixStore(prefix, store), rank, size, timeout)
+                except BaseException as e:  # noqa: BLE001 - reported to the caller below
+                    result["error"] = e
 
         t = threading.Thread(target=connect, name=f"connect-gen{generation}", daemon=True)
         t.start()
@@ -132,7 +144,7 @@ class Communicator:
                 raise CollectiveError(generation, f"rendezvous timed out after {timeout:.1f}s")
         if "error" in result:
             raise CollectiveError(generation, f"rendezvous failed: {result['error']}")
-        return cls(result["pg"], generation, rank, size, backend, result["store"])
+        return cls(result["pg"], generation, rank, size, backend, result["store"], timeout)
 
     def allreduce(
         self,
@@ -234,24 +246,33 @@ class Graveyard:
 
     A process group's destructor waits for its in-flight operations, which after
     a peer's death means waiting out the backend timeout; here that wait happens
-    off the training thread, one communicator at a time.
+    off the training thread, one communicator at a time. A communicator is listed
+    in `backend_threads` from its burial until it is destroyed, so the interpreter's
+    exit waits for its destructor instead of ending the reaper inside it.
     """
 
     def __init__(self) -> None:
-        self._queue: "queue.Queue[Communicator]" = queue.Queue()
+        self._queue: "queue.Queue[tuple[Communicator, int]]" = queue.Queue()
         self._thread: threading.Thread | None = None
 
     def bury(self, comm: "Communicator | None") -> None:
         if comm is None:
             return
-        self._queue.put(comm)
+        # Listed from now: its last operation was issued before this burial, so the backend
+        # timeout ends it, and with it the destructor's wait, within `comm.timeout` of now.
+        key = backend_threads.enter(f"destroying generation {comm.generation}'s communicator",
+                                    time.monotonic() + comm.timeout + EXIT_SLACK)
+        self._queue.put((comm, key))
         if self._thread is None:
             self._thread = threading.Thread(target=self._reap, name="comm-graveyard", daemon=True)
             self._thread.start()
 
     def _reap(self) -> None:
         while True:
-            comm = self._queue.get()
-            comm.pg = None  # the destructor (and its wait) runs here
-            comm.store = None  # then its store client's socket is closed
-            del comm
+            comm, key = self._queue.get()
+            try:
+                comm.pg = None  # the destructor (and its wait) runs here
+                comm.store = None  # then its store client's socket is closed
+                del comm
+            finally:
+                backend_threads.leave(key)

@@ -1,0 +1,57 @@
+"""A process that ends normally while its graveyard destroys a communicator (tests/test_backend_threads.py).
+
+Two gloo ranks of one generation on two threads; rank 0 issues a broadcast from rank 1,
+which never joins it, and buries its communicator with the broadcast in flight: the
+reaper's destructor waits out the 1 s backend timeout. The script then ends at once. An
+object whose `__del__` sleeps 2 s keeps the interpreter finalizing while the destructor
+returns, which is when a daemon thread taking the GIL back is ended inside C++.
+With the argument `unlisted`, backend_threads' atexit wait is unregistered first: the
+behaviour before it.
+"""
+import atexit
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from recover.core import backend_threads
+from recover.core.comm import Communicator, Graveyard
+
+TIMEOUT = 2.0  # s; the margin for the main module's end to reach finalization under load
+
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+comms: dict[int, Communicator] = {}
+
+
+def build(rank: int) -> None:
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
+    comms[rank] = Communicator.build(lambda: client, 0, rank, 2, "gloo", TIMEOUT)
+
+
+threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(30)
+assert len(comms) == 2, comms
+
+work = comms[0].pg.broadcast(torch.zeros(4), 1)  # rank 1 never joins: in flight until the timeout
+graveyard = Graveyard()
+buried_at = time.monotonic()
+graveyard.bury(comms.pop(0))
+del work
+assert backend_threads.listed(), "the buried communicator is listed"
+
+
+class FinalizesSlowly:
+    def __del__(self) -> None:
+        time.sleep(max(0.0, buried_at + TIMEOUT + 1.5 - time.monotonic()))
+
+
+slow = FinalizesSlowly()
+if sys.argv[1:] == ["unlisted"]:
+    atexit.unregister(backend_threads._wait_at_exit)
+print("main module done", flush=True)
