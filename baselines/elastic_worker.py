@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "TorchElastic worker", replica=False)  # its node is RECOVER_REPLICA
     _die_with_agent()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # `kill -USR1 <pid>` writes every thread's stack to the node's log (a hung run's tests do)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     node = int(os.environ["RECOVER_REPLICA"])
     cfg, hooks = begin(args.config, node, pin_device=False)
     settings = load_settings(args.config)

@@ -53,6 +53,36 @@ def _start(out: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _communicate(proc: subprocess.Popen, out: Path, timeout: float = 180) -> tuple[str, str]:
+    """`proc.communicate(timeout)`; a run still going then fails the test with what it was doing:
+    every worker's threads' stacks (SIGUSR1: faulthandler, in the node's log), each process's
+    kernel wait channel, and the tail of each log. (One run hung once in a full suite, its
+    logs empty and a checkpoint half written; this is what the next one will tell.)"""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pids = _run_processes(out)
+        for pid in pids:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                # a worker, not its agent (whose argv names the worker's module too; USR1 ends it)
+                if b"elastic_worker" in cmd and b"torch.distributed.run" not in cmd:
+                    os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(1.0)
+        lines = [f"the run did not end within {timeout:.0f}s; its processes:"]
+        for pid in pids:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                lines.append(f"  {pid} wchan={Path(f'/proc/{pid}/wchan').read_text()} {cmd[:300]}")
+            except OSError:
+                lines.append(f"  {pid} gone")
+        for log in sorted((out / "logs").glob("*.log")):
+            lines += [f"--- {log.name}", log.read_text(errors="replace")[-6000:]]
+        raise AssertionError("\n".join(lines)) from None
+
+
 def _kill_node_after(out: Path, proc: subprocess.Popen, steps: int, node: str) -> int:
     deadline = time.monotonic() + 150
     while len(read_metrics(out / "metrics.jsonl")) < steps:
@@ -91,7 +121,7 @@ def test_a_lost_node_reforms_the_group_with_the_survivors_and_shrinks_the_batch(
     proc = _start(out, "--replicas", "2", "--steps", "40", "--elastic-batch", "keep-per-replica")
     try:
         agent = _kill_node_after(out, proc, 3, "1")
-        stdout, stderr = proc.communicate(timeout=180)
+        stdout, stderr = _communicate(proc, out)
         assert proc.returncode == 0, stdout + stderr
         config, metrics, summary = load_run(out)
         assert config["baseline"]["elastic_batch"] == "keep-per-replica"
@@ -135,7 +165,7 @@ def test_fewer_nodes_than_the_minimum_end_the_run_with_an_error(tmp_path):
                   "--rdzv-join-timeout", "3", "--max-restarts", "1")
     try:
         _kill_node_after(out, proc, 2, "1")
-        stdout, stderr = proc.communicate(timeout=180)
+        stdout, stderr = _communicate(proc, out)
         assert proc.returncode == 1, stdout + stderr
         assert "the elastic job could not go on" in stdout
         summary = json.loads((out / "summary.json").read_text())
