@@ -43,7 +43,9 @@ def init_groups(backend: str, store, rank: int, world: int, timeout: float):
     pg_backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
     dist.init_process_group(pg_backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout))
-    return dist.new_group(backend="gloo")
+    # its own timeout: new_group does not inherit the default group's, and gloo's default is
+    # 30 minutes, which a save whose peer died would wait out
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     # lives exactly as long as this process, which the agent replaces on re-forming.
     backend = "cpu:gloo,cuda:nccl" if cfg.resolved_backend() == "nccl" else cfg.resolved_backend()
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.collective_timeout))
-    ckpt_group = dist.new_group(backend="gloo")
+    # new_group does not inherit the default group's timeout: without its own, DCP's
+    # collectives would wait out gloo's 30 minutes for a peer that died mid-save
+    ckpt_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     members: list = [None] * world
     dist.all_gather_object(members, node, group=ckpt_group)

@@ -70,6 +70,7 @@ class ParallelContext:
         self.replica = replica
         self.local_rank = local_rank
         self.backend = backend
+        self.timeout = timedelta(seconds=timeout)  # every group's: new_group does not inherit it
         dist.init_process_group(backend, store=dist.PrefixStore(f"replica{replica}/", store),
                                 rank=local_rank, world_size=args.ranks_per_replica,
                                 timeout=timedelta(seconds=timeout))
@@ -91,7 +92,7 @@ class ParallelContext:
         mine = None
         for pos in range(per_stage):
             ranks = [pos, (args.pp - 1) * per_stage + pos]
-            group = dist.new_group(ranks=ranks, backend=self.backend)
+            group = dist.new_group(ranks=ranks, backend=self.backend, timeout=self.timeout)
             if self.local_rank in ranks:
                 mine = group
         return mine
