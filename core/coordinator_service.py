@@ -436,10 +436,11 @@ class CoordinatorService:
     def _read(self, conn: _Conn) -> None:
         if conn.closed:  # dropped earlier in this select() batch: what it had is not read
             return
+        gone = "control connection closed (process gone)"
         try:
             chunk = conn.sock.recv(65536)
-        except OSError:
-            chunk = b""
+        except OSError as e:  # reset, or timed out: said as such, a closed connection is not the only way
+            chunk, gone = b"", f"control connection failed: {type(e).__name__}: {e}"
         now = self.read_at = self.now()
         if not chunk:
             reporter = conn.replica is not None and self.by_replica.get(conn.replica) is conn
@@ -450,7 +451,7 @@ class CoordinatorService:
                 if reporter:
                     self.rebuild_hellos.pop(conn.replica, None)
             elif reporter:
-                self._apply(self.proto.on_lost(conn.replica, "control connection closed (process gone)", now))
+                self._apply(self.proto.on_lost(conn.replica, gone, now))
             return
         if conn.replica is not None:
             self.max_gap = max(self.max_gap, now - conn.last_seen)
