@@ -758,6 +758,14 @@ class Replica:
                     self.control.heartbeat_interval = float(answer["heartbeat_interval"])
                 self._log(f"step {self.step}: a restarted coordinator took this replica's report")
                 return True  # the wait goes on, on the new connection
+            if answer["t"] == "startup" and self.generation < 0:
+                # Start-up is still on and this replica was in no generation: its first
+                # connection closed before the coordinator read its hello (under a flood of
+                # connections without a hello the oldest is closed, and a loaded worker's hello
+                # can come after 256 strangers'; seen in a suite). The reconnect's hello counted
+                # it in: wait on for generation 0, on the new connection.
+                self.control.put_back(answer)
+                return True
             if answer["t"] == "pending" and (self.rejoin or self.generation < 0):
                 self._readmission_pending = True
                 raise _Fenced()
