@@ -10,33 +10,18 @@ behaviour before it.
 """
 import atexit
 import sys
-import threading
 import time
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
+
+from conftest import gloo_pair  # (this script's folder is tests/, first on sys.path)
 
 from recover.core import backend_threads
-from recover.core.comm import Communicator, Graveyard
+from recover.core.comm import Graveyard
 
 TIMEOUT = 2.0  # s; the margin for the main module's end to reach finalization under load
 
-store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-comms: dict[int, Communicator] = {}
-
-
-def build(rank: int) -> None:
-    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
-    comms[rank] = Communicator.build(lambda: client, 0, rank, 2, "gloo", TIMEOUT)
-
-
-threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join(30)
-assert len(comms) == 2, comms
+store, comms = gloo_pair(TIMEOUT)  # (the store stays referenced to the end)
 
 work = comms[0].pg.broadcast(torch.zeros(4), 1)  # rank 1 never joins: in flight until the timeout
 graveyard = Graveyard()

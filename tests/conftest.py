@@ -278,3 +278,28 @@ def one_process_losses(model, steps: int, microbatches: int) -> list[float]:
         opt.step()
         sched.step()
     return losses
+
+
+def gloo_pair(timeout: float = 30.0):
+    """Two gloo `Communicator`s of one generation, built on two threads of this process around a
+    TCPStore on a free port: (the store, {rank: communicator}). The store must outlive them."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from recover.core.comm import Communicator
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    comms: dict = {}
+
+    def build(rank: int) -> None:
+        client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
+        comms[rank] = Communicator.build(lambda: client, 0, rank, 2, "gloo", timeout)
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(comms) == 2, comms
+    return store, comms

@@ -11,34 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
+
+from conftest import gloo_pair
 
 from recover.core.comm import WAIT_SLICE, CollectiveError, Communicator
 
 
-def _pair(timeout: float = 30.0):
-    """Two gloo communicators of one generation, built on two threads."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    comms: dict[int, Communicator] = {}
-
-    def build(rank: int) -> None:
-        client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
-        comms[rank] = Communicator.build(lambda: client, 0, rank, 2, "gloo", timeout)
-
-    threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert len(comms) == 2
-    return store, comms
-
-
 def test_a_peer_many_slices_late_still_gives_the_right_sum():
-    store, comms = _pair()
+    store, comms = gloo_pair()
     late = 30 * WAIT_SLICE.total_seconds()  # the early rank's wait runs through ~30 slices
     results: dict[int, torch.Tensor] = {}
 
@@ -60,7 +42,7 @@ def test_a_peer_many_slices_late_still_gives_the_right_sum():
 
 
 def test_an_abort_requested_mid_wait_ends_it():
-    store, comms = _pair()
+    store, comms = gloo_pair()
     requested = threading.Event()
     threading.Timer(0.05, requested.set).start()
     error: list[BaseException] = []
