@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import sys
 import threading
 import time
@@ -36,13 +37,13 @@ from typing import Iterator
 
 _lock = threading.Condition()
 _inside: dict[int, tuple[str, float]] = {}  # key -> (what, monotonic time the backend's timeout ends it)
-_next_key = [0]
+_keys = itertools.count(1)
 
 
 def enter(what: str, until: float) -> int:
     """List a call into the backend, doing `what`, that its timeout ends by `until`; its key."""
     with _lock:
-        key = _next_key[0] = _next_key[0] + 1
+        key = next(_keys)
         _inside[key] = (what, until)
         return key
 
@@ -84,9 +85,7 @@ def wait() -> list[str]:
 
 
 def _wait_at_exit() -> None:
-    if not listed():
-        return
-    left = wait()
+    left = wait()  # at once when nothing is listed
     if left:
         print(f"exit: still inside the collective backend past its timeout: {'; '.join(left)}",
               file=sys.stderr, flush=True)

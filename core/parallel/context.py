@@ -72,8 +72,7 @@ class ParallelContext:
         self.backend = backend
         self.timeout = timedelta(seconds=timeout)  # every group's: new_group does not inherit it
         dist.init_process_group(backend, store=dist.PrefixStore(f"replica{replica}/", store),
-                                rank=local_rank, world_size=args.ranks_per_replica,
-                                timeout=timedelta(seconds=timeout))
+                                rank=local_rank, world_size=args.ranks_per_replica, timeout=self.timeout)
         self.group = dist.group.WORLD
         self.tie_group = None
         if args.pp > 1:  # row-major: local rank = (pp_index * S + shard_index) * T + tp_index
