@@ -143,7 +143,7 @@ class TrainConfig:
         "workers reconnect and the launcher kills and restarts it (a frozen coordinator)"
     )
     reconnect_timeout: float = _f(
-        60.0, "recover: seconds a worker keeps trying to reach a restarted coordinator before it exits (code 1)"
+        60.0, "recover: seconds a worker keeps trying to reach a restarted coordinator before it exits (code 4)"
     )
     on_nonfinite: str = _f(
         "stop", "recover: a step whose loss is not finite (NaN, inf): stop the run at once, naming the step, the "

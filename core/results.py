@@ -47,6 +47,20 @@ Contract (DIR = the run's --out):
   `weights_checksum` when all of them agree (and `final_checksums` always).
 Lines are appended and flushed one at a time, so a crash loses at most the line
 being written; readers skip a torn last line.
+
+Changing this contract (a key renamed, moved or packed: the compact members line broke
+`make demo` once, because one reader still parsed raw lines), in the same change:
+1. this docstring, and docs/recipe.md's table of the files;
+2. every reader: `git grep -n '"KEY"'` and `git grep -n metrics.jsonl` over core/,
+   baselines/, experiments/, paper_figs/ and benchmarks/; a reader of metrics.jsonl goes
+   through `read_metrics` (or `parse_metrics_line` when tailing), never `read_jsonl` or
+   `json.loads` (tests/test_metrics_readers.py runs each reader over compact lines and
+   reads the source for raw readers: add a new reader there);
+3. old lines still read: committed results keep the form they were written in, so the
+   reader accepts both (as `expand_members` and `step_id_ranges` do);
+4. `make demo` runs to its verdict lines (CI checks them);
+5. `recover figs` and the aggregation over results/ give the same figures and CSVs
+   (`git diff --stat results/ paper_figs/` shows no change, or the change is explained).
 """
 from __future__ import annotations
 
@@ -120,14 +134,33 @@ def expand_members(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """metrics.jsonl's whole lines, each with `members` (and `ledgers`, `folded` where
     reported) whichever form it was written in (`expand_members`)."""
-    return [expand_members(r) for r in read_jsonl(path)]
+    return [expand_members(r) for r in _read_records(path)]
+
+
+def parse_metrics_line(line: str) -> dict[str, Any]:
+    """One metrics.jsonl line, for a reader that tails the file: as `read_metrics` gives it."""
+    return expand_members(json.loads(line))
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All whole records of a JSON-lines file ([] if it does not exist)."""
+    """All whole records of a JSON-lines file ([] if it does not exist).
+
+    Refuses metrics.jsonl (ValueError): its lines come in two forms, and a reader that
+    indexes a raw line's `members`, `ledgers` or `folded` breaks on the compact one. The
+    demo once did, and nothing caught it; `read_metrics` gives every line one shape."""
+    if Path(path).name == METRICS_FILE:
+        raise ValueError(f"{path}: read metrics lines with read_metrics (or parse_metrics_line), "
+                         "which expands their compact form")
+    return _read_records(path)
+
+
+def _read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.exists():
         return []
@@ -148,8 +181,8 @@ def truncate_metrics(out: str | os.PathLike, start: int) -> list[dict[str, Any]]
 
     They are redone from the checkpoint of step `start`. The kept lines are written
     to a new file renamed over the old, so a reader never sees a half-truncated file."""
-    path = Path(out) / "metrics.jsonl"
-    records = read_jsonl(path)
+    path = Path(out) / METRICS_FILE
+    records = _read_records(path)  # rewritten as they were written: the compact form stays compact
     keep = [r for r in records if r["step"] < start]
     dropped = [r for r in records if r["step"] >= start]
     if path.exists():  # rewritten even with nothing dropped: a torn last line goes too
@@ -211,7 +244,7 @@ def reported_ids(record: dict[str, Any]) -> list[int]:
 def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra: Any) -> dict[str, Any]:
     """Write DIR/summary.json from DIR/metrics.jsonl; returns what it wrote."""
     out = Path(out)
-    metrics = read_metrics(out / "metrics.jsonl")
+    metrics = read_metrics(out / METRICS_FILE)
     summary = {
         "status": status,
         "steps": len(metrics),

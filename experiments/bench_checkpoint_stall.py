@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from recover.core.config import TrainConfig
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 
 from .run import run_training
 
@@ -39,7 +39,7 @@ def _one_model(model: str, args: argparse.Namespace, work: Path) -> dict:
     summary = run_training(cfg)
     if summary["status"] != "ok":
         raise RuntimeError(f"{model}: the benchmark run failed: {summary['reason']}")
-    metrics = read_jsonl(Path(cfg.out) / "metrics.jsonl")
+    metrics = read_metrics(Path(cfg.out) / "metrics.jsonl")
     saves = [r for r in read_jsonl(Path(cfg.out) / "checkpoints.jsonl") if not r.get("failed")]
     wall = {m["step"]: m["wall_time"] for m in metrics}
     with_save, without = [], []

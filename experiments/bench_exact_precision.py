@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+from recover.core.results import read_metrics
+
 
 def _losses(run: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [m["loss"] for m in read_metrics(run / "metrics.jsonl")]
 
 
 def _train(out: Path, model: str, steps: int, microbatches: int, exact: bool) -> None:

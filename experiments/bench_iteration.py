@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from recover.core.results import read_metrics
+
 FOLDERS = ("core", "baselines", "fault_injection", "experiments")
 
 
@@ -48,7 +50,7 @@ def _shim(tree: Path, into: Path) -> Path:
 
 
 def _iteration_seconds(metrics: Path) -> float:
-    walls = [json.loads(line)["wall_time"] for line in metrics.read_text().splitlines() if line.strip()]
+    walls = [m["wall_time"] for m in read_metrics(metrics)]
     gaps = [b - a for a, b in zip(walls[2:], walls[3:])]
     if not gaps:
         raise RuntimeError(f"{metrics}: too few steps to time (need at least 4)")

@@ -5,9 +5,9 @@ failure-free (the plain data-parallel reference) and once with ReCoVer while two
 of the four replicas are SIGKILLed at different phases (one in the middle of the
 gradient all-reduce) - then prints both loss trajectories side by side, the
 largest difference, and how long each recovery took. Exits non-zero if either
-run failed. Results land under runs/demo/.
+run failed, or if a step of the faulty run folded other ids than the reference's. Results land under runs/demo/.
 
-Then (issue 6) it is a small trajectory experiment: every other registered system
+Then it is a small trajectory experiment: every other registered system
 (checkpoint-restart, torchft, elastic in both settings: grids.FAULTY_SYSTEMS)
 trains under the same plan, a compact side-by-side table shows each one's loss
 difference from failure-free, runs/demo.csv is aggregated, and the trajectory
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from recover.core.config import TrainConfig
-from recover.core.results import read_jsonl, reported_ids, step_id_ranges, step_ids
+from recover.core.results import read_jsonl, read_metrics, reported_ids, step_id_ranges, step_ids
 from recover.fault_injection.injector import attach_plan
 
 from .run import run_training
@@ -51,10 +51,20 @@ def main() -> int:
         print(f"demo failed: reference {ref['status']} {ref['reason']}; recover {rec['status']} {rec['reason']}")
         return 1
 
-    a = read_jsonl(Path(ref_cfg.out) / "metrics.jsonl")
-    b = read_jsonl(Path(rec_cfg.out) / "metrics.jsonl")
+    a = read_metrics(Path(ref_cfg.out) / "metrics.jsonl")
+    b = read_metrics(Path(rec_cfg.out) / "metrics.jsonl")
     events = [e for e in read_jsonl(Path(rec_cfg.out) / "events.jsonl") if e["kind"] == "recovery"]
     fired = read_jsonl(Path(rec_cfg.out) / "faults.jsonl")
+    if not print_trajectories(a, b, events, fired, common["microbatches"]):
+        return 1
+    print(f"\nresults: {ref_cfg.out}/ and {rec_cfg.out}/ (metrics.jsonl, events.jsonl, faults.jsonl, logs/)")
+    others_table(common, plan_path, a, b)
+    return 0
+
+
+def print_trajectories(a: list[dict], b: list[dict], events: list[dict], fired: list[dict], m: int) -> bool:
+    """The two runs side by side (metrics lines as `read_metrics` gives them), then each
+    recovery; False when the faulty run's steps do not match the reference's, step for step."""
     recovered_at = {e["step"]: e for e in events}
     print(f"\n{'step':>4}  {'failure-free':>12}  {'recover':>10}  {'|diff|':>9}  replicas")
     worst = 0.0
@@ -65,16 +75,14 @@ def main() -> int:
         print(f"{x['step']:>4}  {x['loss']:>12.6f}  {y['loss']:>10.6f}  {d:>9.2e}  {y['members']}{mark}")
     print(f"\nlargest relative loss difference: {worst:.2e} (floating-point summation order only)")
     # recover's side from what its members reported folding, not what was handed out
-    print("every step of the faulty run folded exactly the same 8 microbatch ids:",
-          all(step_ids(x) == reported_ids(y) for x, y in zip(a, b)))
+    same = len(a) == len(b) and all(step_ids(x) == reported_ids(y) for x, y in zip(a, b))
+    print(f"every step of the faulty run folded exactly the same {m} microbatch ids: {same}")
     for f, e in zip(fired, events):
         print(f"recovery at step {e['step']}: replica {f['replica']} killed in {f['phase']}; detected "
               f"{1e3 * (e['detected_at'] - f['wall_time']):.0f} ms after the kill; next step committed "
               f"{1e3 * e['recovery_seconds']:.0f} ms after detection; survivors {e['survivors']} "
               f"redid {len(e['redone'])} microbatches")
-    print(f"\nresults: {ref_cfg.out}/ and {rec_cfg.out}/ (metrics.jsonl, events.jsonl, faults.jsonl, logs/)")
-    others_table(common, plan_path, a, b)
-    return 0
+    return same
 
 
 def others_table(common: dict, plan_path: Path, ref: list[dict], rec: list[dict]) -> None:
@@ -94,7 +102,7 @@ def others_table(common: dict, plan_path: Path, ref: list[dict], rec: list[dict]
         summary = run_training(cfg, plan=attach_plan(cfg), settings=settings)
         if summary["status"] != "ok":
             print(f"  {v.label} {summary['status']}: {summary['reason']} (logs: {cfg.out}/logs/)")
-        cols[v.label] = {m["step"]: m for m in read_jsonl(Path(cfg.out) / "metrics.jsonl")}
+        cols[v.label] = {m["step"]: m for m in read_metrics(Path(cfg.out) / "metrics.jsonl")}
     print("\n|loss - failure-free loss| per step ('-': step not committed; '*': a different set of microbatches)")
     print(f"{'step':>4}  {'failure-free':>12}  " + "  ".join(f"{k:>{max(10, len(k))}}" for k in cols))
     for x in ref:

@@ -5,7 +5,6 @@ every system whichever process writes the metrics.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from recover.core.launcher import ProcessExit
+from recover.core.results import parse_metrics_line
 
 
 class MetricsProgress:
@@ -49,7 +49,7 @@ class MetricsProgress:
         for line in lines:
             if not line.strip():
                 continue
-            rec = json.loads(line)
+            rec = parse_metrics_line(line)
             self.last = rec
             if self.bar is not None:
                 self.bar.n = rec["step"] + 1

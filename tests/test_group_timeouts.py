@@ -11,6 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 CHECK = """
 import torch, torch.distributed as dist
 from recover.baselines.ckpt_worker import init_groups
@@ -19,6 +21,7 @@ print(group._get_backend(torch.device("cpu")).options._timeout.total_seconds())
 """
 
 
+@pytest.mark.procs
 def test_the_checkpoint_group_has_the_collective_timeout_not_gloos_default():
     p = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

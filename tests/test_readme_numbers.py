@@ -363,3 +363,11 @@ def test_recovery_bench_table_matches_the_committed_benches():
         same(p95, b["kill_to_next_commit_s"]["p95"])
         same(progress, b["kill_to_progress_s"]["p50"])
         same(lost, b["work_lost_microbatches"]["p50"])
+
+
+def test_the_headline_recovery_row_quotes_the_recovery_bench():
+    readme = (ROOT / "README.md").read_text()
+    rec, ck = re.search(r"kill → next commit p50: recover ([\d.]+) s \(\d+ kills\), checkpoint-restart ([\d.]+) s",
+                        readme).groups()
+    same(rec, _bench("recovery_recover.json")["kill_to_next_commit_s"]["p50"])
+    same(ck, _bench("recovery_ckpt-restart.json")["kill_to_next_commit_s"]["p50"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from recover.core.results import (IDS, OLD_IDS, metric_record, read_jsonl, step_id_ranges, step_ids, step_ids_are)
+from recover.core.results import (IDS, OLD_IDS, metric_record, step_id_ranges, step_ids, step_ids_are)
 from recover.experiments.aggregate import aggregate
 from recover.experiments.sim.validation import find_runs, load_run, measure
 
@@ -57,7 +57,8 @@ def _rewrite_ids(root: Path, to_ranges: bool) -> int:
     src, dst, convert = (OLD_IDS, IDS, step_id_ranges) if to_ranges else (IDS, OLD_IDS, step_ids)
     n = 0
     for p in root.rglob("metrics.jsonl"):
-        lines = read_jsonl(p)
+        # the lines as written (read_metrics would expand the compact members: a rewrite keeps them)
+        lines = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
         for m in lines:
             if src in m:
                 m[dst] = convert(m)
