@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run
-from recover.core.results import read_jsonl
+from recover.core.results import read_jsonl, read_metrics
 from slurm_cluster import NODES, SlurmCluster, why_not
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
@@ -90,7 +90,7 @@ def recover_cli(*args: str, env: dict, timeout: float = 240) -> subprocess.Compl
 
 
 def losses(run: Path) -> list[float]:
-    return [m["loss"] for m in read_jsonl(run / "metrics.jsonl")]
+    return [m["loss"] for m in read_metrics(run / "metrics.jsonl")]
 
 
 def assert_close(a: list[float], b: list[float]) -> None:
@@ -118,7 +118,7 @@ def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, 
                        "--logs", str(tmp_path / "logs"), "--folder", str(tmp_path / "submitit"), env=cluster.env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "5 ok" in proc.stdout, proc.stdout
-    reference = read_jsonl(local_runs / "trajectory" / "failure-free_s0" / "metrics.jsonl")
+    reference = read_metrics(local_runs / "trajectory" / "failure-free_s0" / "metrics.jsonl")
     for name in ("failure-free_s0", "recover_s0", "ckpt-restart_s0", "torchft_s0", "elastic-keep-global_s0"):
         run = tmp_path / "results" / "trajectory" / name
         if name == "torchft_s0":
@@ -130,7 +130,7 @@ def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, 
             # fault, from step 0, that had both replicas; every step's batch is checked against
             # the members the run reported.
             [fault] = assert_every_planned_fault_fired(run)
-            metrics = read_jsonl(run / "metrics.jsonl")
+            metrics = read_metrics(run / "metrics.jsonl")
             assert [m["step"] for m in metrics] == list(range(STEPS)), metrics
             per_replica = reference[0]["tokens"] // len(reference[0]["members"])
             assert all(m["tokens"] == per_replica * len(m["members"]) for m in metrics), metrics
