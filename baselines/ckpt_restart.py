@@ -2,12 +2,12 @@
 
 Contract:
 - `supervise` runs the job as a sequence of attempts. Each attempt is a plain
-  `core.launcher.Launcher` (a store coordinator and one `ckpt_worker` per member
+  `core.launch.launcher.Launcher` (a store coordinator and one `ckpt_worker` per member
   replica) run fail-fast: the first worker that exits non-zero ends the attempt,
   and the launcher kills every other process of it, as a cluster scheduler
   would cancel the whole job.
 - After a failed attempt the next one starts from the last *complete* DCP
-  checkpoint (a save killed midway is never loaded: `core/checkpoint.py`), either
+  checkpoint (a save killed midway is never loaded: `core/training/checkpoint.py`), either
   - with the survivors only (--restart-mode survivors): the culprit replicas are
     dropped and the others keep the global batch M by accumulating more, or
   - with a replacement (--restart-mode replace): after --replace-after seconds the
@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from recover.core.config import TrainConfig
-from recover.core.end_policy import FailFast
-from recover.core.launcher import LauncherHooks, Launcher, python_module_argv
-from recover.core.results import JsonlWriter
+from recover.core.config.train_config import TrainConfig
+from recover.core.launch.end_policy import FailFast
+from recover.core.launch.launcher import LauncherHooks, Launcher, python_module_argv
+from recover.core.storage.results import JsonlWriter
 
 from .runlog import baseline_dir, fault_notice_path
 from .settings import BaselineConfig
@@ -73,7 +73,7 @@ def supervise(
         attempt_start = time.time() - t0
         launcher = Launcher(
             out,
-            python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", "store"),
+            python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "store"),
             lambda r: python_module_argv(WORKER, "--config", str(config_path), "--replica", str(r)),
             members,
             env={**env, "RECOVER_MEMBERS": ",".join(map(str, members)), "RECOVER_ATTEMPT": str(attempt)},

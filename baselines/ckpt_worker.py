@@ -25,7 +25,7 @@ _STARTED = time.time()  # before the heavy imports: a restart's cost includes th
 
 import torch.distributed as dist  # noqa: E402
 
-from recover.core.startup import begin, connect_store, run_start_time, worker_args  # noqa: E402
+from recover.core.launch.startup import begin, connect_store, run_start_time, worker_args  # noqa: E402
 
 from .runlog import fault_notice_path  # noqa: E402
 from .settings import load_settings  # noqa: E402

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from recover.core.config import TrainConfig
-from recover.core.launcher import Launcher, LauncherHooks, python_module_argv
+from recover.core.config.train_config import TrainConfig
+from recover.core.launch.launcher import Launcher, LauncherHooks, python_module_argv
 
 from .runlog import baseline_dir
 from .settings import BaselineConfig
@@ -114,7 +114,7 @@ def supervise(
     (baseline_dir(out) / "torchrun.json").write_text(json.dumps({"torchrun_args": args}, indent=1))
     launcher = Launcher(
         out,
-        python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", "store"),
+        python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "store"),
         lambda r: python_module_argv("recover.baselines.elastic_agent", *args),
         cfg.replicas,
         env={**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"},

@@ -32,7 +32,7 @@ _STARTED = time.time()
 
 import torch.distributed as dist  # noqa: E402
 
-from recover.core.startup import begin, run_start_time, worker_args  # noqa: E402
+from recover.core.launch.startup import begin, run_start_time, worker_args  # noqa: E402
 
 from .runlog import baseline_dir, first_detection  # noqa: E402
 from .settings import load_settings  # noqa: E402

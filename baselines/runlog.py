@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl
+from recover.core.storage.results import read_jsonl
 
 
 def baseline_dir(out: str | os.PathLike) -> Path:

@@ -3,7 +3,7 @@
 Contract:
 - `BaselineConfig` holds every knob of the three baselines (checkpoint-restart,
   elastic, torchft); each field has a one-line doc that becomes its `--flag`'s help
-  (`core.config.add_dataclass_flags`). A run records the whole dataclass as the
+  (`core.config.train_config.add_dataclass_flags`). A run records the whole dataclass as the
   "baseline" section of DIR/config.json, so a result always says how its baseline
   was set up (checkpoint cadence, what a smaller group does, rendezvous timeouts).
 - `validate(cfg)` raises `ConfigError(flag, message)` for the first bad value,
@@ -19,8 +19,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from recover.core.config import ConfigError, TrainConfig, field_flag, flag_name
-from recover.core.fields import doc_field as _f
+from recover.core.config.train_config import ConfigError, TrainConfig, field_flag, flag_name
+from recover.core.config.fields import doc_field as _f
 
 RESTART_MODES = ("survivors", "replace")
 ELASTIC_BATCH = ("keep-global", "keep-per-replica")
@@ -30,7 +30,7 @@ ELASTIC_BATCH = ("keep-global", "keep-per-replica")
 class BaselineConfig:
     """Settings of the checkpoint-restart, elastic and torchft baselines."""
 
-    # Same concepts as recover's: one flag each (core.config.add_dataclass_flags `same_as`); the
+    # Same concepts as recover's: one flag each (core.config.train_config.add_dataclass_flags `same_as`); the
     # old flags --ckpt-every, --ckpt-keep and --replace-wait still parse, hidden.
     ckpt_every: int = _f(5, "checkpoint-restart/elastic: save a DCP checkpoint every K iterations",
                          same_as="checkpoint_every")

@@ -11,7 +11,7 @@ Contract:
   that moment is a culprit; a worker that merely exited with an error because a
   peer vanished under its collective is a bystander. Only if no process was
   killed or frozen is the first one to fail the culprit (it raised by itself).
-- `UntilWorkersExit` is the launcher's end-of-job policy (core/end_policy.py)
+- `UntilWorkersExit` is the launcher's end-of-job policy (core/launch/end_policy.py)
   for jobs that shrink in place (torchft, TorchElastic agents): one worker's
   failure does not end the job; the job ends when no worker is left, and
   succeeds if any of them finished cleanly.
@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from recover.core.end_policy import EndVerdict, JobView
-from recover.core.launcher import LaunchResult, ProcessExit
+from recover.core.launch.end_policy import EndVerdict, JobView
+from recover.core.launch.launcher import LaunchResult, ProcessExit
 
 
 @dataclass

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from recover.core.config import TrainConfig
-from recover.core.launcher import Launcher, LauncherHooks, python_module_argv
+from recover.core.config.train_config import TrainConfig
+from recover.core.launch.launcher import Launcher, LauncherHooks, python_module_argv
 
 from .runlog import baseline_dir
 from .settings import BaselineConfig

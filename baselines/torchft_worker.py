@@ -43,12 +43,12 @@ _STARTED = time.time()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from recover.core.data import iteration_ids  # noqa: E402
-from recover.core.fold import fold_quota  # noqa: E402
-from recover.core.policy import assign_quotas  # noqa: E402
-from recover.core.results import metric_record  # noqa: E402
-from recover.core.startup import begin, run_start_time, worker_args  # noqa: E402
-from recover.core.workload import Workload  # noqa: E402
+from recover.core.components.data import iteration_ids  # noqa: E402
+from recover.core.worker.fold import fold_quota  # noqa: E402
+from recover.core.contract.policy import assign_quotas  # noqa: E402
+from recover.core.storage.results import metric_record  # noqa: E402
+from recover.core.launch.startup import begin, run_start_time, worker_args  # noqa: E402
+from recover.core.training.workload import Workload  # noqa: E402
 
 from .runlog import append_step_once, baseline_dir, first_detection, record_detection  # noqa: E402
 from .settings import load_settings  # noqa: E402

@@ -3,13 +3,13 @@
 Contract:
 - One call of `train` is one *incarnation* of the job: a fixed group of ranks that
   resumes from the latest complete checkpoint (or step 0), trains until the last
-  step, and checkpoints every K iterations (`core/checkpoint.py`, the one
+  step, and checkpoints every K iterations (`core/training/checkpoint.py`, the one
   implementation every checkpointing system shares). Any fault ends the
   incarnation with an exception or a signal; whoever restarts the job (our
   supervisor, or TorchElastic) starts the next one.
-- The same workload as every other system: `core.workload.Workload` (model, AdamW,
+- The same workload as every other system: `core.training.workload.Workload` (model, AdamW,
   flat accumulator, fold/pack/apply), iteration t owns the global ids
-  `iteration_ids(t, M)`, split over the ranks by `core.policy.assign_quotas`, one
+  `iteration_ids(t, M)`, split over the ranks by `core.contract.policy.assign_quotas`, one
   all-reduce per iteration. With `keep_global` the group folds all M ids whatever
   its size (the failure-free gradient); otherwise a group of n ranks folds only
   the ids that n of the original R replicas would have folded (the global batch
@@ -19,7 +19,7 @@ Contract:
   On the first commit after a restart it appends the restart's record to
   events.jsonl (fault, detected_at, resumed_at, work lost); at the end it writes
   DIR/baseline/final.json with the weights' checksum and sha256 digest.
-- With `--exact` (core/exact.py) a restarted group of any size commits the same
+- With `--exact` (core/worker/exact.py) a restarted group of any size commits the same
   bits as the failure-free run (keep_global: the same M ids per step).
 """
 from __future__ import annotations
@@ -32,14 +32,14 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from recover.core.checkpoint import CheckpointDir, CheckpointSaver, TrainingState, load_checkpoint
-from recover.core.config import TrainConfig
-from recover.core.data import iteration_ids
-from recover.core.fold import fold_quota
-from recover.core.hooks import WorkerHooks
-from recover.core.policy import assign_quotas, quota_sizes
-from recover.core.results import JsonlWriter, metric_record, truncate_metrics
-from recover.core.workload import Workload
+from recover.core.training.checkpoint import CheckpointDir, CheckpointSaver, TrainingState, load_checkpoint
+from recover.core.config.train_config import TrainConfig
+from recover.core.components.data import iteration_ids
+from recover.core.worker.fold import fold_quota
+from recover.core.launch.hooks import WorkerHooks
+from recover.core.contract.policy import assign_quotas, quota_sizes
+from recover.core.storage.results import JsonlWriter, metric_record, truncate_metrics
+from recover.core.training.workload import Workload
 
 from .runlog import (
     WorkLog,
@@ -141,7 +141,7 @@ def train(
             while not handle.is_completed():
                 time.sleep(0.0005)
             handle.wait()
-            if (wide := work.wide_after(buf)) is not None:  # --exact, a spike in the step (core/exact.py)
+            if (wide := work.wide_after(buf)) is not None:  # --exact, a spike in the step (core/worker/exact.py)
                 dist.all_reduce(wide)
             hooks.at(step, "vote")
             hooks.at(step, "commit")

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import read_jsonl, read_metrics, step_id_ranges
+from recover.core.storage.results import read_jsonl, read_metrics, step_id_ranges
 from recover.fault_injection.kinds import KINDS
 
 from .labels import FAILURE_FREE, config_settings, variant_label

@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from recover.core.config import TrainConfig
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.config.train_config import TrainConfig
+from recover.core.storage.results import read_jsonl, read_metrics
 from recover.fault_injection.injector import attach_plan
 
 from .layout import ReplicaLayout

@@ -1,12 +1,12 @@
 """The coordinator benchmark (`recover bench coordinator`): the state machine's cost against R.
 
 Contract:
-- It drives the coordinator's real state machine (`core.protocol.ProtocolStateMachine`) in
+- It drives the coordinator's real state machine (`core.coordinator.protocol.ProtocolStateMachine`) in
   this process, with R replicas of `--per-replica` microbatches each (M = that * R),
   for each R of `--replicas`. No sockets, no workers: what it measures is the
   coordinator's own work per step, which every replica of a run waits on.
 - Every inbound message is made the way a worker makes it and parsed the way the
-  membership service parses it (one JSON line, `core.wire.parse_line`: orjson and
+  membership service parses it (one JSON line, `core.contract.wire.parse_line`: orjson and
   the field checks); the vote's ledger is
   the quota the replica was handed, as the worker reports it after folding all of it.
   Votes and rejoins arrive in a seeded random order.
@@ -14,19 +14,19 @@ Contract:
   * `commit_s`: one step's R votes, parse + `on_vote`, up to and including the
     commit (the last vote's call returns the commit and the next quotas), each
     line parsed and handed over at once as the service does; also split into
-    `commit_parse_s` (core.wire.parse_line of the R lines: the JSON parse and the
+    `commit_parse_s` (core.contract.wire.parse_line of the R lines: the JSON parse and the
     field checks the service makes, timed in a pass of its own)
     and `commit_machine_s` (the rest);
   * `recovery_s`: one crash mid-step (`on_lost`: the abort), then the R-1
     survivors' rejoins, parse + `on_join`, up to and including the new generation
     and its quotas; split the same way (`recovery_parse_s`, `recovery_machine_s`);
   * `*_encode_s` and `*_bytes_out`: encoding what those calls answered, every
-    message to a worker and every record, as the service does (`core.wire.dumps`, a broadcast once);
+    message to a worker and every record, as the service does (`core.contract.wire.dumps`, a broadcast once);
   * `vote_bytes` / `join_bytes`: the size of one inbound message, on the wire.
   * `machine_over_parse`: commit_machine_s / commit_parse_s, a ratio taken in the
     same run (these machines are noisy and shared: absolute times move with the
     load, ratios much less): the state machine's cost in units of parsing the votes.
-  The collector is paced as in the coordinator's process (`core.gc_pacing.take_over`:
+  The collector is paced as in the coordinator's process (`core.coordinator.gc_pacing.take_over`:
   no automatic collection, one at each settle, which comes after a round, untimed).
   `--no-gc` runs with Python's cyclic garbage collector disabled altogether, settles
   only freezing, to show what share of the cost is left to collection.
@@ -48,16 +48,16 @@ import sys
 import time
 from pathlib import Path
 
-from recover.core.gc_pacing import settle, take_over
-from recover.core.policy import quota_of
-from recover.core.protocol import ProtocolStateMachine, Out
-from recover.core.results import step_ids_are
-from recover.core.wire import dumps, parse_line
+from recover.core.coordinator.gc_pacing import settle, take_over
+from recover.core.contract.policy import quota_of
+from recover.core.coordinator.protocol import ProtocolStateMachine, Out
+from recover.core.storage.results import step_ids_are
+from recover.core.contract.wire import dumps, parse_line
 from recover.experiments.coordinator_results import write_results
 
 
 def _wire(msg: dict) -> bytes:
-    """One message as it travels: a JSON line (core.wire's codec, as core.membership sends it)."""
+    """One message as it travels: a JSON line (core.contract.wire's codec, as core.membership sends it)."""
     return dumps(msg) + b"\n"
 
 
@@ -77,8 +77,8 @@ def _encode(outs: list[Out]) -> tuple[float, int]:
 
 
 def _parse_and_feed(lines: list[tuple[int, bytes]], handler, now: float) -> tuple[list[Out], float, float]:
-    """Each replica's line parsed and checked (core.wire.parse_line) and handed to the state
-    machine at once, as the service does (core/coordinator_service.py `_read`: the vote is still in
+    """Each replica's line parsed and checked (core.contract.wire.parse_line) and handed to the state
+    machine at once, as the service does (core/coordinator/service.py `_read`: the vote is still in
     the cache when the state machine reads it): (what it answered, seconds parsing, seconds in the state machine). The
     parse is timed alone in a pass of its own over the same lines; the state machine's
     share is the interleaved total less that."""
@@ -187,7 +187,7 @@ def bench_coordinator(args: argparse.Namespace) -> int:
     if args.no_gc:
         gc.disable()
     else:
-        take_over()  # as the coordinator's process does: collections at its settles (core/gc_pacing.py)
+        take_over()  # as the coordinator's process does: collections at its settles (core/coordinator/gc_pacing.py)
     for R in args.replicas:
         M = args.per_replica * R
         t0 = time.perf_counter()
@@ -220,10 +220,10 @@ def bench_coordinator(args: argparse.Namespace) -> int:
               f" machine {row['recovery_machine_s'] * 1e3:7.2f}; + encode {row['recovery_encode_s'] * 1e3:8.2f})"
               f"  vote {row['vote_bytes']} B  [{time.perf_counter() - t0:.1f}s]", flush=True)
     result = {
-        "what": "coordinator state machine (core.protocol.ProtocolStateMachine) in process: one commit = R votes parsed "
+        "what": "coordinator state machine (core.coordinator.protocol.ProtocolStateMachine) in process: one commit = R votes parsed "
                 "from JSON + on_vote; one recovery round = on_lost + R-1 rejoins parsed + on_join; medians of "
-                "`repeats`; parse: core.wire.parse_line (orjson when installed, and the field checks); *_encode_s: core.wire.dumps of what those calls answered",
-        "gc": "off" if args.no_gc else "paced (core.gc_pacing.take_over)", "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
+                "`repeats`; parse: core.contract.wire.parse_line (orjson when installed, and the field checks); *_encode_s: core.contract.wire.dumps of what those calls answered",
+        "gc": "off" if args.no_gc else "paced (core.coordinator.gc_pacing.take_over)", "per_replica_microbatches": args.per_replica, "repeats": args.repeats, "seed": args.seed,
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
         "command": " ".join(["recover", "bench", "coordinator", *sys.argv[3:]]) if len(sys.argv) > 2 else "",
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),

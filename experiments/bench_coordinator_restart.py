@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.storage.results import read_jsonl, read_metrics
 
 SCENARIOS = {
     "replica_crash": {"kind": "crash", "replica": 1, "phase": "backward"},

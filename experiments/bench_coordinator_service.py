@@ -2,8 +2,8 @@
 membership service against N simulated replicas over loopback.
 
 Contract:
-- The coordinator is `core.coordinator_service.CoordinatorService`, the code a run's coordinator
-  process serves (core/coordinator.py), in a process of its own started from a run's
+- The coordinator is `core.coordinator.service.CoordinatorService`, the code a run's coordinator
+  process serves (core/coordinator/process.py), in a process of its own started from a run's
   config.json and environment (RECOVER_T0, RECOVER_JOIN_TOKEN). Only the c10d store
   that process also hosts is left out: it is idle between generations (communicators
   rendezvous through it only when one forms) and it is the one piece that needs
@@ -59,11 +59,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from recover.core.config import TrainConfig
-from recover.core.gc_pacing import take_over
+from recover.core.config.train_config import TrainConfig
+from recover.core.coordinator.gc_pacing import take_over
 from recover.experiments.coordinator_results import write_results
-from recover.core.heartbeat import heartbeat_plan
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.contract.heartbeat import heartbeat_plan
+from recover.core.storage.results import read_jsonl, read_metrics
 
 from .bench_replica_clients import ClientSpec
 
@@ -217,7 +217,7 @@ def bench_coordinator_service(args: argparse.Namespace) -> int:
                   f"{', '.join(f'{x:.2f}' for x in row['freeze_detect_s'])} s  [{time.perf_counter() - t:.0f}s]",
                   flush=True)
     result = {
-        "what": "core.coordinator_service.CoordinatorService in its own process against N simulated replicas "
+        "what": "core.coordinator.service.CoordinatorService in its own process against N simulated replicas "
                 "(experiments/bench_replica_clients.py) over loopback; per N one run: warm-up, a steady window "
                 "without faults, then crashes (connection closed) and freezes (silent, open)",
         "per_replica_microbatches": args.per_replica, "steady_steps": args.steady_steps, "seed": args.seed,
@@ -232,12 +232,12 @@ def bench_coordinator_service(args: argparse.Namespace) -> int:
 
 
 def serve(config: str) -> int:
-    """The coordinator process of one bench run: the membership service, as core/coordinator.py serves it."""
-    from recover.core.coordinator_service import CoordinatorService
+    """The coordinator process of one bench run: the membership service, as core/coordinator/process.py serves it."""
+    from recover.core.coordinator.service import CoordinatorService
 
     service = CoordinatorService(TrainConfig.load(config), host="127.0.0.1", port=0, stop=threading.Event())
     print(json.dumps({"port": service.port}), flush=True)
-    take_over()  # as core/coordinator.py does: this process is the coordinator (core/gc_pacing.py)
+    take_over()  # as core/coordinator/process.py does: this process is the coordinator (core/coordinator/gc_pacing.py)
     return service.serve()
 
 

@@ -1,7 +1,7 @@
 """The weights-digest benchmark (`recover bench digest`): what catching silent data corruption costs.
 
 Contract:
-- For each model it builds the real workload (`core.workload.Workload`) and, in
+- For each model it builds the real workload (`core.training.workload.Workload`) and, in
   this process, times whole iterations (fold `--microbatches` microbatches, then
   the AdamW step) and, interleaved with them, the digest a replica puts in its
   vote (`GradAccumulator.weights_fingerprint`: integer sums of every weight's
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from recover.core.config import TrainConfig
-from recover.core.workload import Workload
+from recover.core.config.train_config import TrainConfig
+from recover.core.training.workload import Workload
 
 from .bench_dtype import time_iteration
 

@@ -1,7 +1,7 @@
 """The precision benchmark (`recover bench dtype`): time per iteration, fp32 vs bf16 autocast.
 
 Contract:
-- For each model it builds the real workload (`core.workload.Workload`: the same
+- For each model it builds the real workload (`core.training.workload.Workload`: the same
   model, data, AdamW recipe and accumulator every system trains) once per dtype
   and times whole iterations in this process: fold `--microbatches` microbatches
   (forward + backward) and commit them (`apply`: divide, clip, AdamW step). No
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from recover.core.config import TrainConfig
-from recover.core.data import iteration_ids
-from recover.core.workload import Workload
+from recover.core.config.train_config import TrainConfig
+from recover.core.components.data import iteration_ids
+from recover.core.training.workload import Workload
 
 
 def time_iteration(work: Workload, step: int, microbatches: int) -> float:

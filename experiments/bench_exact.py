@@ -3,7 +3,7 @@ against exact mode (deterministic kernels + int64 fixed-point accumulation).
 
 Contract:
 - `python -m recover.experiments.bench_exact --models tiny small --out results/bench/exact_compute.json`
-  builds the real workload (`core.workload.Workload`, the model, data, AdamW recipe and
+  builds the real workload (`core.training.workload.Workload`, the model, data, AdamW recipe and
   accumulator every system trains) once per mode and times whole iterations: fold M
   microbatches (forward + backward, and in exact mode the conversion of each gradient to
   fixed point) and `apply` them (exact: convert the int64 sum back; divide, clip, AdamW). No
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from recover.core.config import TrainConfig
-from recover.core.data import iteration_ids
-from recover.core.workload import Workload
+from recover.core.config.train_config import TrainConfig
+from recover.core.components.data import iteration_ids
+from recover.core.training.workload import Workload
 
 from .bench_iteration import allreduce_bytes
 

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from recover.core.results import read_metrics
+from recover.core.storage.results import read_metrics
 
 
 def _losses(run: Path) -> list[float]:

@@ -13,7 +13,7 @@ Contract:
   with this tree's, through a folder of links that maps `recover.*` onto DIR (put
   first on PYTHONPATH), so "before" and "after" are measured in one run. Layouts
   with S > 1 run on this tree only (the baseline may predate them).
-- `--modes fp32 exact`: every configuration also runs with `--exact` (core/exact.py),
+- `--modes fp32 exact`: every configuration also runs with `--exact` (core/worker/exact.py),
   interleaved with its fp32 run; each row names its mode and its all-reduce buffer's
   bytes, and the ratios exact / fp32 (time and bytes) are added.
 - Writes OUT/iteration.json: per configuration its median seconds, the runs' own
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from recover.core.results import read_metrics
+from recover.core.storage.results import read_metrics
 
 FOLDERS = ("core", "baselines", "fault_injection", "experiments")
 
@@ -59,10 +59,10 @@ def _iteration_seconds(metrics: Path) -> float:
 
 def allreduce_bytes(model: str, mode: str) -> int:
     """Bytes of one replica's all-reduce buffer: fp32 [gradient..., loss] or, with --exact, int64
-    [gradient..., loss, wide count, bad count] (core/exact.py; a step with a spike also reduces the
+    [gradient..., loss, wide count, bad count] (core/worker/exact.py; a step with a spike also reduces the
     n wide sums). A ring all-reduce sends 2(R-1)/R of it per rank."""
-    from recover.core.shapes import model_config
-    from recover.core.model import GPT
+    from recover.core.config.shapes import model_config
+    from recover.core.components.model import GPT
     import torch
     with torch.device("meta"):
         n = sum(p.numel() for p in GPT(model_config(model)).parameters() if p.requires_grad)

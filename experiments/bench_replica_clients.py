@@ -4,7 +4,7 @@ Contract:
 - `python -m recover.experiments.bench_replica_clients SPEC OUT` opens one control
   connection per replica named in SPEC (a JSON file: see `ClientSpec`) to the
   coordinator's membership service and speaks the worker's side of the real control
-  protocol on each (core/control.py, core/replica.py, the messages of core/protocol.py):
+  protocol on each (core/worker/control.py, core/worker/replica.py, the messages of core/coordinator/protocol.py):
   a hello with the join token; a heartbeat every `heartbeat_interval` seconds (what
   ControlClient's heartbeat thread sends, skipped when another message went out
   within the interval); per step, `step_seconds` after its quota
@@ -39,8 +39,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from recover.core import idranges
-from recover.core.policy import quota_of
+from recover.core.contract import idranges
+from recover.core.contract.policy import quota_of
 
 DIGEST = "0" * 64  # every replica trains the same weights: one digest for all (checked by the coordinator)
 

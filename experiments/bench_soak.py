@@ -1,10 +1,10 @@
 """The soak benchmark (`recover bench soak`): the coordinator's state machine over a long run.
 
 Contract:
-- It drives the coordinator's real state machine (`core.protocol.ProtocolStateMachine`) in
+- It drives the coordinator's real state machine (`core.coordinator.protocol.ProtocolStateMachine`) in
   this process for `--steps` steps, R replicas (`--replicas`) of `--per-replica`
   microbatches each (M = that * R). No sockets, no workers, no clock: each worker's
-  side is played here as core/replica.py plays it (fold the quota it was dealt,
+  side is played here as core/worker/replica.py plays it (fold the quota it was dealt,
   `ready`, `vote` with its ledger; after an abort, `join` with the ledger it kept; a
   newcomer's `healed` once admitted; the first vote after an admitting generation
   carries a weights digest).
@@ -15,21 +15,21 @@ Contract:
   `--every 1000` sees 100 losses and 100 admissions: a replacement every hour of a
   run of 36 s steps.
 - It checks what it drives: every step commits once, in order, with exactly its M
-  ids (`core.results.step_ids_are` on the metrics line), every loss is followed by
+  ids (`core.storage.results.step_ids_are` on the metrics line), every loss is followed by
   an admission, and the run ends with `done`.
 - Every `--sample-every` steps it samples: steps per second over the window, the
   size of every container the state machine holds (`container_sizes`: each dict,
   list, set and array attribute of the ProtocolStateMachine and of the objects it holds, one
   level down), the process's RSS (VmRSS) and open file descriptors (/proc/self/fd),
   Python's live object count (gc.get_objects) and the size of the last metrics
-  line as the service would write it (core.wire.dumps).
+  line as the service would write it (core.contract.wire.dumps).
 - Writes OUT/soak.json (`--name`): the parameters, the samples, and a summary: the
   first and last window's steps per second, RSS and fds at the first and the last
   sample, and each container's size at the first sample, its largest and its last
   (`grown`: the containers whose last size exceeds their largest in the first half
   of the run). Nothing here is asserted on beyond the checks above: it is a
   measurement; tests/test_soak.py asserts the bound on the counts over a short run.
-- With `--launcher-starts N` it also soaks the launcher (`core.launcher.Launcher`, the
+- With `--launcher-starts N` it also soaks the launcher (`core.launch.launcher.Launcher`, the
   process that starts a replacement in a dead replica's slot): N worker processes started
   in turn through the path a replacement takes (`_start_rank`, logs appended to the slot's
   file) and reaped, the launcher's RSS and open descriptors sampled every `--sample-every`
@@ -49,11 +49,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recover.core import idranges
-from recover.core.policy import quota_of
-from recover.core.protocol import ProtocolStateMachine, Out
-from recover.core.results import step_ids_are
-from recover.core.wire import dumps
+from recover.core.contract import idranges
+from recover.core.contract.policy import quota_of
+from recover.core.coordinator.protocol import ProtocolStateMachine, Out
+from recover.core.storage.results import step_ids_are
+from recover.core.contract.wire import dumps
 
 DIGEST = "soak-weights"  # every replica holds the same weights: the digests agree
 
@@ -273,7 +273,7 @@ def run_soak(replicas: int, per_replica: int, steps: int, every: int, sample_eve
 
 def run_launcher_soak(starts: int, sample_every: int, work: Path, echo: bool = False) -> dict[str, Any]:
     """Start and reap `starts` workers through the launcher's replacement path; its RSS and fds."""
-    from recover.core.launcher import Launcher
+    from recover.core.launch.launcher import Launcher
 
     (work / "logs").mkdir(parents=True, exist_ok=True)
     launcher = Launcher(work, [sys.executable, "-c", "pass"], lambda r: [sys.executable, "-c", "pass"], 2,
@@ -305,7 +305,7 @@ def bench_soak(args: argparse.Namespace) -> int:
             result["launcher"] = run_launcher_soak(args.launcher_starts, max(1, args.sample_every // 100),
                                                    Path(work), echo=True)
     result.update(
-        what="coordinator state machine (core.protocol.ProtocolStateMachine) in process for a long run: a member lost "
+        what="coordinator state machine (core.coordinator.protocol.ProtocolStateMachine) in process for a long run: a member lost "
              "mid-step and a newcomer admitted every `every` steps; steps/s per sample window, the state "
              "machine's container sizes, the process's RSS and open fds, Python's live objects",
         machine={"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},

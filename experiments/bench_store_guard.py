@@ -2,7 +2,7 @@
 
 Contract:
 - For each N in `--clients`, N store clients in one child process (one thread each, each keyed by
-  the run's token as a worker's is: `core.startup.keyed_store`) run a rendezvous's store traffic:
+  the run's token as a worker's is: `core.launch.startup.keyed_store`) run a rendezvous's store traffic:
   each sets its own address key, then reads every client's (N sets and N^2 gets, the pattern of a
   full-mesh group's address exchange). Timed from the moment all N are connected to the last read,
   once straight to the store and once through a `StoreGuard` in front of it (the coordinator's
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from recover.core.store_guard import StoreGuard, host_local_store, store_namespace
+from recover.core.contract.store_guard import StoreGuard, host_local_store, store_namespace
 
 TOKEN = "bench-token"
 
@@ -31,7 +31,7 @@ CLIENTS = r"""
 import sys, threading, time
 from datetime import timedelta
 import torch.distributed as dist
-from recover.core.startup import keyed_store
+from recover.core.launch.startup import keyed_store
 port, n, token = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 clients = [keyed_store(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300)), token)
            for _ in range(n)]

@@ -2,11 +2,11 @@
 
 Contract:
 - Two processes (a donor and a newcomer) on this machine, one gloo
-  `core.comm.Communicator` between them over a TCPStore, as a run's heal group.
+  `core.worker.comm.Communicator` between them over a TCPStore, as a run's heal group.
   For each model the donor builds the real workload and takes one AdamW step (so
   the optimizer holds its moments, as a live member's does); the newcomer builds
   a fresh one. Then, `--repeats` rounds after an untimed warm-up, interleaved in
-  the same processes: `core.state_transfer.transfer_state` (the whole call as the
+  the same processes: `core.worker.state_transfer.transfer_state` (the whole call as the
   newcomer sees it: header, flat buffer, loading the optimizer, the fingerprint
   check), and a plain `broadcast` of one fp32 tensor of the same byte count.
 - The figure is the throughput ratio, plain broadcast time / transfer time, of
@@ -40,10 +40,10 @@ def _side(rank: int, port: int, models: list[str], repeats: int, threads: int, b
     import torch
     import torch.distributed as dist
 
-    from recover.core.comm import Communicator
-    from recover.core.config import TrainConfig
-    from recover.core.state_transfer import transfer_state
-    from recover.core.workload import Workload
+    from recover.core.worker.comm import Communicator
+    from recover.core.config.train_config import TrainConfig
+    from recover.core.worker.state_transfer import transfer_state
+    from recover.core.training.workload import Workload
 
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, world_size=2, is_master=rank == 0, timeout=timedelta(seconds=120))

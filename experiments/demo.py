@@ -20,8 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from recover.core.config import TrainConfig
-from recover.core.results import read_jsonl, read_metrics, reported_ids, step_id_ranges, step_ids
+from recover.core.config.train_config import TrainConfig
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids, step_id_ranges, step_ids
 from recover.fault_injection.injector import attach_plan
 
 from .run import run_training

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from recover.core.config import ConfigError, TrainConfig
+from recover.core.config.train_config import ConfigError, TrainConfig
 from recover.fault_injection.generate import sample_plan
 from recover.fault_injection.plan import FaultPlan, PlanError, validate_plan
 
@@ -57,7 +57,7 @@ class Scale:
     """The size of an experiment: model, replicas, steps, and the cluster shape it needs."""
 
     name: str  # preset name (--scale)
-    model: str  # core.model.MODEL_CONFIGS key
+    model: str  # core.components.model.MODEL_CONFIGS key
     replicas: int  # data-parallel replicas R of trajectory/throughput runs (shard x tp x pp ranks, one GPU each)
     microbatches: int  # microbatches M per iteration (the global batch)
     steps: int  # iterations of trajectory runs
@@ -109,7 +109,7 @@ class RunSpec:
     seed: int  # seed of weights, data order and the fault plan
     replicas: int  # data-parallel replicas R
     steps: int  # iterations
-    model: str  # core.model.MODEL_CONFIGS key
+    model: str  # core.components.model.MODEL_CONFIGS key
     microbatches: int  # microbatches M per iteration
     overrides: dict[str, Any] = field(default_factory=dict)  # further TrainConfig fields
     settings: dict[str, Any] = field(default_factory=dict)  # the system's own settings (BaselineConfig fields)
@@ -274,7 +274,7 @@ def trajectory(seeds: list[int], scale: Scale) -> list[RunSpec]:
     runs = _comparison("trajectory", seeds, scale, steps, plan)
     if scale.layout().ranks > 1:
         return runs  # --exact runs replicas of one rank only (TrainConfig refuses more)
-    # Bit-identical mode (--exact, core/exact.py): recover against a failure-free reference that runs
+    # Bit-identical mode (--exact, core/worker/exact.py): recover against a failure-free reference that runs
     # exact too; the same microbatch ids, reduced order-independently, give |loss difference| = 0.
     exact = {"exact": True}
     ref_v = SystemVariant(variant_label("plain", exact), "plain")

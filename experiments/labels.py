@@ -51,7 +51,7 @@ VARIANT_SETTINGS: tuple[VariantSetting, ...] = (
     # recover's hang detection (TrainConfig's heartbeat timeout): the recovery grid also runs it at
     # the baselines' collective timeout, so that every system gets one hang-detection bound.
     VariantSetting("recover", "heartbeat_timeout", 3.0, lambda v: f"hb{v:g}s", section="train"),
-    # Bit-identical mode (TrainConfig.exact, core/exact.py): the trajectory grid runs recover and its
+    # Bit-identical mode (TrainConfig.exact, core/worker/exact.py): the trajectory grid runs recover and its
     # failure-free reference with it too, where |loss - failure-free loss| is 0 at every step.
     VariantSetting("recover", "exact", False, lambda v: "exact", section="train"),
     VariantSetting("plain", "exact", False, lambda v: "exact", section="train"),

@@ -16,7 +16,7 @@ Contract:
   set of #SBATCH lines. Jobs are submitted with `--no-kill` (sbatch and srun both:
   srun's own default ends the whole step when one node fails), so a node that fails
   takes only its own tasks and the job runs on (`SlurmOptions.no_kill`). Task 0
-  writes config.json and starts the coordinator (`python -m recover.core.coordinator
+  writes config.json and starts the coordinator (`python -m recover.core.coordinator.process
   --host 0.0.0.0` on ports the OS picks, or torchft's lighthouse for torchft) and
   publishes its address in the job's sync directory: the job's first node name when
   it resolves (else task 0's own hostname) and the ports the coordinator's first line
@@ -66,8 +66,8 @@ from pathlib import Path
 from typing import Any
 
 from recover.baselines.runlog import fault_notice_path
-from recover.core.results import read_metrics, write_summary
-from recover.core.startup import JOIN_TOKEN_ENV, new_join_token
+from recover.core.storage.results import read_metrics, write_summary
+from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
 
 from .grids import PLAN_INPUT, Grid, RunSpec
@@ -300,7 +300,7 @@ def _coordinator_argv(spec: RunSpec, system: Any, config_path: Path) -> list[str
         return [sys.executable, "-m", "recover.baselines.torchft_lighthouse", "--host", "0.0.0.0",
                 "--min-replicas", str(s.torchft_min_replicas), "--join-timeout-ms", str(s.torchft_join_timeout_ms),
                 "--heartbeat-timeout-ms", str(s.torchft_heartbeat_timeout_ms)]
-    return [sys.executable, "-m", "recover.core.coordinator", "--config", str(config_path),
+    return [sys.executable, "-m", "recover.core.coordinator.process", "--config", str(config_path),
             "--mode", system.coordinator_mode, "--host", "0.0.0.0", "--store-port", "0", "--control-port", "0"]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from recover.core.fields import doc_field as _f
+from recover.core.config.fields import doc_field as _f
 
 DIMENSIONS = ("shard", "tp", "pp")
 _WORDS = {"shard": "shard", "tp": "TP", "pp": "PP"}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from recover.core.launcher import ProcessExit
-from recover.core.results import parse_metrics_line
+from recover.core.launch.launcher import ProcessExit
+from recover.core.storage.results import parse_metrics_line
 
 
 class MetricsProgress:

@@ -37,12 +37,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from recover.core.checkpoint_dir import CheckpointDir
-from recover.core.config import TrainConfig
-from recover.core.end_policy import CoordinatorEnds, FailFast
-from recover.core.launcher import Launcher, python_module_argv
-from recover.core.results import JsonlWriter, read_finals, read_jsonl, read_metrics, truncate_metrics, write_summary
-from recover.core.worker_exit import EXIT_CHECKPOINTS_FAILED
+from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.config.train_config import TrainConfig
+from recover.core.launch.end_policy import CoordinatorEnds, FailFast
+from recover.core.launch.launcher import Launcher, python_module_argv
+from recover.core.storage.results import JsonlWriter, read_finals, read_jsonl, read_metrics, truncate_metrics, write_summary
+from recover.core.contract.worker_exit import EXIT_CHECKPOINTS_FAILED
 from recover.fault_injection.injector import launcher_hooks
 from recover.fault_injection.plan import FaultPlan
 
@@ -124,7 +124,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         extra_hooks = [*extra_hooks, launcher_hooks(plan, out, t0)]
     launcher = Launcher(
         out,
-        python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", system.coordinator_mode),
+        python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", system.coordinator_mode),
         lambda r: python_module_argv(system.worker_module, "--config", str(config_path), "--replica", str(r)),
         cfg.replicas,
         env={"RECOVER_T0": repr(t0)},
@@ -147,7 +147,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     if status == "failed" and ends and ends[-1]["code"] != 0:
         result.reason = ends[-1]["reason"]  # the coordinator's own words beat its exit code
     if status == "failed" and any(getattr(e, "returncode", None) == EXIT_CHECKPOINTS_FAILED for e in result.exits):
-        # a checkpoint writer stopped the run (core/end_policy.py): its reason names the error
+        # a checkpoint writer stopped the run (core/launch/end_policy.py): its reason names the error
         stops = [c for c in read_jsonl(out / "checkpoints.jsonl") if c.get("stops_run")]
         if stops:
             result.reason = stops[-1]["reason"]

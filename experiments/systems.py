@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from recover.baselines.settings import BaselineConfig
-from recover.core.config import ConfigError
+from recover.core.config.train_config import ConfigError
 
 from .layout import ReplicaLayout
 
@@ -52,9 +52,9 @@ class System:
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in [
-        System("plain", "recover.core.plain", "store", True,
+        System("plain", "recover.core.training.plain", "store", True,
                "plain data parallel: the failure-free reference; any fault ends the job", layout=("shard",)),
-        System("recover", "recover.core.resilient", "recover", False,
+        System("recover", "recover.core.training.resilient", "recover", False,
                "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept",
                layout=("shard", "tp", "pp")),
         System("ckpt-restart", "recover.baselines.ckpt_worker", "store", True,

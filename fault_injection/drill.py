@@ -4,12 +4,12 @@ Contract:
 - `run_drill(plan, replicas, steps, microbatches, out)` launches, with the real
   core Launcher and the real injector (worker hooks loaded by name, launcher
   hooks by PID), one stand-in worker per replica. A stand-in trains nothing: each
-  step it walks this replica's quota (core.policy's equal split) through every
-  point of core.hooks.PHASES - forward, backward, between_microbatches,
+  step it walks this replica's quota (core.contract.policy's equal split) through every
+  point of core.launch.hooks.PHASES - forward, backward, between_microbatches,
   allreduce, commit, optimizer_step, checkpoint_save (not state_transfer: only
   a recover admission reaches it, and a drill admits no one) - sleeping `work_seconds`
   for each forward and backward, and calls the hooks as a trainer does (the
-  microbatches through the trainers' own loop, core.fold.fold_quota). So every
+  microbatches through the trainers' own loop, core.worker.fold.fold_quota). So every
   fault of a plan, at any phase, happens for real (SIGKILL, SIGSTOP, a raise, a
   straggler's sleep) in a run that starts in well under a second.
 - Unlike a plain run, one replica's fault does not end the drill: every replica
@@ -38,12 +38,12 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from recover.core.fold import fold_quota
-from recover.core.hooks import WorkerHooks, load_hooks
-from recover.core.launcher import Launcher, python_module_argv
-from recover.core.policy import quota_sizes
-from recover.core.results import write_summary
-from recover.core.startup import add_worker_flags
+from recover.core.worker.fold import fold_quota
+from recover.core.launch.hooks import WorkerHooks, load_hooks
+from recover.core.launch.launcher import Launcher, python_module_argv
+from recover.core.contract.policy import quota_sizes
+from recover.core.storage.results import write_summary
+from recover.core.launch.startup import add_worker_flags
 
 from .injector import WORKER_HOOKS, launcher_hooks, process_state
 from .kinds import KINDS

@@ -37,7 +37,7 @@ Contract:
   fired (a straggler stays slow). The injector assumes nothing about the trainer beyond the hook calls, so the
   plain trainer, the resilient one (which repeats a step's points on recovery)
   and the baselines all get the same faults.
-- `FaultLauncherHooks` (a core.launcher.LauncherHooks) fires the wall-clock
+- `FaultLauncherHooks` (a core.launch.launcher.LauncherHooks) fires the wall-clock
   faults of every kind with a launcher-side action (crash/hang/replica_loss) by
   PID when their time comes, running that action, and ends every timed freeze
   (a kind that `freezes`: hang) - whoever froze it - by SIGCONT once `seconds`
@@ -59,9 +59,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recover.core.hooks import COORDINATOR_PHASES, CoordinatorHooks, WorkerHooks
-from recover.core.launcher import ProcessExit
-from recover.core.startup import run_start_time
+from recover.core.launch.hooks import COORDINATOR_PHASES, CoordinatorHooks, WorkerHooks
+from recover.core.launch.launcher import ProcessExit
+from recover.core.launch.startup import run_start_time
 
 from .kinds import KINDS, InjectedLinkError, coordinator_pid, kill_own_replica, link_still_broken
 from .plan import MICROBATCH_PHASES, Fault, FaultPlan, load_plan, validate_plan

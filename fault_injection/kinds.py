@@ -66,10 +66,10 @@ class InjectorState(Protocol):
     replica: int  # the replica this worker belongs to
     slow_factor: float  # every later microbatch takes this many times as long (1.0: normal speed)
     pace_seconds: float  # every later microbatch lasts at least this long (0.0: no floor)
-    weights: Any  # the worker's weights as its trainer attached them (core.hooks.Weights), or None
+    weights: Any  # the worker's weights as its trainer attached them (core.launch.hooks.Weights), or None
     link_broken_until: float  # until this time.time(), every all-reduce of this worker fails (0.0: link works)
     out: Path  # the run's directory (DIR/pids.json names the coordinator's PID)
-    spoil_vote: bool  # the next vote goes out without its loss_sum (core.hooks.WorkerHooks.outgoing_vote)
+    spoil_vote: bool  # the next vote goes out without its loss_sum (core.launch.hooks.WorkerHooks.outgoing_vote)
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _flip_a_bit(state: InjectorState, index: int, fault: Any, step: int) -> None
     print(f"bitflip (fault {index}) at step {step}: {what}", file=sys.stderr, flush=True)  # the worker's log
 def _spike_gradient(state: InjectorState, index: int, fault: Any, step: int) -> None:
     # Fired before the backward of the named microbatch: the accumulator multiplies that
-    # microbatch's gradient by `factor` when it folds it (core/exact.py's test hook).
+    # microbatch's gradient by `factor` when it folds it (core/worker/exact.py's test hook).
     spike = getattr(state.weights, "spike_next_fold", None)
     if spike is None:
         raise RuntimeError(f"grad_spike (fault {index}): this trainer's accumulator has no spike hook "
@@ -223,7 +223,7 @@ def coordinator_pid(out: Path) -> int:
 
 def _signal_coordinator(state: InjectorState, index: int, fault: Any, step: int) -> None:
     # A SIGSTOP is for good: the launcher sees the coordinator stop beating and kills it
-    # (core/launcher.py), and the workers see its silence; no SIGCONT (that is what `freezes` does).
+    # (core/launch/launcher.py), and the workers see its silence; no SIGCONT (that is what `freezes` does).
     os.kill(coordinator_pid(state.out), fault.spec.coordinator_signal)
 
 
@@ -314,14 +314,14 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     ),
     FaultKind(
         # A numerical fault: with --exact the gradient leaves the fixed-point range and the
-        # step must be stopped or skipped, never committed wrapped (core/exact.py).
+        # step must be stopped or skipped, never committed wrapped (core/worker/exact.py).
         "grad_spike", "the gradient of the named microbatch is multiplied by `factor` (a gradient spike; "
         "needs --exact)", _spike_gradient, accepts=("factor",), requires=("factor",),
         at_phase="backward", at_phase_why="scales the gradient that backward is about to compute",
         sim_effect="none", sim_why="it changes a gradient, not membership",
     ),
     FaultKind(
-        # A persistent fault: recover must exclude the replica (core.protocol's fencing),
+        # A persistent fault: recover must exclude the replica (core.coordinator.protocol's fencing),
         # since re-forming the same members fails the same way every time.
         "broken_link", "every all-reduce of the target fails from then on, for `seconds` (for good without)",
         _break_link_for_good, accepts=("seconds",), at_phase="allreduce",

@@ -10,15 +10,15 @@ Contract:
   is written back exactly as it was read.
 - Each fault has a kind (a name in fault_injection.kinds.KINDS), a target (`replica`, and `rank` within the
   replica, 0 by default), and one trigger: a point, `step` + `phase` (one of
-  core.hooks.PHASES, or for a kind aimed at the coordinator also one of
-  core.hooks.COORDINATOR_PHASES: "commit_sent", where the coordinator itself
+  core.launch.hooks.PHASES, or for a kind aimed at the coordinator also one of
+  core.launch.hooks.COORDINATOR_PHASES: "commit_sent", where the coordinator itself
   fires it right after sending the step's commit to `replica`) and optionally `microbatch` k, or a wall-clock time,
   `at_seconds` since the run started. Steps count from 0, as metrics.jsonl does;
   k counts this replica's microbatches within the step from 0, in the order it
   folds them (`between_microbatches` k is the gap before microbatch k, so k >= 1).
   A named microbatch always exists in a failure-free stretch: quotas stay equal
   (sizes within 1) until one replica has been measured the slowest beyond
-  tolerance for several consecutive steps (core.protocol.SPEED_WINDOW), so load
+  tolerance for several consecutive steps (core.coordinator.protocol.SPEED_WINDOW), so load
   noise does not move them. Should a replica still fold fewer microbatches in
   that step than the trigger names (a sustained straggler, or no microbatch
   at all), the fault fires at that step's "commit" point, once this replica's
@@ -45,7 +45,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from recover.core.hooks import COORDINATOR_PHASES, PHASES
+from recover.core.launch.hooks import COORDINATOR_PHASES, PHASES
 
 from .kinds import KIND_NAMES as KINDS, KINDS as KIND_TABLE, PARAMS, FaultKind
 
@@ -74,7 +74,7 @@ class Fault:
     replica: int  # target replica id (0..R-1)
     rank: int = 0  # rank within the replica (today every replica has one rank, 0)
     step: int | None = None  # point trigger: the iteration, from 0
-    phase: str | None = None  # point trigger: one of core.hooks.PHASES
+    phase: str | None = None  # point trigger: one of core.launch.hooks.PHASES
     microbatch: int | None = None  # point trigger: this replica's k-th microbatch of the step (None = first time)
     at_seconds: float | None = None  # wall-clock trigger: seconds since the run started
     seconds: float | None = None  # hang only: how long it stays frozen (None = for good)

@@ -69,8 +69,8 @@ def main(results: str, out: str, name: str = "coordinator_scale") -> list[Path]:
     if service:
         _service_row(lower, service)
         fig.subplots_adjust(hspace=0.35, wspace=0.25)
-    fig.suptitle("coordinator cost against R (core.protocol.ProtocolStateMachine in process"
-                 + ("; below: core.coordinator_service.CoordinatorService over loopback)" if service else ")"))
+    fig.suptitle("coordinator cost against R (core.coordinator.protocol.ProtocolStateMachine in process"
+                 + ("; below: core.coordinator.service.CoordinatorService over loopback)" if service else ")"))
     return save(fig, out, name)
 
 

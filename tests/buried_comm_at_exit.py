@@ -16,8 +16,8 @@ import torch
 
 from conftest import gloo_pair  # (this script's folder is tests/, first on sys.path)
 
-from recover.core import backend_threads
-from recover.core.comm import Graveyard
+from recover.core.worker import backend_threads
+from recover.core.worker.comm import Graveyard
 
 TIMEOUT = 2.0  # s; the margin for the main module's end to reach finalization under load
 

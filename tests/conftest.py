@@ -30,7 +30,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# Workers are forked from a server that has torch imported (core/forkserver.py): the
+# Workers are forked from a server that has torch imported (core/launch/forkserver.py): the
 # suite starts hundreds of short runs, and a fresh `import torch` per worker was most
 # of their time on two cores. Set here, so the `recover` CLIs the tests start inherit
 # it too. A test about a real interpreter start (a kill during the import) sets spawn.
@@ -39,13 +39,13 @@ os.environ.setdefault("RECOVER_WORKER_START", "fork")
 
 def as_read(msg: dict, r: int, members: list | None = None) -> dict:
     """A gen or commit message as replica r's worker reads it: its quota resolved
-    (core.policy.quota_of), whether it came as r's own `quota` or as the `split` all
+    (core.contract.policy.quota_of), whether it came as r's own `quota` or as the `split` all
     members share. A commit names no members: `members` is the generation's (ids or
     id ranges)."""
     if "split" not in msg:
         return msg
-    from recover.core import idranges
-    from recover.core.policy import quota_of
+    from recover.core.contract import idranges
+    from recover.core.contract.policy import quota_of
     mem = msg.get("members", members)
     if mem is None:
         raise ValueError("a commit's shared quota needs the generation's members")
@@ -71,7 +71,7 @@ def run_recover(*args: str, timeout: float = 240, check: bool = False,
 
 
 def load_run(out: Path) -> tuple[dict, list[dict], dict]:
-    from recover.core.results import read_metrics
+    from recover.core.storage.results import read_metrics
 
     return (
         json.loads((out / "config.json").read_text()),
@@ -87,8 +87,8 @@ def user_loop_committed_every_step(out: Path, steps: int, microbatches: int) -> 
     """metrics.jsonl of an examples/user_loop.py run, checked to have committed each step
     once, each with exactly its ids by the members' reports, and with the example's
     LambdaLR as stepped only on commit (a 5-step warm-up to 0.05), whatever failed."""
-    from recover.core.data import iteration_ids
-    from recover.core.results import read_metrics, reported_ids
+    from recover.core.components.data import iteration_ids
+    from recover.core.storage.results import read_metrics, reported_ids
     metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(steps))
     assert all(reported_ids(m) == iteration_ids(m["step"], microbatches) for m in metrics)
@@ -119,7 +119,7 @@ def run_recover_killing(args: list[str], out: Path, replica: int, after_commits:
     out/metrics.jsonl, SIGKILL replica `replica`'s worker (its rank `rank`, for a
     replica of many) by its PID (pids.json; replica -1: the coordinator's); wait
     for the run to end. Returns the finished process and the victim's PID."""
-    from recover.core.results import read_metrics
+    from recover.core.storage.results import read_metrics
 
     proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -146,8 +146,8 @@ def run_killing_rank_1_of_replica_1(args: list[str], out: Path, steps: int, micr
     of them claims beside its losses: the run ends well, the victim was that rank, every step is
     committed with exactly its M ids in the leaders' ledgers, the killed rank's whole replica went
     in one recovery. Returns the run's metrics for the loss comparison."""
-    from recover.core.data import iteration_ids
-    from recover.core.results import read_jsonl, read_metrics, reported_ids
+    from recover.core.components.data import iteration_ids
+    from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
     proc, victim = run_recover_killing(args, out, replica=1, after_commits=4, rank=1, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -245,7 +245,7 @@ def run_ranks_around_a_store(rank_argvs, timeout: float = 240) -> None:
 
 def train_metrics(out: Path, *args: str, steps: int, microbatches: int, timeout: float = 300) -> list[dict]:
     """`recover train ARGS` for `steps` steps of `microbatches`, checked to exit 0; its metrics lines."""
-    from recover.core.results import read_metrics
+    from recover.core.storage.results import read_metrics
 
     proc = run_recover("train", *args, "--microbatches", str(microbatches), "--steps", str(steps), "--out", str(out),
                        "--no-progress", timeout=timeout)
@@ -259,7 +259,7 @@ def one_process_losses(model, steps: int, microbatches: int) -> list[float]:
     loss their mean loss. Seed the model's construction before calling (torch.manual_seed(0))."""
     import torch
 
-    from recover.core.data import iteration_ids
+    from recover.core.components.data import iteration_ids
 
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 5))
@@ -288,7 +288,7 @@ def gloo_pair(timeout: float = 30.0):
 
     import torch.distributed as dist
 
-    from recover.core.comm import Communicator
+    from recover.core.worker.comm import Communicator
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     comms: dict = {}
 

@@ -20,15 +20,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from recover.core.accumulator import GradAccumulator
-from recover.core.data import MicrobatchSource, iteration_ids, load_tokens
-from recover.core.model import GPT
+from recover.core.worker.accumulator import GradAccumulator
+from recover.core.components.data import MicrobatchSource, iteration_ids, load_tokens
+from recover.core.components.model import GPT
 from recover.core.parallel.args import ParallelismArgs
 from recover.core.parallel.context import ParallelContext
 from recover.core.parallel.fsdp import ShardedAccumulator, microbatch_part, shard_model
-from recover.core.policy import assign_quotas
-from recover.core.recipe import CommittedStep, build_adamw
-from recover.core.shapes import GPTConfig
+from recover.core.contract.policy import assign_quotas
+from recover.core.worker.recipe import CommittedStep, build_adamw
+from recover.core.config.shapes import GPTConfig
 
 # BATCH 3 over 2 ranks: parts of 2 and 1 rows, so the loss shares (2/3, 1/3) are exercised.
 SEED, BATCH, CORPUS, LR, WD, CLIP = 0, 3, 200_000, 1e-3, 0.1, 1.0

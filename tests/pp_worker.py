@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from recover.core.config import TrainConfig
+from recover.core.config.train_config import TrainConfig
 from recover.core.parallel.args import ParallelismArgs
 from recover.core.parallel.context import ParallelContext
-from recover.core.workload import Workload
+from recover.core.training.workload import Workload
 
 RUNS = [[5, 2], [9]]
 

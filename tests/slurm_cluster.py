@@ -307,7 +307,7 @@ class SlurmCluster:
 
     def _reap_steps(self) -> None:
         # slurmstepd daemonizes: when this process is a child subreaper (the launcher makes
-        # itself one, core/forkserver.py, and tests run it in-process), the steps it ran are
+        # itself one, core/launch/forkserver.py, and tests run it in-process), the steps it ran are
         # reparented here and linger as zombies. Reap exactly those, by PID; SIGKILL any still
         # alive (their job is gone by now).
         me = os.getpid()

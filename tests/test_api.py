@@ -13,8 +13,8 @@ import pytest
 
 from conftest import pid_alive, run_recover, run_recover_killing
 
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, read_metrics, reported_ids
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs  # every test here starts processes
 

@@ -1,4 +1,4 @@
-"""A process that ends while a daemon thread is inside the backend ends cleanly (core/backend_threads.py).
+"""A process that ends while a daemon thread is inside the backend ends cleanly (core/worker/backend_threads.py).
 
 A real process (tests/buried_comm_at_exit.py) ends its main module while its graveyard's
 reaper is destroying a gloo communicator with a broadcast in flight, and the interpreter
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from recover.core import backend_threads
+from recover.core.worker import backend_threads
 
 SCRIPT = str(Path(__file__).resolve().parent / "buried_comm_at_exit.py")
 

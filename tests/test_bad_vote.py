@@ -15,8 +15,8 @@ import json
 import pytest
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import read_jsonl, reported_ids
 
 pytestmark = pytest.mark.procs
 

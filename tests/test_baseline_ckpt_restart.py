@@ -26,9 +26,9 @@ import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
-from recover.core.config import TrainConfig
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, step_ids
+from recover.core.config.train_config import TrainConfig
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import read_jsonl, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 

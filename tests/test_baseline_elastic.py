@@ -25,8 +25,8 @@ import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, read_metrics, step_ids
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import read_jsonl, read_metrics, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes
 

@@ -28,9 +28,9 @@ import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
-from recover.core.data import iteration_ids
-from recover.core.policy import assign_quotas
-from recover.core.results import read_jsonl, read_metrics, step_ids
+from recover.core.components.data import iteration_ids
+from recover.core.contract.policy import assign_quotas
+from recover.core.storage.results import read_jsonl, read_metrics, step_ids
 
 pytest.importorskip("torchft", reason="the torchft extra is not installed: pip install -e '.[torchft]'")
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]  # every test here starts processes

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from conftest import run_recover
-from recover.core.heartbeat import MISSED_BEATS, heartbeat_plan
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.contract.heartbeat import MISSED_BEATS, heartbeat_plan
+from recover.core.storage.results import read_jsonl, read_metrics
 from recover.experiments.cli import main as recover
 
 HB_TIMEOUT = 1.0

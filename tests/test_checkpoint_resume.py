@@ -27,8 +27,8 @@ import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
-from recover.core.checkpoint_dir import CheckpointDir
-from recover.core.results import read_jsonl, read_metrics, step_ids
+from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.storage.results import read_jsonl, read_metrics, step_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
 

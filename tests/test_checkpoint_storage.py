@@ -21,8 +21,8 @@ import pytest
 
 from conftest import load_run, run_recover
 
-from recover.core.checkpoint_dir import CheckpointDir
-from recover.core.results import read_jsonl
+from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.storage.results import read_jsonl
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
 

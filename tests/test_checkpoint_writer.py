@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from recover.core.resilient import _Checkpointer
+from recover.core.training.resilient import _Checkpointer
 
 
 class _Saver:

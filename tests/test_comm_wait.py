@@ -1,4 +1,4 @@
-"""How a `Communicator` waits for a gloo collective (core/comm.py, `_wait_blocking`).
+"""How a `Communicator` waits for a gloo collective (core/worker/comm.py, `_wait_blocking`).
 
 On gloo the caller blocks inside the backend in `WAIT_SLICE` slices and checks its
 abort and deadline between them. Checked over real gloo ranks (two threads, one
@@ -16,7 +16,7 @@ import torch
 
 from conftest import gloo_pair
 
-from recover.core.comm import WAIT_SLICE, CollectiveError, Communicator
+from recover.core.worker.comm import WAIT_SLICE, CollectiveError, Communicator
 
 
 def test_a_peer_many_slices_late_still_gives_the_right_sum():

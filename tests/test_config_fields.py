@@ -1,10 +1,10 @@
-"""Every field of the typed configs carries its one line of doc (core/fields.py)."""
+"""Every field of the typed configs carries its one line of doc (core/config/fields.py)."""
 from dataclasses import fields
 
 import pytest
 
 from recover.baselines.settings import BaselineConfig
-from recover.core.config import TrainConfig
+from recover.core.config.train_config import TrainConfig
 from recover.experiments.sim.calibration import Calibration, Costs
 from recover.experiments.sim.failures import FailureModel
 from recover.experiments.sim.model import JobModel

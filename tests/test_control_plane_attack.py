@@ -145,7 +145,7 @@ def run_under_attack(out: Path, connections: int, attack_for: float = 600.0, wai
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    from recover.core.results import expand_members  # members as the results contract reads them
+    from recover.core.storage.results import expand_members  # members as the results contract reads them
     metrics = [expand_members(m) for m in _read_jsonl(run / "metrics.jsonl")]
     events = _read_jsonl(run / "events.jsonl")
     result.update(returncode=proc.returncode, steps=[m["step"] for m in metrics], metrics=metrics, events=events,
@@ -167,8 +167,8 @@ def test_a_tokenless_flood_at_1024_open_files_does_not_stop_training(tmp_path):
     """Under attack from before the workers' hellos to the run's end: start-up, training and a
     recovery (replica 2 crashes at step CRASH_AT, so generation 1 needs a new rendezvous, whose
     store shares the coordinator's descriptors) all go through."""
-    from recover.core.data import iteration_ids
-    from recover.core.results import reported_ids
+    from recover.core.components.data import iteration_ids
+    from recover.core.storage.results import reported_ids
 
     res = run_under_attack(tmp_path / "attacked", connections=2000, start_after=0, attack_for=90.0,
                            crash={"kind": "crash", "replica": 2, "step": CRASH_AT, "phase": "forward"})

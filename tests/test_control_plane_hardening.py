@@ -8,7 +8,7 @@ The real `CoordinatorService` (its `_read`, `_accept`, `_dispatch`, `_apply`) an
 - 7: a member (a peer holding the join token) whose message is bad (a vote without
   loss_sum, for the wrong step, with a ledger it was not dealt) is fenced with a "fenced"
   record, its ids go to the others, and the run goes on; a null loss_sum (a non-finite
-  loss, core/nonfinite.py) still means what it means;
+  loss, core/contract/nonfinite.py) still means what it means;
 - 8: a peer without the token: its heartbeats before a hello are refused, its silent
   connections are closed at the hello deadline, at most `max_strangers` are held, an
   unterminated line is bounded and kept in pieces, accept() out of descriptors backs off,
@@ -20,10 +20,12 @@ import errno
 import json
 import threading
 
-from recover.core import coordinator_service as membership, idranges
-from recover.core.config import TrainConfig
-from recover.core.coordinator_service import CoordinatorService, _Conn
-from recover.core.results import expand_members
+from recover.core.coordinator import service as membership
+
+from recover.core.contract import idranges
+from recover.core.config.train_config import TrainConfig
+from recover.core.coordinator.service import CoordinatorService, _Conn
+from recover.core.storage.results import expand_members
 
 
 class FakeSock:
@@ -116,7 +118,7 @@ def formed(tmp_path, R=2, M=4):
 
 
 def quota(conn: _Conn, r: int) -> list:
-    from recover.core.policy import quota_of
+    from recover.core.contract.policy import quota_of
     gen = [m for m in conn.sock.sent if m["t"] in ("gen", "commit")][-1]
     return quota_of(gen, gen.get("members") or [[0, 2]], r)
 

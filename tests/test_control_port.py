@@ -24,9 +24,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, read_metrics
-from recover.core.wire import MAX_LINE_BYTES, MAX_REFUSALS, _join_ok, _table_problem, _vote_ok, parse_line
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import read_jsonl, read_metrics
+from recover.core.contract.wire import MAX_LINE_BYTES, MAX_REFUSALS, _join_ok, _table_problem, _vote_ok, parse_line
 
 R, M, S, PAUSE_AT = 2, 4, 6, 2
 
@@ -150,7 +150,7 @@ _sent = {"vote": {"t": "vote", "gen": 3, "step": 7, "ok": True, "ledger": [[56, 
 @given(kind=st.sampled_from(["vote", "join"]), fields=st.dictionaries(st.sampled_from(_fields), _values, max_size=3),
        dropped=st.sets(st.sampled_from(_fields), max_size=2))
 def test_the_written_out_vote_and_join_checks_accept_only_what_the_tables_accept(kind, fields, dropped):
-    """core.wire's fast checks (R messages a step) never accept a message the tables refuse;
+    """core.contract.wire's fast checks (R messages a step) never accept a message the tables refuse;
     the tables decide everything else. Messages: what a worker sends, a few fields changed or gone."""
     msg = {k: v for k, v in {**_sent[kind], **fields}.items() if k not in dropped}
     fast = _vote_ok(msg) if kind == "vote" else _join_ok(msg)
@@ -190,7 +190,7 @@ def test_wire_parse_line_never_raises():
     assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[2, 2]]}')[0] is None  # empty range
     ok_vote = b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[0, 2]]'
     assert parse_line(ok_vote + b', "loss_sum": 1.5}')[0] is not None
-    # issue 41: loss_sum is required; null is a non-finite loss (core/nonfinite.py), with or without named ids
+    # issue 41: loss_sum is required; null is a non-finite loss (core/contract/nonfinite.py), with or without named ids
     assert "loss_sum" in parse_line(ok_vote + b'}')[1]
     assert parse_line(ok_vote + b', "loss_sum": null}')[0] is not None
     assert parse_line(ok_vote + b', "loss_sum": null, "nonfinite": [[0, 1]]}')[0] is not None

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from recover.baselines.supervise import UntilWorkersExit
-from recover.core.end_policy import CoordinatorEnds, EndVerdict, FailFast, JobView
-from recover.core.launcher import Launcher, ProcessExit
+from recover.core.launch.end_policy import CoordinatorEnds, EndVerdict, FailFast, JobView
+from recover.core.launch.launcher import Launcher, ProcessExit
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,14 +133,14 @@ def test_a_kill_and_the_failure_it_caused_seen_in_one_look_record_the_kill_first
 
 
 def test_a_crash_looping_slot_waits_twice_as_long_each_time():
-    from recover.core.launcher import replacement_delay
+    from recover.core.launch.launcher import replacement_delay
 
     assert [replacement_delay(0.5, k) for k in range(4)] == [0.5, 1.0, 2.0, 4.0]
 
 
 @pytest.mark.procs
 def test_replacements_that_die_at_once_are_capped(tmp_path, capfd):
-    from recover.core.launcher import MAX_QUICK_DEATHS
+    from recover.core.launch.launcher import MAX_QUICK_DEATHS
 
     # Replica 1 and every replacement of it exit 1 at once; the coordinator outlives the
     # capped sequence (0.05 s x (1 + 2 + 4 + 8 + 16) of waits, well under its life), then ends the job.

@@ -1,4 +1,4 @@
-"""Exact accumulation (core/exact.py) without processes: the committed mean gradient and loss
+"""Exact accumulation (core/worker/exact.py) without processes: the committed mean gradient and loss
 depend only on the set of microbatch ids, bit for bit, whatever the partition over replicas
 and the order of the folds; values outside the fixed-point range are refused, never wrapped.
 
@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core.exact import (
+from recover.core.worker.exact import (
     ExactAccumulator,
     ExactRangeError,
     fixed_point_shift,

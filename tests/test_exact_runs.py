@@ -27,8 +27,8 @@ import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
-from recover.core.data import iteration_ids
-from recover.core.results import reported_ids
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import reported_ids
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import run_recover
 
-from recover.core.hooks import PHASES
+from recover.core.launch.hooks import PHASES
 from recover.fault_injection.injector import FaultInjector, InjectedLinkError
 from recover.fault_injection.kinds import KINDS as KIND_TABLE
 from recover.fault_injection.plan import KINDS, MICROBATCH_PHASES, Fault, FaultPlan, PlanError, validate_plan

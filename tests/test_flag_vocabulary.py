@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from recover.baselines.settings import BaselineConfig
-from recover.core.config import ConfigError, TrainConfig, dataclass_from_args
+from recover.core.config.train_config import ConfigError, TrainConfig, dataclass_from_args
 from recover.experiments.cli import build_parser
 from recover.experiments.systems import SYSTEMS
 

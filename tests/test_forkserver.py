@@ -1,4 +1,4 @@
-"""The fork server keeps Popen's contract for `python -m` workers (core/forkserver.py).
+"""The fork server keeps Popen's contract for `python -m` workers (core/launch/forkserver.py).
 
 Real processes throughout: the child is a real fork, killed by its PID.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import pid_alive
-from recover.core.forkserver import ForkServer, forkable
-from recover.core.launcher import python_module_argv
+from recover.core.launch.forkserver import ForkServer, forkable
+from recover.core.launch.launcher import python_module_argv
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(120)]
 
@@ -71,8 +71,8 @@ def test_a_worker_dies_with_its_launcher(tmp_path):
     script = tmp_path / "launcher.py"
     script.write_text(
         "import sys, time\n"
-        "from recover.core.forkserver import ForkServer\n"
-        "from recover.core.launcher import python_module_argv\n"
+        "from recover.core.launch.forkserver import ForkServer\n"
+        "from recover.core.launch.launcher import python_module_argv\n"
         f"p = ForkServer.shared().start(python_module_argv('forkserver_child', 'sleep', '120'), "
         f"{{'PYTHONPATH': {HERE!r}}}, {str(tmp_path / 'c.log')!r})\n"
         "print(p.pid, flush=True)\n"
@@ -100,7 +100,7 @@ def test_a_worker_dies_with_its_launcher(tmp_path):
 
 
 def test_only_this_interpreters_module_runs_are_forkable():
-    assert forkable(python_module_argv("recover.core.plain", "--replica", "0"))
+    assert forkable(python_module_argv("recover.core.training.plain", "--replica", "0"))
     assert not forkable(["/bin/sleep", "1"]) and not forkable([sys.executable, "script.py"])
     with pytest.raises(ValueError, match="only"):
         ForkServer.start(None, ["/bin/true"], {}, "/dev/null")  # refused before any use of the server

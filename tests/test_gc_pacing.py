@@ -1,9 +1,9 @@
-"""core/gc_pacing.py: garbage cycles are freed by the periodic sweep, and at once where the
+"""core/coordinator/gc_pacing.py: garbage cycles are freed by the periodic sweep, and at once where the
 coordinator took the collector over."""
 import gc
 import weakref
 
-from recover.core import gc_pacing
+from recover.core.coordinator import gc_pacing
 
 
 class _Node:

@@ -15,7 +15,7 @@ from argparse import Namespace
 import pytest
 from conftest import assert_every_planned_fault_fired, run_recover, write_aggregation_run
 
-from recover.core.config import ConfigError
+from recover.core.config.train_config import ConfigError
 from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, SUMMARY_FIELDS, STEP_FIELDS, aggregate
 from recover.experiments.bench import kill_plan

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import user_loop_committed_every_step
 
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.storage.results import read_jsonl, read_metrics
 
 pytestmark = pytest.mark.procs
 

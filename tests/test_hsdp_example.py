@@ -8,7 +8,7 @@ import pytest
 
 from conftest import run_killing_rank_1_of_replica_1, run_recover
 
-from recover.core.results import read_metrics
+from recover.core.storage.results import read_metrics
 
 pytestmark = pytest.mark.procs
 

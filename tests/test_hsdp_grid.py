@@ -32,9 +32,9 @@ def _run_grid(out: Path, R: int, S: int, M: int, steps: int, *extra: str, timeou
 
 def _reference_losses(M: int, steps: int) -> list[float]:
     """Single-process training over the same ids: what core's one-rank replica computes."""
-    from recover.core.accumulator import GradAccumulator
-    from recover.core.data import iteration_ids
-    from recover.core.recipe import CommittedStep, build_adamw
+    from recover.core.worker.accumulator import GradAccumulator
+    from recover.core.components.data import iteration_ids
+    from recover.core.worker.recipe import CommittedStep, build_adamw
 
     torch.set_num_threads(1)
     src, model = w.source(), w.fresh_model()

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, read_metrics, reported_ids
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 

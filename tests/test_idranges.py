@@ -1,11 +1,11 @@
-"""core.idranges against the plain set-based definitions beside it (hypothesis)."""
+"""core.contract.idranges against the plain set-based definitions beside it (hypothesis)."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core import idranges
+from recover.core.contract import idranges
 
 id_sets = st.sets(st.integers(0, 300), max_size=120)
 

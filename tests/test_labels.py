@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from recover.baselines.settings import BaselineConfig
-from recover.core.config import TrainConfig
+from recover.core.config.train_config import TrainConfig
 from recover.experiments import aggregate
 from recover.experiments.grids import FAILURE_FREE, FAULTY_SYSTEMS, build_grid
 from recover.experiments.labels import VARIANT_SETTINGS, variant_label

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from recover.core.launcher import Launcher
+from recover.core.launch.launcher import Launcher
 
 
 @pytest.mark.procs  # starts workers

@@ -17,9 +17,9 @@ import time
 import pytest
 import torch
 
-from recover.core.accumulator import GradAccumulator
-from recover.core.nonfinite import NonfiniteLosses
-from recover.core.replica import Replica
+from recover.core.worker.accumulator import GradAccumulator
+from recover.core.contract.nonfinite import NonfiniteLosses
+from recover.core.worker.replica import Replica
 
 
 def _acc() -> GradAccumulator:

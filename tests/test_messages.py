@@ -1,7 +1,7 @@
-"""One schema for the wire (issue 42 item 1): core/messages.py.
+"""One schema for the wire (issue 42 item 1): core/contract/messages.py.
 
 What is held: docs/protocol.md's message table is the schema rendered; the coordinator's
-checks (core/wire.py) are built from it, for every message it receives; and (in
+checks (core/contract/wire.py) are built from it, for every message it receives; and (in
 tests/test_protocol_property.py) every message the coordinator sends matches it strictly.
 Pure: no process.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recover.core import messages, wire
+from recover.core.contract import messages, wire
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_the_two_digests_have_two_names():
 
 def test_the_strict_check_names_what_is_wrong():
     assert messages.schema_problem({"t": "go", "gen": 1, "step": 2}) == ""
-    assert "not in core/messages.py" in messages.schema_problem({"t": "go", "gen": 1, "step": 2, "extra": 0})
+    assert "not in core/contract/messages.py" in messages.schema_problem({"t": "go", "gen": 1, "step": 2, "extra": 0})
     assert "required field 'step'" in messages.schema_problem({"t": "go", "gen": 1})
     assert "unknown message type" in messages.schema_problem({"t": "nope"})
     assert messages.schema_problem({"t": "commit", "gen": 0, "step": 0, "loss": None, "skipped": True}) == ""

@@ -1,6 +1,6 @@
 """A metrics line's members and ledgers do not grow with R (issue 41 item 11), losslessly.
 
-core/results.py packs recover's per-member ledgers run-length encoded (`pack_members`)
+core/storage/results.py packs recover's per-member ledgers run-length encoded (`pack_members`)
 and `expand_members` / `read_metrics` give readers `members`, `ledgers` and `folded`
 exactly as the votes said them. Pure: no process.
 """
@@ -11,9 +11,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recover.core import idranges, wire
-from recover.core.policy import equal_share
-from recover.core.results import expand_members, pack_members, read_metrics
+from recover.core.contract import idranges, wire
+from recover.core.contract.policy import equal_share
+from recover.core.storage.results import expand_members, pack_members, read_metrics
 
 
 @st.composite

@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core.config import TrainConfig
-from recover.core.data import (
+from recover.core.config.train_config import TrainConfig
+from recover.core.components.data import (
     MicrobatchSource, _read_stdlib, iteration_ids, load_tokens, microbatch_seed, stdlib_corpus,
 )
-from recover.core.model import GPT, MODEL_CONFIGS, model_config
-from recover.core.workload import Workload
+from recover.core.components.model import GPT, MODEL_CONFIGS, model_config
+from recover.core.training.workload import Workload
 
 
 def test_named_configs_build_and_gpt2_shape():

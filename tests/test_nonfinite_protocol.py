@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 
-from recover.core import idranges
-from recover.core.config import ConfigError, TrainConfig
-from recover.core.nonfinite import NonfiniteLosses, describe, vote_fields
-from recover.core.protocol import ProtocolStateMachine
-from recover.core.recipe import CommittedStep
-from recover.core.wire import _vote_ok, parse_line
+from recover.core.contract import idranges
+from recover.core.config.train_config import ConfigError, TrainConfig
+from recover.core.contract.nonfinite import NonfiniteLosses, describe, vote_fields
+from recover.core.coordinator.protocol import ProtocolStateMachine
+from recover.core.worker.recipe import CommittedStep
+from recover.core.contract.wire import _vote_ok, parse_line
 
 from conftest import as_read
 

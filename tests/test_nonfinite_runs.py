@@ -24,7 +24,7 @@ import torch
 
 from conftest import run_recover_killing
 
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.storage.results import read_jsonl, read_metrics
 
 pytestmark = pytest.mark.procs
 
@@ -150,17 +150,17 @@ def test_when_the_coordinator_is_gone_for_good_workers_exit_4_with_one_line(tmp_
 
 
 def test_a_stop_for_a_nonfinite_loss_leaves_the_last_committed_state_as_a_checkpoint(tmp_path):
-    """The worker's side of a stop that says `committed` (core/resilient.py): the lowest member
+    """The worker's side of a stop that says `committed` (core/training/resilient.py): the lowest member
     writes the state before the stopped step as that step's checkpoint, which the next multiple of
     --checkpoint-every would not have been; another member, or a stale count, writes nothing.
     (In-process, with a tiny workload: the run itself cannot be made to produce a NaN.)"""
     from types import SimpleNamespace
 
-    from recover.core.checkpoint import CheckpointDir, TrainingState
-    from recover.core.config import TrainConfig
-    from recover.core.hooks import WorkerHooks
-    from recover.core.resilient import _Checkpointer
-    from recover.core.workload import Workload
+    from recover.core.training.checkpoint import CheckpointDir, TrainingState
+    from recover.core.config.train_config import TrainConfig
+    from recover.core.launch.hooks import WorkerHooks
+    from recover.core.training.resilient import _Checkpointer
+    from recover.core.training.workload import Workload
 
     cfg = TrainConfig(system="recover", out=str(tmp_path), steps=10, checkpoint_every=4, replicas=2, microbatches=2)
     work = Workload(cfg, "cpu")

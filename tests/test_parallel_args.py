@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recover.core.model import GPT
+from recover.core.components.model import GPT
 from recover.core.parallel.args import ParallelismArgs
-from recover.core.shapes import GPTConfig
+from recover.core.config.shapes import GPTConfig
 
 
 def test_sizes():

@@ -13,9 +13,9 @@ import pytest
 
 from conftest import load_run, pid_alive, run_recover
 
-from recover.core.config import TrainConfig
-from recover.core.data import iteration_ids
-from recover.core.results import step_ids
+from recover.core.config.train_config import TrainConfig
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import step_ids
 
 pytestmark = pytest.mark.procs  # every test here starts processes
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core import idranges
-from recover.core.policy import (assign_quota_ranges, assign_quotas, equal_share, greedy_quota_sizes, makespan,
+from recover.core.contract import idranges
+from recover.core.contract.policy import (assign_quota_ranges, assign_quotas, equal_share, greedy_quota_sizes, makespan,
                                  quota_of, quota_sizes)
 
 replica_sets = st.lists(st.integers(0, 63), min_size=1, max_size=12, unique=True)

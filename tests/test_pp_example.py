@@ -56,7 +56,7 @@ def test_launch_refuses_a_layout_it_cannot_run_before_anything_starts(flags, mes
 
 
 def test_launch_does_not_check_tp_or_pp_against_a_model_the_user_does_not_train():
-    from recover.core.config import ConfigError, TrainConfig
+    from recover.core.config.train_config import ConfigError, TrainConfig
 
     # the user's model is not --model's GPT (tiny: 2 heads, 2 layers): --tp 4 and --pp 3 are the loop's business
     cfg = TrainConfig(system="recover", replicas=2, microbatches=2, tp=4, pp=3)

@@ -17,11 +17,11 @@ import torch
 
 from conftest import run_ranks_around_a_store
 
-from recover.core.config import ConfigError, TrainConfig
-from recover.core.model import GPT
+from recover.core.config.train_config import ConfigError, TrainConfig
+from recover.core.components.model import GPT
 from recover.core.parallel.args import ParallelismArgs
 from recover.core.parallel.pp import GPTStage, stage_blocks
-from recover.core.shapes import GPTConfig
+from recover.core.config.shapes import GPTConfig
 
 WORKER = str(Path(__file__).with_name("pp_worker.py"))
 sys.path.insert(0, str(Path(__file__).parent))
@@ -93,7 +93,7 @@ def _run(out: Path, pp: int, schedule: str, tp: int = 1, timeout: float = 240, s
 def _reference():
     """Single-process: the same microbatches, each one's loss, the gradient norm, the step's loss and checksum."""
     import pp_worker
-    from recover.core.workload import Workload
+    from recover.core.training.workload import Workload
     torch.set_num_threads(1)
     work = Workload(pp_worker.config())
     losses = [[work.fold(i) for i in ids] for ids in pp_worker.RUNS]
@@ -136,7 +136,7 @@ class _Hooks:
 
 
 def test_a_quota_stopped_early_runs_the_ids_it_gave_in_one_schedule_and_folds_them_all():
-    from recover.core.fold import fold_pipelined
+    from recover.core.worker.fold import fold_pipelined
 
     def quota():  # an abort between ids: quota() stops after handing out two of its four
         yield 7

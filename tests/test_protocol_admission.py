@@ -1,6 +1,6 @@
 """Admission of newcomers (issue 13 items 1-2), on the real state machine, no processes.
 
-`core.protocol.ProtocolStateMachine` is driven with the messages a replacement or a woken
+`core.coordinator.protocol.ProtocolStateMachine` is driven with the messages a replacement or a woken
 replica sends: a hello with `can_heal` for a dead replica's slot, the `healed`
 report, a join saying the state never arrived. Checked: a newcomer enters only at
 a commit, with a gen message naming the donor; quotas partition the step's ids
@@ -11,9 +11,9 @@ step at the boundary until a newcomer arrives, or until the wait runs out.
 """
 from __future__ import annotations
 
-from recover.core import idranges
-from recover.core.data import iteration_ids
-from recover.core.protocol import ProtocolStateMachine, Out
+from recover.core.contract import idranges
+from recover.core.components.data import iteration_ids
+from recover.core.coordinator.protocol import ProtocolStateMachine, Out
 
 from conftest import as_read
 

@@ -1,6 +1,6 @@
 """Quota balancing starts on a sustained speed difference and does not flap on one noisy step.
 
-Driven on the real `core.protocol.ProtocolStateMachine`: four replicas, replica 3 a 4x
+Driven on the real `core.coordinator.protocol.ProtocolStateMachine`: four replicas, replica 3 a 4x
 straggler. Beside `stress-ng` (issue 10's loaded run) one step in which a fast
 replica read slowest ended the straggler's streak and its quota went back to
 equal for several steps; the balancing decision now holds until the smoothed
@@ -8,8 +8,8 @@ speeds come back within the tolerance.
 """
 from __future__ import annotations
 
-from recover.core import idranges
-from recover.core.protocol import SPEED_WINDOW, ProtocolStateMachine
+from recover.core.contract import idranges
+from recover.core.coordinator.protocol import SPEED_WINDOW, ProtocolStateMachine
 
 from conftest import as_read
 

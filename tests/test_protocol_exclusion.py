@@ -1,6 +1,6 @@
 """Persistent faults end in exclusion, not a livelock (issue 12 item 3), on the real state machine.
 
-`core.protocol.ProtocolStateMachine` is driven directly with the messages a replica with a
+`core.coordinator.protocol.ProtocolStateMachine` is driven directly with the messages a replica with a
 broken link produces: it reports `fail` for every generation it is in while the
 others rejoin with their ledgers. Before the fix, 50 such reports gave
 generation 50, still at step 0, with the same members. Now the replica is fenced
@@ -10,10 +10,10 @@ singles no one out (every member reports it) ends in a clear stop after
 """
 from __future__ import annotations
 
-from recover.core import idranges
-from recover.core.data import iteration_ids
-from recover.core.protocol import ProtocolStateMachine, Out
-from recover.core.results import expand_members, step_ids
+from recover.core.contract import idranges
+from recover.core.components.data import iteration_ids
+from recover.core.coordinator.protocol import ProtocolStateMachine, Out
+from recover.core.storage.results import expand_members, step_ids
 
 from conftest import as_read
 

@@ -1,15 +1,15 @@
 """The membership/commit protocol under hypothesis-chosen interleavings of failures.
 
-The coordinator's real state machine (`core.protocol.ProtocolStateMachine`) and the real
-service that carries out its actions (`core.coordinator_service.CoordinatorService`: its
+The coordinator's real state machine (`core.coordinator.protocol.ProtocolStateMachine`) and the real
+service that carries out its actions (`core.coordinator.service.CoordinatorService`: its
 dispatch and `_apply`) run against an in-process fake transport: per-worker FIFO
 channels both ways, whose coordinator ends are fake sockets that can fail a send
 (the service then drops that connection, as it does a real one), and fake workers
-that follow the same rules as `core.replica.Replica` (keep the accumulator and
+that follow the same rules as `core.worker.replica.Replica` (keep the accumulator and
 ledger across an abort, rejoin with the ledger, fold only the quota handed out;
 while waiting for a generation, an abort is read and dropped, only its generation
 remembered, and a later collective of that generation fails on it) and speak its
-wire format (ids as `core.idranges` range lists).
+wire format (ids as `core.contract.idranges` range lists).
 Each microbatch id contributes a distinct power-of-two-free integer, so a wrong
 or double-counted gradient can never sum to the right one by accident.
 
@@ -40,13 +40,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from recover.core import idranges
-from recover.core.config import TrainConfig
-from recover.core.data import iteration_ids
-from recover.core.coordinator_service import CoordinatorService, _Conn
-from recover.core.protocol import ProtocolStateMachine, ProtocolError
-from recover.core.results import expand_members, reported_ids, step_ids
-from recover.core.messages import schema_problem
+from recover.core.contract import idranges
+from recover.core.config.train_config import TrainConfig
+from recover.core.components.data import iteration_ids
+from recover.core.coordinator.service import CoordinatorService, _Conn
+from recover.core.coordinator.protocol import ProtocolStateMachine, ProtocolError
+from recover.core.storage.results import expand_members, reported_ids, step_ids
+from recover.core.contract.messages import schema_problem
 
 from conftest import as_read
 
@@ -94,7 +94,7 @@ class FakeSocket:
             raise OSError(f"fake: send to replica {self.r} failed")
         for line in data.decode().splitlines():
             msg = json.loads(line)
-            # every message the coordinator sends is one core/messages.py describes, field by field
+            # every message the coordinator sends is one core/contract/messages.py describes, field by field
             assert schema_problem(msg) == "", (schema_problem(msg), msg)
             self.world.workers[self.r].inbox.append(msg)
 
@@ -176,7 +176,7 @@ class World:
     def declare_lost(self, r: int) -> None:
         self.apply(self.proto.on_lost(r, "detected", 0.0))
 
-    # ---- worker side (the rules of core.replica.Replica) -----------------------------
+    # ---- worker side (the rules of core.worker.replica.Replica) -----------------------------
     def worker_receive(self, r: int) -> None:
         w = self.workers[r]
         msg = w.inbox.pop(0)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core import idranges
-from recover.core.protocol import ProtocolStateMachine
+from recover.core.contract import idranges
+from recover.core.coordinator.protocol import ProtocolStateMachine
 
 from conftest import as_read
 

@@ -1,8 +1,8 @@
 """A restarted coordinator rebuilds the run from its workers' reports (issue 13 item 4), no processes.
 
-A fresh `core.protocol.ProtocolStateMachine` (what a coordinator started with `--rebuild`
+A fresh `core.coordinator.protocol.ProtocolStateMachine` (what a coordinator started with `--rebuild`
 holds) is handed the hellos the workers send it, each with the report
-`core.replica.Replica._report` builds, and is then driven to a commit. Checked:
+`core.worker.replica.Replica._report` builds, and is then driven to a commit. Checked:
 - members at the same step hear an abort of their own generation and rejoin the
   next one with their ledgers; the redo quota is exactly the ids no one holds;
 - members that voted and were waiting for a commit the old coordinator died in
@@ -18,11 +18,11 @@ holds) is handed the hellos the workers send it, each with the report
 """
 from __future__ import annotations
 
-from recover.core import idranges
-from recover.core.data import iteration_ids
-from recover.core.protocol import ProtocolStateMachine, Out
-from recover.core.wire import parse_line, dumps
-from recover.core.results import expand_members, step_ids
+from recover.core.contract import idranges
+from recover.core.components.data import iteration_ids
+from recover.core.coordinator.protocol import ProtocolStateMachine, Out
+from recover.core.contract.wire import parse_line, dumps
+from recover.core.storage.results import expand_members, step_ids
 
 from conftest import as_read
 
@@ -270,7 +270,7 @@ def test_a_restarted_coordinator_reads_the_last_recorded_step_from_the_tail_and_
         tmp_path, monkeypatch):
     import json
 
-    import recover.core.coordinator_service as membership
+    import recover.core.coordinator.service as membership
 
     path = tmp_path / "metrics.jsonl"
     lines = "".join(json.dumps({"step": s, "pad": "x" * 100}) + "\n" for s in range(50))
@@ -312,7 +312,7 @@ def test_a_member_cut_off_after_voting_in_a_generation_that_never_committed_is_n
 def test_the_reports_are_classified_alone_before_anything_is_decided():
     """`classify_reports` (issue 42 item 3): who is ahead, behind (voted, missed the commit),
     waiting for admission, or stale, from the hellos alone; no state machine involved."""
-    from recover.core.protocol import classify_reports
+    from recover.core.coordinator.protocol import classify_reports
 
     def report(step, wait="", vote_step=None, gen=0, member=True):
         vote = None if vote_step is None else {"gen": gen, "step": vote_step, "ledger": [], "loss_sum": 1.0}

@@ -1,15 +1,15 @@
 """A member that ends the run for a reason of its own (`stop_run`) stops it, no recovery.
 
 A checkpoint writer whose saves failed --checkpoint-failures times in a row says
-`stop_run` before it exits (core/resilient.py). Pure: the real `ProtocolStateMachine`. What
+`stop_run` before it exits (core/training/resilient.py). Pure: the real `ProtocolStateMachine`. What
 is held: every live replica hears `stop` with the member's reason, the run finishes
 with exit 1, and the member's connection closing afterwards is not a lost replica
 (before this message it was: a "recovery" record raced the launcher's end of the job).
 """
 from __future__ import annotations
 
-from recover.core import wire
-from recover.core.protocol import ProtocolStateMachine
+from recover.core.contract import wire
+from recover.core.coordinator.protocol import ProtocolStateMachine
 
 
 def formed(R: int = 3) -> ProtocolStateMachine:

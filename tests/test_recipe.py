@@ -16,11 +16,11 @@ import torch
 
 from conftest import load_run, run_recover
 
-from recover.core.config import ConfigError, TrainConfig
-from recover.core.model import GPT, model_config
-from recover.core.recipe import CommittedStep, build_adamw
-from recover.core.results import read_jsonl
-from recover.core.schedule import WarmupCosine
+from recover.core.config.train_config import ConfigError, TrainConfig
+from recover.core.components.model import GPT, model_config
+from recover.core.worker.recipe import CommittedStep, build_adamw
+from recover.core.storage.results import read_jsonl
+from recover.core.config.schedule import WarmupCosine
 
 
 def test_schedule_values_at_chosen_steps():

@@ -20,8 +20,8 @@ import pytest
 from conftest import (USER_LOOP, assert_every_planned_fault_fired, load_run, run_recover, run_recover_killing,
                       user_loop_committed_every_step)
 
-from recover.core.data import iteration_ids
-from recover.core.results import read_jsonl, reported_ids
+from recover.core.components.data import iteration_ids
+from recover.core.storage.results import read_jsonl, reported_ids
 
 pytestmark = pytest.mark.procs
 

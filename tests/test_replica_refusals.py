@@ -22,13 +22,13 @@ import torch
 
 from conftest import run_recover
 
-from recover.core.config import TrainConfig
-from recover.core.coordinator import host_store
-from recover.core.data import iteration_ids
-from recover.core.coordinator_service import CoordinatorService
-from recover.core.protocol import ProtocolStateMachine
-from recover.core.replica import Replica
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.config.train_config import TrainConfig
+from recover.core.coordinator.process import host_store
+from recover.core.components.data import iteration_ids
+from recover.core.coordinator.service import CoordinatorService
+from recover.core.coordinator.protocol import ProtocolStateMachine
+from recover.core.worker.replica import Replica
+from recover.core.storage.results import read_jsonl, read_metrics
 
 M = 2  # microbatches of the one step
 

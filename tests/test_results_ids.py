@@ -1,6 +1,6 @@
 """A step's ids on a metrics line: id ranges now, a plain id list before (issue 41 item 11).
 
-Contract (core/results.py): writers put `microbatch_id_ranges`, a canonical range
+Contract (core/storage/results.py): writers put `microbatch_id_ranges`, a canonical range
 list; lines written earlier carry `microbatch_ids`, the sorted id list. Every reader
 goes through `step_id_ranges` / `step_ids` / `step_ids_are`, which accept both, so
 the results committed under results/ (all in the old form) read and aggregate to the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from recover.core.results import (IDS, OLD_IDS, metric_record, step_id_ranges, step_ids, step_ids_are)
+from recover.core.storage.results import (IDS, OLD_IDS, metric_record, step_id_ranges, step_ids, step_ids_are)
 from recover.experiments.aggregate import aggregate
 from recover.experiments.sim.validation import find_runs, load_run, measure
 

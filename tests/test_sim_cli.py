@@ -265,8 +265,8 @@ def test_gpt_parameters_counts_what_the_model_holds():
     """The simulator's parameter count (no torch) against the model torch builds, every size, with and without biases."""
     import dataclasses
 
-    from recover.core.model import GPT
-    from recover.core.shapes import MODEL_CONFIGS
+    from recover.core.components.model import GPT
+    from recover.core.config.shapes import MODEL_CONFIGS
     from recover.experiments.sim.measured import TINY_PARAMETERS, gpt_parameters
 
     for name in ("tiny", "small", "medium"):

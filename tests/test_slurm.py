@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run
-from recover.core.results import read_jsonl, read_metrics
+from recover.core.storage.results import read_jsonl, read_metrics
 from slurm_cluster import NODES, SlurmCluster, why_not
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]

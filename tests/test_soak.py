@@ -1,6 +1,6 @@
 """The coordinator's state machine holds flat over a long run with replacements (issue 41 item 11).
 
-experiments/bench_soak.py drives core.protocol.ProtocolStateMachine in process, a member lost
+experiments/bench_soak.py drives core.coordinator.protocol.ProtocolStateMachine in process, a member lost
 mid-step and its replacement admitted every few steps. Checked on counts, not time:
 every container the state machine holds is no larger in the second half of a few
 thousand steps than in the first, the process opens no file, and the metrics line does
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from recover.core.protocol import ProtocolStateMachine
+from recover.core.coordinator.protocol import ProtocolStateMachine
 from recover.experiments.bench_soak import container_sizes, run_soak
 
 

@@ -1,4 +1,4 @@
-"""core/speeds.py against the plain dict version beside it (hypothesis), and its readers."""
+"""core/coordinator/speeds.py against the plain dict version beside it (hypothesis), and its readers."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core.speeds import SpeedTable, measure, plain_update, slowest_of
+from recover.core.coordinator.speeds import SpeedTable, measure, plain_update, slowest_of
 
 R = 12
 steps = st.lists(st.dictionaries(st.integers(0, R - 1), st.floats(0.01, 50.0), max_size=R), max_size=6)

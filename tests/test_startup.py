@@ -16,10 +16,10 @@ import pytest
 
 from conftest import as_read, load_run, run_recover
 
-from recover.core import idranges
-from recover.core.data import iteration_ids
-from recover.core.protocol import ProtocolStateMachine
-from recover.core.results import read_jsonl, step_ids
+from recover.core.contract import idranges
+from recover.core.components.data import iteration_ids
+from recover.core.coordinator.protocol import ProtocolStateMachine
+from recover.core.storage.results import read_jsonl, step_ids
 
 LOSS_RTOL = 1e-5  # as in test_resilient.py: summation order only
 

@@ -1,7 +1,7 @@
 """A replica whose first connection closed before the coordinator read its hello goes on starting.
 
 Under a flood of connections without a hello the coordinator closes the oldest one
-(core/coordinator_service.py); a worker slowed by load can send its hello after 256 strangers
+(core/coordinator/service.py); a worker slowed by load can send its hello after 256 strangers
 have arrived, and its connection is that oldest one. The worker reconnects with a report, and
 a coordinator still in start-up answers "startup": its hello counted the replica in. Seen twice
 in full suites (tests/test_control_plane_attack.py, the tokenless flood): the worker took that
@@ -16,7 +16,7 @@ import collections
 
 import pytest
 
-from recover.core.replica import Replica, RunEnded
+from recover.core.worker.replica import Replica, RunEnded
 
 STARTUP = {"t": "startup", "wait": 290.0, "connected": 2, "of": 3}
 

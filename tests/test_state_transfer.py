@@ -1,4 +1,4 @@
-"""Live state transfer (core/state_transfer.py) between two gloo ranks in one process, no worker processes.
+"""Live state transfer (core/worker/state_transfer.py) between two gloo ranks in one process, no worker processes.
 
 A donor that has trained (AdamW moments and step exist, the schedule has moved)
 heals a fresh receiver over a real gloo `Communicator` (two threads, one
@@ -19,11 +19,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from recover.core.accumulator import GradAccumulator
-from recover.core.comm import CollectiveError, Communicator
-from recover.core.recipe import CommittedStep
-from recover.core.schedule import WarmupCosine
-from recover.core.state_transfer import DIRECT_BYTES, _decode, _encode, transfer_state
+from recover.core.worker.accumulator import GradAccumulator
+from recover.core.worker.comm import CollectiveError, Communicator
+from recover.core.worker.recipe import CommittedStep
+from recover.core.config.schedule import WarmupCosine
+from recover.core.worker.state_transfer import DIRECT_BYTES, _decode, _encode, transfer_state
 
 
 def _replica(seed: int, width: int = 600):

@@ -1,7 +1,7 @@
 """The rendezvous store serves only holders of the run's join token (issue 41, item 9).
 
 A `StoreGuard` in front of a store on 127.0.0.1 (as the coordinator runs them); a client keyed by
-the token (`core.startup.keyed_store`) works; a client in another process without the token can
+the token (`core.launch.startup.keyed_store`) works; a client in another process without the token can
 neither list, count, read, write nor delete the run's keys, and the run's keys are unchanged after
 it tried. Pure checks of the request parser first.
 """
@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import pytest
 
-from recover.core.store_guard import (GET, GETNUMKEYS, PING, SET, VALIDATE, VALIDATE_MAGIC, Refused, _Need,
+from recover.core.contract.store_guard import (GET, GETNUMKEYS, PING, SET, VALIDATE, VALIDATE_MAGIC, Refused, _Need,
                                       parse_request, store_namespace)
 
 PREFIX = ("/" + store_namespace("tok") + "/").encode()
@@ -77,8 +77,8 @@ for name, attempt in tries.items():
 def test_a_client_without_the_token_cannot_find_or_overwrite_the_runs_keys(tmp_path):
     import torch.distributed as dist
 
-    from recover.core.startup import keyed_store
-    from recover.core.store_guard import StoreGuard, host_local_store
+    from recover.core.launch.startup import keyed_store
+    from recover.core.contract.store_guard import StoreGuard, host_local_store
 
     inner = host_local_store()
     guard = StoreGuard("127.0.0.1", 0, inner.port, store_namespace("tok"))
@@ -112,8 +112,8 @@ def test_keyless_connections_are_bounded_and_a_keyed_client_is_served_past_the_d
 
     import torch.distributed as dist
 
-    from recover.core.startup import keyed_store
-    from recover.core.store_guard import StoreGuard, host_local_store
+    from recover.core.launch.startup import keyed_store
+    from recover.core.contract.store_guard import StoreGuard, host_local_store
 
     store = host_local_store()
     guard = StoreGuard("127.0.0.1", 0, store.port, store_namespace("tok"), key_deadline=4.0, max_keyless=4)

@@ -17,11 +17,11 @@ import torch
 
 from conftest import run_ranks_around_a_store
 
-from recover.core.config import ConfigError, TrainConfig
-from recover.core.model import GPT
+from recover.core.config.train_config import ConfigError, TrainConfig
+from recover.core.components.model import GPT
 from recover.core.parallel.args import ParallelismArgs
 from recover.core.parallel.tp import group_heads_by_rank, qkv_row_order
-from recover.core.shapes import GPTConfig
+from recover.core.config.shapes import GPTConfig
 
 WORKER = str(Path(__file__).with_name("tp_worker.py"))
 sys.path.insert(0, str(Path(__file__).parent))
@@ -93,7 +93,7 @@ def _run(out: Path, shard: int, tp: int, timeout: float = 240) -> list[dict]:
 def _reference():
     """Single-process: the same three microbatches, the gradients, the step's loss and checksum."""
     import tp_worker
-    from recover.core.workload import Workload
+    from recover.core.training.workload import Workload
     torch.set_num_threads(1)
     work = Workload(tp_worker.config())
     for i in tp_worker.IDS:

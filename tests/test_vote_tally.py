@@ -1,12 +1,12 @@
-"""core/vote_tally.py: what one step's votes add up to, checked against the votes themselves."""
+"""core/coordinator/vote_tally.py: what one step's votes add up to, checked against the votes themselves."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recover.core import idranges
-from recover.core.vote_tally import VoteTally
+from recover.core.contract import idranges
+from recover.core.coordinator.vote_tally import VoteTally
 
 KEYS = [str(r) for r in range(16)]
 

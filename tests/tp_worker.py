@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from recover.core.config import TrainConfig
+from recover.core.config.train_config import TrainConfig
 from recover.core.parallel.args import ParallelismArgs
 from recover.core.parallel.context import ParallelContext
-from recover.core.workload import Workload
+from recover.core.training.workload import Workload
 
 IDS = [5, 2, 9]
 

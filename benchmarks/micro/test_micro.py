@@ -22,14 +22,14 @@ import json
 import pytest
 import torch
 
-from recover.core import idranges, wire
-from recover.core.accumulator import GradAccumulator, weights_digest, weights_fingerprint
-from recover.core.data import iteration_ids
-from recover.core.model import GPT
-from recover.core.policy import assign_quotas, quota_of
-from recover.core.protocol import ProtocolStateMachine
-from recover.core.results import step_ids
-from recover.core.shapes import model_config
+from recover.core.contract import idranges, wire
+from recover.core.worker.accumulator import GradAccumulator, weights_digest, weights_fingerprint
+from recover.core.components.data import iteration_ids
+from recover.core.components.model import GPT
+from recover.core.contract.policy import assign_quotas, quota_of
+from recover.core.coordinator.protocol import ProtocolStateMachine
+from recover.core.storage.results import step_ids
+from recover.core.config.shapes import model_config
 
 
 def test_quota_policy_512_replicas(benchmark):

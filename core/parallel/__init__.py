@@ -9,7 +9,7 @@
 - pp.py: pipeline parallelism (torch.distributed.pipelining, GPipe "afab" or "1f1b")
   of the GPT's blocks over the replica's "pp" ranks; a quota is one schedule run;
 - fsdp.py: FSDP2 inside a replica and `ShardedAccumulator`, the sharded form of
-  core/accumulator.py's GradAccumulator;
+  core/worker/accumulator.py's GradAccumulator;
 - replica_link.py: the leader's relay of the coordinator's word to its ranks;
 - follower.py: `ReplicaFollower`, the training API on a rank that is not the leader;
 - rank_beats.py: every rank beats to its leader; a silent one ends the replica;

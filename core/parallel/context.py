@@ -25,7 +25,7 @@ Contract:
   failure domain), so nothing here ever rebuilds them.
 - The cross-replica groups are one per position in the replica: the ranks at local
   rank i of every live replica form group "pos<i>". They change with membership,
-  so `cross_replica(...)` builds one for a generation, as a `core.comm.Communicator`
+  so `cross_replica(...)` builds one for a generation, as a `core.worker.comm.Communicator`
   (deadline-bound, abortable) under "pos<i>/gen<g>/" of the store; the caller
   drops it (to a Graveyard) when the generation ends, exactly as a one-rank replica
   does with its communicator today.
@@ -48,8 +48,8 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..comm import AbortCheck, Communicator, OpenStore
-from .args import ParallelismArgs
+from recover.core.worker.comm import AbortCheck, Communicator, OpenStore
+from recover.core.parallel.args import ParallelismArgs
 
 
 class ParallelContext:

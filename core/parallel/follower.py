@@ -8,7 +8,7 @@
         replica.commit()
 
 Contract:
-- The same loop as a one-rank replica's (core/replica.py): a user's code does not
+- The same loop as a one-rank replica's (core/worker/replica.py): a user's code does not
   change with the rank it runs on. Every answer comes from the leader through the
   replica link (core/parallel/replica_link.py), in the leader's order: `quota()`
   yields exactly the ids the leader yields, stopping where it stops (an abort
@@ -22,7 +22,7 @@ Contract:
   all-reduce never touches the accumulator (it reduces a copy), so after a
   recovery this rank keeps its folded shard exactly as the leader keeps its ledger.
 - The run ending for the leader (stop, fenced, the coordinator gone) ends it here
-  with `core.replica.RunEnded` (the leader's reason and exit code); a leader that dies takes this process with it (the launcher
+  with `core.worker.replica.RunEnded` (the leader's reason and exit code); a leader that dies takes this process with it (the launcher
   kills a replica's ranks together).
 """
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Iterator
 
 import torch
 
-from ..comm import CollectiveError, Communicator, Graveyard
-from ..hooks import WorkerHooks
-from ..recipe import CommittedStep, LRSchedule
-from ..replica import RunEnded
-from .replica_link import ReplicaLink
+from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
+from recover.core.launch.hooks import WorkerHooks
+from recover.core.worker.recipe import CommittedStep, LRSchedule
+from recover.core.worker.replica import RunEnded
+from recover.core.parallel.replica_link import ReplicaLink
 
 
 class ReplicaFollower:
@@ -45,7 +45,7 @@ class ReplicaFollower:
                  open_store, backend: str = "gloo", collective_timeout: float = 30.0, grad_clip: float = 0.0,
                  lr_schedule: LRSchedule | None = None, hooks: WorkerHooks | None = None):
         if link.leader:
-            raise ValueError("the leader rank runs core.replica.Replica, not a follower")
+            raise ValueError("the leader rank runs core.worker.replica.Replica, not a follower")
         self.acc = acc
         self.optimizer = optimizer
         self.replica = replica

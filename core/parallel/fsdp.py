@@ -1,6 +1,6 @@
 """FSDP2 inside a replica: the sharded model, and the sharded gradient accumulator + ledger.
 
-Contract (the sharded form of core/accumulator.py's, same interface):
+Contract (the sharded form of core/worker/accumulator.py's, same interface):
 - `shard_model(model, mesh)` wraps each layer, then the root, with `fully_shard`
   over the replica's 1-D mesh, and sets every FSDP module to reduce-scatter
   gradients as a plain SUM. FSDP2 averages over its group by default; here the
@@ -56,7 +56,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..accumulator import Ledger, weights_digest, weights_fingerprint
+from recover.core.worker.accumulator import Ledger, weights_digest, weights_fingerprint
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layers: Iterable[nn.Module] | None = None) -> nn.Module:

@@ -24,11 +24,11 @@ Contract:
   group, `mesh` the 1-D mesh FSDP2 shards over), the leader's relay (`link`) and
   the ranks' beats to their leader (core/parallel/rank_beats.py: a rank frozen or
   gone ends the replica, with exit code 5).
-- `join(acc, optimizer, **kw)` returns the replica handle: `core.replica.Replica`
+- `join(acc, optimizer, **kw)` returns the replica handle: `core.worker.replica.Replica`
   on the leader (local rank 0, the only rank that talks to the coordinator; `kw`
   are its keyword arguments), `ReplicaFollower` on the others (which use `grad_clip`,
   `lr_schedule` and `hooks` of them). Both have `done`, `step`, `quota()`,
-  `fold()`, `commit()`, `close()`, and raise `core.replica.RunEnded` when the run
+  `fold()`, `commit()`, `close()`, and raise `core.worker.replica.RunEnded` when the run
   ends for them. `close()` after the loop says goodbye to the leader's watch, so the
   ranks may then exit in any order.
 - `part(x, y)` is this rank's rows of a microbatch and their share of its rows:
@@ -50,13 +50,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import worker_exit
-from ..startup import connect_store, env_addr
-from .args import ParallelismArgs
-from .context import ParallelContext
-from .fsdp import microbatch_part
-from .rank_beats import RankBeats, local_address
-from .replica_link import LINK_TIMEOUT, ReplicaLink
+from recover.core.contract import worker_exit
+from recover.core.launch.startup import connect_store, env_addr
+from recover.core.parallel.args import ParallelismArgs
+from recover.core.parallel.context import ParallelContext
+from recover.core.parallel.fsdp import microbatch_part
+from recover.core.parallel.rank_beats import RankBeats, local_address
+from recover.core.parallel.replica_link import LINK_TIMEOUT, ReplicaLink
 
 
 
@@ -136,11 +136,11 @@ class ReplicaContext:
         """The replica handle for this rank: `Replica` on the leader, `ReplicaFollower` elsewhere."""
         kw.setdefault("collective_timeout", self.collective_timeout)
         if self.leader:
-            from ..replica import Replica
+            from recover.core.worker.replica import Replica
             handle = Replica(acc, optimizer, replica=self.replica, control_addr=env_addr("RECOVER_CONTROL_ADDR"),
                              store_addr=env_addr("RECOVER_STORE_ADDR"), link=self.link, **kw)
         else:
-            from .follower import ReplicaFollower
+            from recover.core.parallel.follower import ReplicaFollower
             handle = ReplicaFollower(acc, optimizer, replica=self.replica, local_rank=self.local_rank,
                                      link=self.link, open_store=connect_store, backend=kw.get("backend", "gloo"),
                                      collective_timeout=kw["collective_timeout"], grad_clip=kw.get("grad_clip", 0.0),

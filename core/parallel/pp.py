@@ -1,7 +1,7 @@
 """Pipeline parallelism inside a replica: the GPT's blocks cut into P stages, one per "pp" rank.
 
 Contract:
-- `GPTStage(model, stage, stages)` is stage `stage` of a core.model.GPT built
+- `GPTStage(model, stage, stages)` is stage `stage` of a core.components.model.GPT built
   identically on every rank (the same seed): the first stage holds the token and
   position embeddings, every stage a contiguous run of blocks (`stage_blocks`: the
   first n_layer % P stages one block more), the last stage the final layer norm
@@ -43,10 +43,10 @@ Contract:
   nothing inside a replica times out). A coordinator's abort is never seen inside
   it; the loop hands it only ids already out of `quota()`.
 - `at(phase, k)` is called on every stage at the start of its forward of the k-th
-  microbatch ("between_microbatches" first, for every k: core/fold.py drops the
+  microbatch ("between_microbatches" first, for every k: core/worker/fold.py drops the
   step's first, as its one-by-one loop never calls it; then "forward"), and
   "backward" when this stage's backward of microbatch k starts (a hook on its
-  output's gradient): the fault hooks of core/hooks.py, per stage.
+  output's gradient): the fault hooks of core/launch/hooks.py, per stage.
 - Randomness: before its forward of microbatch ids[k] every stage reseeds from
   (seed, ids[k]), so a redone microbatch draws the same dropout masks. Stage s > 0
   draws from the reseeded stream rather than where stage s-1 left it, so with
@@ -73,7 +73,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from ..data import microbatch_seed
+from recover.core.components.data import microbatch_seed
 
 SCHEDULES = {"afab": ScheduleGPipe, "1f1b": Schedule1F1B}
 """nanotron's schedule names -> torch's schedules."""
@@ -93,7 +93,7 @@ def stage_blocks(n_layer: int, stages: int) -> list[range]:
 
 
 class GPTStage(nn.Module):
-    """One pipeline stage of a core.model.GPT (see the module docstring)."""
+    """One pipeline stage of a core.components.model.GPT (see the module docstring)."""
 
     def __init__(self, model: nn.Module, stage: int, stages: int):
         super().__init__()

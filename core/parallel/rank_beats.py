@@ -14,7 +14,7 @@ Contract:
   it go).
 - `limit` is a callable so the caller can allow more before the first commit (a
   rank's first step pays one-time costs holding the GIL, as the coordinator
-  allows its workers: core/coordinator_service.py `_silent`).
+  allows its workers: core/coordinator/service.py `_silent`).
 - A rank whose leader is gone (its connection closes or a write fails) calls
   `on_leader_gone()`: the replica is out, nothing is left for the rank to do.
 - `stop()`, once the rank's training loop is over: a rank says goodbye (a "!"),

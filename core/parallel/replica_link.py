@@ -1,7 +1,7 @@
 """One voice per replica: the leader rank relays what the coordinator said to the replica's other ranks.
 
 Contract:
-- Only the leader (local rank 0) holds the control connection (core/replica.py).
+- Only the leader (local rank 0) holds the control connection (core/worker/replica.py).
   Every decision that changes what a rank does next (the ids to fold, reduce or
   recover, the commit) reaches the other ranks through `share`, in the order the
   leader took it, so all ranks of a replica switch generation together and never
@@ -24,7 +24,7 @@ Contract:
   waited that long, so a step without a fault costs the store nothing.
 - Nothing inside a replica times out on its own (the link's group waits for a day):
   any rank dying takes the whole replica out (the launcher kills its other ranks,
-  core/replica_processes.py), and the leader's waits are the protocol's, which
+  core/launch/replica_processes.py), and the leader's waits are the protocol's, which
   can be long (a slow peer's quota) without anyone being at fault.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..comm import AbortCheck
+from recover.core.worker.comm import AbortCheck
 
 HEAD_BYTES = 4096  # the first broadcast of `share`: an int32 length, then the object's first bytes
 ABORT_POLL_SECONDS = 0.01  # how often a non-leader rank's collective asks the store about an abort

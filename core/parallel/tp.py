@@ -2,7 +2,7 @@
 
 Contract:
 - `tensor_parallel(model, tp_mesh)` applies torch's own DTensor tensor parallelism
-  (`parallelize_module`) to every block of the GPT (core/model.py), over the
+  (`parallelize_module`) to every block of the GPT (core/components/model.py), over the
   replica's "tp" sub-mesh: the attention's `qkv` and the MLP's `fc` are
   `ColwiseParallel` (each rank computes its heads, its slice of the MLP width),
   the two `proj`s are `RowwiseParallel` (each rank's partial product, summed by an
@@ -16,10 +16,10 @@ Contract:
   rank's heads (`group_heads_by_rank`). This is a fixed permutation of one
   parameter: the model computes the same function, AdamW and weight decay are
   elementwise, and norms and sums do not see the order. The attention reads its
-  local head count from qkv's output width (core/model.py), so the single-process
+  local head count from qkv's output width (core/components/model.py), so the single-process
   path is unchanged.
 - Every rank must hold the same full weights when this is called (the same seed:
-  core/model.py's contract); DTensor then keeps each rank's slice.
+  core/components/model.py's contract); DTensor then keeps each rank's slice.
 - Dropout: attention dropout draws masks for this rank's heads only, so with
   dropout > 0 a TP run matches a one-rank replica in distribution, not bit for bit.
 """
@@ -36,7 +36,7 @@ BLOCK_PLAN = {
     "mlp.fc": ColwiseParallel,
     "mlp.proj": RowwiseParallel,
 }
-"""What each block's projections become under TP (the names are core/model.py's)."""
+"""What each block's projections become under TP (the names are core/components/model.py's)."""
 
 
 def qkv_row_order(n_embd: int, tp: int) -> torch.Tensor:
@@ -62,7 +62,7 @@ def group_heads_by_rank(qkv: nn.Linear, tp: int) -> None:
 
 
 def tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
-    """Split every block of `model` (a core.model.GPT) over `tp_mesh` (see the contract). Returns model."""
+    """Split every block of `model` (a core.components.model.GPT) over `tp_mesh` (see the contract). Returns model."""
     tp = tp_mesh.size()
     if tp == 1:
         return model

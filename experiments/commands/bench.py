@@ -30,9 +30,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recover.core.config import ConfigError, TrainConfig
+from recover.core.config.train_config import ConfigError, TrainConfig
 
-from recover.core.shapes import MODEL_CONFIGS
+from recover.core.config.shapes import MODEL_CONFIGS
 
 from ..systems import SYSTEMS
 from . import fail
@@ -120,7 +120,7 @@ def add_parser(sub) -> None:
     it.set_defaults(func=cmd_bench_iteration)
     t = bsub.add_parser("transfer", help="live state transfer (a newcomer healed by a donor) against a plain "
                         "broadcast of the same bytes, per model", description="Two processes, one gloo group: "
-                        "core.state_transfer against a bare broadcast, interleaved; writes state_transfer.json.")
+                        "core.worker.state_transfer against a bare broadcast, interleaved; writes state_transfer.json.")
     t.add_argument("--models", nargs="+", default=["tiny", "small"], help="models (default: tiny small)")
     t.add_argument("--repeats", type=int, default=5, help="timed rounds per model (default: 5)")
     t.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
@@ -142,7 +142,7 @@ def add_parser(sub) -> None:
     cr.set_defaults(func=cmd_bench_coordinator_restart)
     k = bsub.add_parser("coordinator", help="the coordinator's cost per commit and per recovery, against R "
                         "(--service: the real service over loopback)",
-                        description="Drive core.protocol.ProtocolStateMachine in process with R replicas; write NAME.json. "
+                        description="Drive core.coordinator.protocol.ProtocolStateMachine in process with R replicas; write NAME.json. "
                                     "With --service: the real membership service in its own process against N "
                                     "simulated replicas (a few client processes, real connections, real faults).")
     k.add_argument("--replicas", type=int, nargs="+", default=None,
@@ -155,11 +155,11 @@ def add_parser(sub) -> None:
                    help="file stem of the results (default: coordinator_state_machine; with --service coordinator_service)")
     k.add_argument("--no-gc", action="store_true",
                    help="disable Python's garbage collector altogether while measuring (to see its share; by "
-                        "default it is paced as in the coordinator's process, core/gc_pacing.py)")
+                        "default it is paced as in the coordinator's process, core/coordinator/gc_pacing.py)")
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
     s_ = k.add_argument_group("--service", "the real service (experiments/bench_coordinator_service.py)")
     s_.add_argument("--service", action="store_true",
-                    help="run core.coordinator_service.CoordinatorService against simulated replicas over loopback")
+                    help="run core.coordinator.service.CoordinatorService against simulated replicas over loopback")
     s_.add_argument("--clients", type=int, default=4, help="client processes sharing the N connections (default: 4)")
     s_.add_argument("--step-seconds", type=float, default=0.5,
                     help="seconds from a quota's arrival to its vote, the compute stand-in (default: 0.5)")
@@ -179,7 +179,7 @@ def add_parser(sub) -> None:
     s_.add_argument("--work", default="", help="directory for the runs' records (default: a temp dir)")
     k.set_defaults(func=cmd_bench_coordinator)
     so = bsub.add_parser("soak", help="the coordinator state machine over a long run, a replacement every N steps: "
-                         "steps/s, container sizes, RSS and open fds", description="Drive core.protocol.ProtocolStateMachine "
+                         "steps/s, container sizes, RSS and open fds", description="Drive core.coordinator.protocol.ProtocolStateMachine "
                          "in process for many steps, a member lost and a newcomer admitted every --every steps; "
                          "sample steps/s, the sizes of its containers, the process's RSS and fds; write NAME.json.")
     so.add_argument("--steps", type=int, default=100_000, help="steps of the run (default: 100000)")
@@ -198,7 +198,7 @@ def add_parser(sub) -> None:
     so.set_defaults(func=cmd_bench_soak)
     sg = bsub.add_parser("store-guard", help="a rendezvous's store traffic through the store guard against the bare "
                          "store, against N clients", description="N keyed store clients each set one key and read "
-                         "all N (N^2 gets), straight to the store and through core.store_guard.StoreGuard; "
+                         "all N (N^2 gets), straight to the store and through core.contract.store_guard.StoreGuard; "
                          "write NAME.json.")
     sg.add_argument("--clients", type=int, nargs="+", default=[16, 64, 256],
                     help="numbers of clients N (default: 16 64 256)")

@@ -83,7 +83,7 @@ def _check_shape(a: argparse.Namespace) -> str | None:
 def cmd_sample(a: argparse.Namespace) -> int:
     if (err := _check_shape(a)) is not None:
         return fail(err)
-    from recover.core.hooks import PHASES
+    from recover.core.launch.hooks import PHASES
 
     phases = [p.strip() for p in a.phases.split(",") if p.strip()]
     bad = [p for p in phases if p not in PHASES]

@@ -20,9 +20,9 @@ import json
 import time
 from pathlib import Path
 
-from recover.core.config import ConfigError, TrainConfig
-from recover.core.launcher import Launcher, python_module_argv
-from recover.core.results import read_jsonl, write_summary
+from recover.core.config.train_config import ConfigError, TrainConfig
+from recover.core.launch.launcher import Launcher, python_module_argv
+from recover.core.storage.results import read_jsonl, write_summary
 
 from . import fail
 
@@ -68,7 +68,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     config_path.write_text(json.dumps({"train": cfg.to_dict(), "command": cmd}, indent=2))
     t0 = time.time()
     launcher = Launcher(
-        out, python_module_argv("recover.core.coordinator", "--config", str(config_path), "--mode", "recover"),
+        out, python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "recover"),
         # RECOVER_REJOIN: Replica.from_env's default for rejoining after a false death
         lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0), "RECOVER_REJOIN": "1" if cfg.rejoin else "0",
                                          "RECOVER_COORDINATOR_TIMEOUT": repr(cfg.coordinator_timeout),

@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from recover.core.checkpoint_dir import CheckpointDir
-from recover.core.config import ConfigError, TrainConfig, add_dataclass_flags, dataclass_from_args
+from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.config.train_config import ConfigError, TrainConfig, add_dataclass_flags, dataclass_from_args
 from recover.fault_injection.injector import attach_plan
 from recover.fault_injection.plan import PlanError
 

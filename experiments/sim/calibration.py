@@ -44,7 +44,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from recover.core.fields import doc_field as _f
+from recover.core.config.fields import doc_field as _f
 
 from .costs import Costs
 from .failures import FailureEvents
@@ -209,7 +209,7 @@ def local_calibration(bench: str | Path | None = None, replicas: int = 4, microb
         "gpus_per_replica": "plain data parallelism: a replica is one process",
         "microbatches": "the local scenario's M (recover train default 8)",
         "tokens_per_microbatch": "recover train defaults: --batch-size 4 x block 64 tokens",
-        "grad_bytes": "the tiny model: 119,104 fp32 parameters + the loss slot (core/workload.py)",
+        "grad_bytes": "the tiny model: 119,104 fp32 parameters + the loss slot (core/training/workload.py)",
         "link_bandwidth": "assumed (loopback); the fitted latency dominates at this size",
         "link_latency": "fitted: " + src["allreduce2_seconds"],
         "cpu_slots": "this machine has 2 CPU cores, shared by the replicas' processes",

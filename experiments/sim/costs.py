@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recover.core.fields import doc_field as _f
+from recover.core.config.fields import doc_field as _f
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from recover.core.fields import doc_field as _f
+from recover.core.config.fields import doc_field as _f
 from recover.fault_injection import sampling
 from recover.fault_injection.kinds import KINDS
 
@@ -40,7 +40,7 @@ class StepFault:
     """A fault fired when the system first reaches iteration `step` at `phase`."""
 
     step: int  # iteration, from 0 (metrics.jsonl's step)
-    phase: str  # one of core.hooks.PHASES
+    phase: str  # one of core.launch.hooks.PHASES
     replica: int  # target replica
     kind: int  # CRASH or HANG
     microbatch: int | None = None  # k-th microbatch of the target's quota (None = first)

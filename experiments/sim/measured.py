@@ -50,7 +50,7 @@ def gpt_parameters(shape: dict) -> int:
 
 
 TINY_PARAMETERS = gpt_parameters({"vocab_size": 256, "block_size": 64, "n_layer": 2, "n_embd": 64})
-"""The tiny model's trainable parameters (core/shapes.py's `tiny`: 119,104; a property of the model, not a measurement)."""
+"""The tiny model's trainable parameters (core/config/shapes.py's `tiny`: 119,104; a property of the model, not a measurement)."""
 STATE_BYTES_PER_PARAMETER = 12
 """Checkpointed state per parameter: fp32 weights and AdamW's two fp32 moments (bf16 copies are derived, not saved)."""
 TINY_STATE_BYTES = TINY_PARAMETERS * STATE_BYTES_PER_PARAMETER

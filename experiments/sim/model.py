@@ -22,7 +22,7 @@ Why each piece:
   charges a replica by its size, not by how it splits (what FSDP shards, TP slices
   and PP stages cost inside one microbatch is in microbatch_seconds). A job built
   from a bare gpus_per_replica has layout None: the size is all it says.
-- compute: with equal speeds the quota policy (core/policy.py) gives every replica
+- compute: with equal speeds the quota policy (core/contract/policy.py) gives every replica
   floor(m/r) or ceil(m/r) microbatches, so the iteration waits for a ceil(m/r)
   replica. `microbatch_seconds` is the time one replica takes for one microbatch's
   forward and backward (all its GPUs working together).
@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from recover.core.fields import doc_field as _f
+from recover.core.config.fields import doc_field as _f
 
 from ..layout import ReplicaLayout
 

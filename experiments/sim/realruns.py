@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from recover.core.results import read_jsonl, read_metrics, step_ids_are
+from recover.core.storage.results import read_jsonl, read_metrics, step_ids_are
 
 
 @dataclass

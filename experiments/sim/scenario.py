@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recover.core.fields import doc_field as _f
+from recover.core.config.fields import doc_field as _f
 
 from .calibration import Calibration
 from .costs import save_stall_seconds

@@ -52,8 +52,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from recover.core.results import step_ids_are
-from recover.core.shapes import GPTConfig
+from recover.core.storage.results import step_ids_are
+from recover.core.config.shapes import GPTConfig
 from recover.experiments.labels import variant_label
 
 from .calibration import local_calibration
@@ -100,7 +100,7 @@ def run_parameters(run: RealRun) -> int:
     """The run's model's trainable parameters, from its config.json "model" section (the tiny model's
     when a run recorded none)."""
     shape = run.config.get("model")
-    # a field the run did not record has the model's default (core/shapes.py)
+    # a field the run did not record has the model's default (core/config/shapes.py)
     return gpt_parameters({**asdict(GPTConfig()), **shape}) if shape else TINY_PARAMETERS
 
 

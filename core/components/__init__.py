@@ -1,0 +1,2 @@
+"""The workload's building blocks: the GPT model and the token streams with global ids.
+"""

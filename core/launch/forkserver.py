@@ -1,0 +1,284 @@
+"""A fork server for `python -m module` workers: torch is imported once, not once per process.
+
+Why: a worker's first seconds are `import torch` (1.5-4 s of CPU here). A test suite
+or a grid that starts hundreds of short runs pays that for every process, and on
+two cores it is most of the time. The fork server imports torch (and
+torch.distributed) once; every worker is then a `fork()` of it, which takes
+milliseconds and shares the imported pages.
+
+Contract:
+- `ForkServer.start(argv, env, log)` starts `argv` (which must be
+  `python_module_argv(module, ...)`: `[sys.executable, "-m", module, *args]`) as a
+  new process that behaves as `subprocess.Popen(argv, env=env, stdout=log,
+  stderr=STDOUT, process_group=0)` with PR_SET_PDEATHSIG=SIGKILL would:
+  - a process of its own with its own PID (faults are injected by that PID), in a
+    process group of its own (a "lost node" kills the group);
+  - `os.environ` is exactly `env`; `sys.argv` is what `python -m` would set;
+    stdout and stderr go to `log`, stdin is /dev/null;
+  - it is SIGKILLed by the kernel when the launcher dies;
+  - its exit code is what the module's `sys.exit` (or an uncaught exception: 1)
+    gives, and a signal shows as a negative code, as with Popen.
+- The worker is the launcher's child in the sense that matters: the server forks
+  twice and the middle process exits, so the worker is re-parented to the
+  launcher, which makes itself a child subreaper (PR_SET_CHILD_SUBREAPER) for
+  exactly that. The launcher reaps it with `waitpid` like any child, through
+  `ForkedProcess`, which has the part of Popen's interface the launcher uses.
+- What a fork does not redo is only what `import torch` does. Environment
+  variables that torch reads at import time (OMP_NUM_THREADS and the like) are the
+  server's, so `ForkServer` is used only where those do not vary between workers;
+  the project sets threads through `torch.set_num_threads` at run time.
+- Who uses it: the launcher, when RECOVER_WORKER_START=fork, for the workers and
+  the coordinator (whose first stdout line reaches the launcher through a FIFO). The default stays
+  `spawn` (a fresh interpreter per worker), because a benchmark of restart time
+  must pay what a restart on a cluster pays; the test suite sets `fork`
+  (tests/conftest.py), where start-up cost is only waiting.
+
+One server per launcher process, started on first use and ended with it (its
+PDEATHSIG, and `close()` at exit). If it dies, the next `start` starts another.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Sequence
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+#: Modules the server imports before it forks anything: the expensive ones. A worker
+#: imports torch.distributed.checkpoint (core/training/checkpoint.py) and, on building AdamW,
+#: torch._dynamo: sampled with py-spy, those two were most of a forked worker's CPU
+#: before its first step. Neither starts a thread at import, so forking after is safe.
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "numpy")
+
+START_ENV = "RECOVER_WORKER_START"
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value) == 0
+    except OSError:  # not Linux
+        return False
+
+
+def wanted() -> bool:
+    """True when this process's launches should fork workers (RECOVER_WORKER_START=fork)."""
+    mode = os.environ.get(START_ENV, "spawn")
+    if mode not in ("spawn", "fork"):
+        raise ValueError(f"{START_ENV}: must be 'spawn' or 'fork', got {mode!r}")
+    return mode == "fork"
+
+
+def forkable(argv: Sequence[str]) -> bool:
+    """True for the argv the server can start: this interpreter's `-m module ...`."""
+    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m"
+
+
+class PolledProcess:
+    """What `subprocess.Popen` offers on top of `poll()` and `send_signal()`, by polling:
+    `wait(timeout)`, `terminate()`, `kill()` (a subclass gives `poll`, `send_signal`, `args`)."""
+
+    args: list
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedProcess(PolledProcess):
+    """A worker started by the fork server: the subset of `subprocess.Popen` the launcher uses."""
+
+    def __init__(self, pid: int, args: Sequence[str]):
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere; nothing more to learn
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+class ForkServer:
+    """The launcher's side: start the server once, then ask it for workers."""
+
+    _shared: "ForkServer | None" = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
+            raise OSError("PR_SET_CHILD_SUBREAPER unavailable: the fork server needs Linux")
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, *PRELOAD],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+            preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL), start_new_session=True,
+        )
+        line = self._proc.stdout.readline()
+        if line.strip() != b"ready":
+            self.close()
+            raise RuntimeError(f"fork server did not start: {line!r}")
+
+    @classmethod
+    def shared(cls) -> "ForkServer":
+        """This process's server, started on first use (or again, if it died)."""
+        with cls._shared_lock:
+            if cls._shared is None or cls._shared._proc.poll() is not None:
+                cls._shared = cls()
+                atexit.register(cls._shared.close)
+            return cls._shared
+
+    def start(self, argv: Sequence[str], env: dict[str, str], log_path: str,
+              stdout_path: str | None = None, new_session: bool = False) -> ForkedProcess:
+        """Start argv with stderr (and stdout, unless `stdout_path` names a file or FIFO
+        for it) appended to `log_path`; in a session of its own if `new_session`
+        (Popen's start_new_session), else in a process group of its own."""
+        if not forkable(argv):
+            raise ValueError(f"the fork server starts only `{sys.executable} -m module ...`, not {list(argv)!r}")
+        request = {"argv": list(argv[2:]), "env": dict(env), "log": str(log_path), "launcher": os.getpid(),
+                   "stdout": None if stdout_path is None else str(stdout_path), "session": new_session}
+        with self._lock:
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            self._proc.stdin.flush()
+            reply = self._proc.stdout.readline()
+        if not reply:
+            raise RuntimeError("fork server exited")
+        answer = json.loads(reply)
+        if "error" in answer:
+            raise RuntimeError(f"fork server could not start {list(argv)!r}: {answer['error']}")
+        return ForkedProcess(answer["pid"], argv)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+
+
+# ---- the server's side -------------------------------------------------------------------------
+def _become_worker(request: dict, report_fd: int) -> None:
+    """In the grandchild: wait to be re-parented to the launcher, then run the module. Never returns."""
+    code = 1
+    try:
+        # Open a FIFO for stdout before the launcher learns our PID: it reads it as soon
+        # as it does, and a FIFO with no writer yet would read as end-of-file.
+        stdout_fd = None if request["stdout"] is None else os.open(request["stdout"], os.O_WRONLY)
+        if request["session"]:
+            os.setsid()  # as Popen(start_new_session=True)
+        else:
+            os.setpgid(0, 0)  # a process group of its own, as Popen(process_group=0)
+        os.write(report_fd, f"{os.getpid()}\n".encode())
+        os.close(report_fd)
+        # The middle process exits right after it reads our PID; until then our parent
+        # is it, and a PDEATHSIG set now would fire on its exit. Wait for the move.
+        deadline = time.monotonic() + 10.0
+        while os.getppid() != request["launcher"]:
+            if time.monotonic() > deadline:  # the launcher is gone (or no subreaper)
+                os._exit(1)
+            time.sleep(0.0005)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != request["launcher"]:  # it died between the check and the prctl
+            os._exit(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 2)
+        os.dup2(log if stdout_fd is None else stdout_fd, 1)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        # A fresh interpreter would put $PYTHONPATH on sys.path; so do we.
+        sys.path[1:1] = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        import runpy
+
+        module = request["argv"][0]
+        sys.argv = [module, *request["argv"][1:]]  # runpy sets argv[0] to the module's file
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, (int, type(None))):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+    finally:
+        # Never unwind into the server's loop, and never run its atexit handlers.
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve() -> int:
+    for name in sys.argv[1:]:
+        __import__(name)
+    out = sys.stdout.buffer
+    out.write(b"ready\n")
+    out.flush()
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        try:
+            r, w = os.pipe()
+            middle = os.fork()
+            if middle == 0:
+                os.close(r)
+                if os.fork() == 0:
+                    _become_worker(request, w)
+                os._exit(0)
+            os.close(w)
+            with os.fdopen(r) as f:
+                pid = int(f.readline())
+            os.waitpid(middle, 0)  # once reaped, the worker has moved to the launcher
+            out.write((json.dumps({"pid": pid}) + "\n").encode())
+        except Exception as e:  # noqa: BLE001 - the launcher gets the reason
+            out.write((json.dumps({"error": repr(e)}) + "\n").encode())
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_serve())

@@ -1,0 +1,69 @@
+"""The processes of one replica of many ranks, seen by the launcher as one process.
+
+Contract:
+- `ReplicaProcesses(procs)` holds a replica's rank processes, rank 0 (its
+  leader) first, and offers the subset of `subprocess.Popen` the launcher uses
+  (`pid`, `poll`, `wait`, `returncode`, `send_signal`, `kill`), so the launcher's
+  loop, its records and its end policies treat a replica as one process whatever
+  its size.
+- The replica is the failure domain: once any rank has exited, every rank still
+  running is SIGKILLed by its PID (a rank's death leaves its peers blocked in the
+  replica's collectives; the leader's closed control connection is how the
+  coordinator learns that the replica is gone). `poll()` returns the replica's
+  code only once every rank is reaped: the code of the first rank that failed (a
+  SIGKILLed rank's -9; of failures first seen together, a death by signal), else 0.
+- `pids` lists every rank's PID, rank order (pids.json, and the fault injector's
+  launcher-side faults, which address `rank` within `replica`); `pid` is the leader's.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Sequence
+
+from recover.core.launch.forkserver import PolledProcess
+
+
+class ReplicaProcesses(PolledProcess):
+    """A replica's rank processes, ended together (see the module docstring)."""
+
+    def __init__(self, procs: Sequence):
+        self.procs = list(procs)
+        self.pid = self.procs[0].pid
+        self.args = getattr(self.procs[0], "args", [])
+        self.returncode: int | None = None
+        self._first_failure: int | None = None
+        self._killed = False
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        codes = [p.poll() for p in self.procs]
+        if self._first_failure is None:
+            # among failures first seen together, a death by signal is the cause and the others its
+            # consequence (a rank killed, its leader then exiting on the lost rank): as the launcher's _reap
+            failed = sorted((c for c in codes if c not in (None, 0)), key=lambda c: c >= 0)
+            if failed:
+                self._first_failure = failed[0]
+        if any(c is not None for c in codes) and any(c is None for c in codes) and not self._killed:
+            if self._first_failure is not None:  # a rank died: the replica dies with it
+                self._kill_running()
+        if all(c is not None for c in codes):
+            self.returncode = self._first_failure if self._first_failure is not None else 0
+        return self.returncode
+
+    def _kill_running(self) -> None:
+        self._killed = True
+        self.send_signal(signal.SIGKILL)
+
+    def send_signal(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass

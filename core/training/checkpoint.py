@@ -1,0 +1,312 @@
+"""DCP checkpoints that are either whole or never loaded: fresh temp dir, rename into place.
+
+The one implementation every checkpointing system uses (the checkpoint-restart and
+elastic baselines, and `recover`).
+
+Contract:
+- A checkpoint of step s holds the state *before* iteration s: model + AdamW (as
+  torch.distributed.checkpoint writes them), the LR schedule's state from
+  `recipe.CommittedStep`, and the data position ("progress": the step, the next
+  global microbatch id s*M, the seed and M). Data and per-microbatch randomness
+  are functions of (seed, global microbatch id), so that is all the RNG state
+  there is. A load whose schedule state or progress disagrees with s or with this
+  run (another seed or M) raises. Complete checkpoints live in ROOT/step-<s:08d>
+  (`checkpoint_dir.py`); nothing else is ever loaded.
+- A save never writes over a checkpoint. Every writer writes into the fresh
+  ROOT/.tmp-step-<s:08d>; only when every writer has finished (DCP's own finish
+  step has written .metadata and, with several ranks, a barrier has passed) is it
+  renamed to ROOT/step-<s:08d>, and the rename is fsynced. Why: a DCP save killed
+  while overwriting an older checkpoint leaves the old .metadata beside half-new
+  data, which looks whole and can load a mix of two saves (measured, DESIGN.md
+  section 5). A rename is atomic, so a save killed at any point leaves at most a
+  stray .tmp dir, and the previous complete checkpoint stays the latest.
+- Two ways to write, one path: collectively over a process group (`group` given:
+  every rank of the group calls `save`/`poll` at the same points; rank 0 renames),
+  or by a single writer holding the whole state (`group=None`: recover's replicas
+  hold identical weights after a commit, so one of them writes, with DCP's
+  `no_dist`, and no other replica waits for it).
+- Synchronous (`dcp.save`) and asynchronous (`dcp.async_save`) saves take the same
+  path. `async_save` stages (copies) the state before it returns, so the optimizer
+  may step while the background thread writes; one save is in flight at a time.
+  With a group the save is finished (renamed, collectively) at the first `poll()`
+  after every rank's background write is done; a single writer renames from the
+  background thread as soon as its write is done, so the checkpoint is complete
+  even if the training thread never reaches another `poll()`. `on_complete(step)`
+  runs once each checkpoint is renamed into place. `last_stall_seconds` is how
+  long the training thread was held by the last `save` (for async: the staging).
+- A save that fails (a full disk, a lost mount: the background write, the rename, or
+  the staging) raises its error from the `save`/`poll`/`wait` that sees it, once, and
+  leaves nothing behind: its temp dir is removed (the space it held is freed for the
+  next try), no checkpoint is pruned, and the saver is ready for the next save. The
+  caller decides what a failure means (core/training/resilient.py records it and goes on).
+- The "checkpoint_save" fault point fires on each writer after its data files are
+  written and before the checkpoint is complete, i.e. truly mid-save.
+- A group's DCP collectives run on a process group of their own: an async save's
+  background thread uses it while the training thread all-reduces on the training
+  group, and two threads issuing collectives on one gloo group could interleave
+  differently on different ranks.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+import shutil
+import threading
+import time
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from recover.core.worker.accumulator import GradAccumulator
+from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.worker.recipe import CommittedStep
+
+if TYPE_CHECKING:
+    from recover.core.training.workload import Workload
+
+__all__ = ["CheckpointDir", "CheckpointSaver", "TrainingState", "load_checkpoint"]
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint saves and restores of one replica."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    stepper: CommittedStep  # the committed step count and LR schedule state
+    acc: GradAccumulator  # emptied around a load (its .grad views must stay attached)
+    seed: int  # the run's seed: with M, fixes data order and per-microbatch randomness
+    microbatches: int  # M: iteration s starts at global microbatch id s*M
+
+    @classmethod
+    def of(cls, work: "Workload", stepper: CommittedStep | None = None) -> "TrainingState":
+        """A workload's state; `stepper` if the loop steps through another CommittedStep (a Replica's)."""
+        return cls(work.model, work.optimizer, stepper or work.stepper, work.acc, work.cfg.seed,
+                   work.cfg.microbatches)
+
+
+class _MidSaveWriter(dcp.FileSystemWriter):
+    """A FileSystemWriter that calls `on_written` once this writer's data files are on disk."""
+
+    def __init__(self, path: Path, on_written: Callable[[], None]):
+        # overwrite=False: the temp dir is always fresh; refuse to mix saves if not.
+        super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=False)
+        self._on_written = on_written
+
+    def write_data(self, plan, planner):
+        fut = super().write_data(plan, planner)
+        self._on_written()
+        return fut
+
+
+def _progress(state: TrainingState, step: int) -> dict:
+    return {"step": step, "next_microbatch_id": step * state.microbatches, "seed": state.seed,
+            "microbatches": state.microbatches}
+
+
+def _state_dict(state: TrainingState, step: int) -> dict:
+    """Model, optimizer, schedule and data position, keyed by parameter names (DCP's portable form)."""
+    return {
+        "model": get_model_state_dict(state.model),
+        "optim": get_optimizer_state_dict(state.model, state.optimizer),
+        "schedule": state.stepper.state_dict(),
+        "progress": _progress(state, step),
+    }
+
+
+def _prime_optimizer(state: TrainingState) -> None:
+    """Give a fresh AdamW its state tensors so a checkpoint can be loaded into them.
+
+    torch's own initialiser skips optimizers whose parameters already have grads,
+    and ours always do (views into the accumulator), so we take one step with zero
+    gradients and lr 0 ourselves: weights and the accumulator are unchanged; the
+    state it creates is overwritten by the load.
+    """
+    if state.optimizer.state:
+        return
+    state.acc.clear()
+    lrs = [g["lr"] for g in state.optimizer.param_groups]
+    for g in state.optimizer.param_groups:
+        g["lr"] = 0.0
+    state.optimizer.step()
+    for g, lr in zip(state.optimizer.param_groups, lrs):
+        g["lr"] = lr
+
+
+def load_checkpoint(state: TrainingState, path: Path, group=None) -> None:
+    """Load a complete checkpoint into `state` (collective over `group`; None: this process alone)."""
+    step = CheckpointDir.step_of(path)
+    _prime_optimizer(state)
+    sd = _state_dict(state, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # no_dist: DCP warns that no process group is set up
+        dcp.load(sd, checkpoint_id=str(path), process_group=group, no_dist=group is None)
+    set_model_state_dict(state.model, sd["model"])
+    set_optimizer_state_dict(state.model, state.optimizer, sd["optim"])
+    state.stepper.load_state_dict(sd["schedule"])
+    if state.stepper.committed != step:
+        raise ValueError(f"checkpoint {path} holds schedule state of step {state.stepper.committed}, not {step}")
+    if sd["progress"] != _progress(state, step):
+        raise ValueError(f"checkpoint {path} was written at data position {sd['progress']}, "
+                         f"this run would resume at {_progress(state, step)} (another --seed or --microbatches)")
+    state.acc.clear()
+
+
+@dataclass
+class _Pending:
+    """An async save whose background write may still be running."""
+
+    step: int
+    future: Future
+    renamed: threading.Event | None = None  # single writer: set once the background thread renamed it
+    error: BaseException | None = None  # single writer: the rename failed in the background thread
+
+
+COMPLETED_KEPT = 16  # CheckpointSaver.completed keeps this many steps
+
+
+class CheckpointSaver:
+    """Saves checkpoints of one replica's state: collectively with a group's other ranks, or alone."""
+
+    def __init__(self, ckpts: CheckpointDir, state: TrainingState, group, rank: int, use_async: bool, keep: int,
+                 on_mid_save: Callable[[int], None] = lambda step: None,
+                 on_complete: Callable[[int], None] = lambda step: None):
+        self.ckpts = ckpts
+        self.state = state
+        self.group = group  # None: a single writer (no collectives, no barriers)
+        self.rank = rank
+        self.use_async = use_async
+        self.keep = keep
+        self.on_mid_save = on_mid_save
+        self.on_complete = on_complete
+        self.pending: _Pending | None = None
+        self.last_stall_seconds = 0.0
+        # the last steps this saver renamed into place, in order (bounded: a long run saves without end)
+        self.completed: deque[int] = deque(maxlen=COMPLETED_KEPT)
+
+    def save(self, step: int, fault_step: int) -> bool:
+        """Checkpoint the state before iteration `step` (`fault_step`: the iteration just committed).
+
+        False if a complete checkpoint of `step` is already there (never written over)."""
+        if self.ckpts.path(step).exists():
+            # A replayed iteration reached a step that is already checkpointed:
+            # the checkpoint there is complete; never write over it.
+            return False
+        self.wait()
+        started = time.perf_counter()
+        tmp = self.ckpts.tmp_path(step)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+        if self.group is not None:
+            dist.barrier(group=self.group)  # nobody writes before a stale temp dir is gone
+        writer = _MidSaveWriter(tmp, lambda: self.on_mid_save(fault_step))
+        sd = _state_dict(self.state, step)
+        dist_kw = {"process_group": self.group} if self.group is not None else {"no_dist": True}
+        try:
+            self._start(step, sd, writer, dist_kw, started)
+        except BaseException:
+            self.pending = None
+            self._discard(step)
+            raise
+        return True
+
+    def _start(self, step: int, sd: dict, writer: "_MidSaveWriter", dist_kw: dict, started: float) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if self.use_async:
+                fut = dcp.async_save(sd, storage_writer=writer, **dist_kw)
+                self.last_stall_seconds = time.perf_counter() - started
+                self.pending = _Pending(step, fut, None if self.group is not None else threading.Event())
+                if self.group is None:
+                    fut.add_done_callback(lambda f, p=self.pending: self._complete_alone(p))
+            else:
+                dcp.save(sd, storage_writer=writer, **dist_kw)
+                self.last_stall_seconds = time.perf_counter() - started
+                self._complete(step)
+
+    def poll(self) -> None:
+        """Finish an async save if every writer's background write is done (collective with a group)."""
+        if self.pending is None:
+            return
+        if self.pending.renamed is not None:
+            if self.pending.future.done() and self.pending.renamed.is_set():
+                self._take_pending()
+            return
+        done = torch.tensor([1 if self.pending.future.done() else 0], dtype=torch.int32)
+        if self.group is not None:
+            # On the training group: the checkpoint group may still be busy in the
+            # background save's own collectives, and must not see ours interleaved.
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        if int(done.item()):
+            self._finish_pending()
+
+    def wait(self) -> None:
+        """Block until an in-flight async save is complete (collective with a group)."""
+        if self.pending is not None:
+            self.pending.future.result()
+            if self.pending.renamed is not None:
+                self.pending.renamed.wait()
+                self._take_pending()
+            else:
+                self._finish_pending()
+
+    def _complete_alone(self, pending: _Pending) -> None:
+        """A single writer's background write ended (in its thread): rename it if it succeeded."""
+        try:
+            if pending.future.exception() is None:
+                self._complete(pending.step)
+        except BaseException as e:  # noqa: BLE001 - the training thread re-raises it (`_take_pending`)
+            pending.error = e
+        finally:
+            pending.renamed.set()
+
+    def _take_pending(self) -> None:
+        pending, self.pending = self.pending, None
+        try:
+            pending.future.result()  # re-raises a failed background save
+            if pending.error is not None:
+                raise pending.error
+        except BaseException:
+            self._discard(pending.step)
+            raise
+
+    def _finish_pending(self) -> None:
+        pending, self.pending = self.pending, None
+        try:
+            pending.future.result()  # re-raises a failed background save
+            self._complete(pending.step)
+        except BaseException:
+            self._discard(pending.step)
+            raise
+
+    def _discard(self, step: int) -> None:
+        """A failed save's temp dir: removed (it is never loaded, and it holds space a full disk needs)."""
+        if self.rank == 0:
+            shutil.rmtree(self.ckpts.tmp_path(step), ignore_errors=True)
+
+    def _complete(self, step: int) -> None:
+        if self.group is not None:
+            dist.barrier(group=self.group)  # every rank's part is written
+        if self.rank == 0:
+            os.rename(self.ckpts.tmp_path(step), self.ckpts.path(step))
+            fd = os.open(self.ckpts.root, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the rename itself must survive a crash
+            finally:
+                os.close(fd)
+            self.ckpts.prune(self.keep)
+        self.completed.append(step)
+        self.on_complete(step)
