@@ -135,10 +135,19 @@ def _stop_self(state: InjectorState, index: int, fault: Any, step: int) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)  # returns only once someone sends SIGCONT
 
 
+def sleep_for_good(sleep: Callable[[float], None] = time.sleep) -> None:
+    """Block this thread until the process ends. Not `time.sleep(float("inf"))`: that raises
+    OverflowError at once, so a fault meant to hang for good crashed the rank instead."""
+    while True:
+        sleep(3600.0)
+
+
 def _stall(state: InjectorState, index: int, fault: Any, step: int) -> None:
     # The training thread blocks (as in a user's schedule or a device sync) while the
     # process's other threads, its heartbeat among them, run on: alive, but doing no work.
-    time.sleep(float("inf") if fault.seconds is None else float(fault.seconds))
+    if fault.seconds is None:
+        sleep_for_good()
+    time.sleep(float(fault.seconds))
 
 
 def _slow_down(state: InjectorState, index: int, fault: Any, step: int) -> None:
@@ -242,7 +251,7 @@ def _set_own_node_down(state: InjectorState, index: int, fault: Any, step: int) 
         raise RuntimeError(f"node_down (fault {index}): scontrol could not set {node} down: "
                            f"{(done.stderr or done.stdout).strip()}")
     print(f"node_down (fault {index}) at step {step}: set Slurm node {node} down", file=sys.stderr, flush=True)
-    time.sleep(float("inf"))
+    sleep_for_good()
 
 
 # ---- launcher-side actions (by PID, from outside) -----------------------------------------------
