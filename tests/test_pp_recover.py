@@ -146,3 +146,34 @@ def test_a_stage_rank_killed_in_a_pp2_x_shard2_replica_takes_it_out_and_the_traj
     ref = json.loads((plain_2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
     final = json.loads((out_dir / "final" / "replica0.json").read_text())
     assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)
+
+
+def test_survivors_finishing_a_long_schedule_after_a_crash_are_waited_for_not_removed(tmp_path):
+    # Every microbatch paced to 0.5 s, a quota of 6 to 9 of them run as one schedule, and a 1 s
+    # collective timeout: after replica 1 dies, each survivor answers the abort only once its
+    # schedule is through (3 s later). A fixed rejoin deadline (the collective timeout plus two
+    # microbatches) removed both of them ("no replica left"); their progress (a tick at each
+    # microbatch of the schedule) keeps them members.
+    steps, m = 4, 18
+    ref = _ref_3x_pp2(tmp_path, steps, m)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [
+        *({"kind": "pace", "replica": r, "step": 0, "phase": "forward", "seconds": 0.5} for r in range(3)),
+        {"kind": "crash", "replica": 1, "step": 2, "phase": "forward"}]}))
+    out = tmp_path / "run"
+    metrics = train_metrics(out, "--system", "recover", "--replicas", "3", "--pp", "2", "--collective-timeout", "1",
+                            "--faults", str(plan), steps=steps, microbatches=m, timeout=400)
+    assert [x["step"] for x in metrics] == list(range(steps))
+    assert all(reported_ids(x) == iteration_ids(x["step"], m) for x in metrics)
+    assert metrics[-1]["members"] == [0, 2]
+    recoveries = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
+    assert len(recoveries) == 1 and recoveries[0]["faults"] == [
+        "replica 1 lost: control connection closed (process gone)"], recoveries
+    for x, r in zip(metrics, ref):
+        assert x["loss"] == pytest.approx(r["loss"], rel=1e-5)
+
+
+def _ref_3x_pp2(tmp_path, steps: int, m: int) -> list[dict]:
+    """The same layout failure-free (no pace: pacing changes the time, not the numbers)."""
+    return train_metrics(tmp_path / "ref", "--system", "recover", "--replicas", "3", "--pp", "2",
+                         steps=steps, microbatches=m)

@@ -102,3 +102,33 @@ def test_a_member_stuck_between_its_all_reduce_and_its_vote_is_fenced_and_the_st
     assert 2 <= rec["detected_at"] - fired["wall_time"] < 15, (rec, fired)
     for m, ref in zip(metrics, failure_free):
         assert m["loss"] == pytest.approx(ref, rel=1e-5)
+
+
+def test_members_stuck_at_any_phase_before_ready_are_fenced_by_their_own_measured_progress(tmp_path, out_dir,
+                                                                                            failure_free):
+    # Three training threads block for good (heartbeats on), each at another phase that precedes
+    # `ready`: in a backward, after its vote (before the commit is known), and after the commit
+    # (before the optimizer step, a device sync that never returns). Nothing but the progress rule
+    # ends any of these: the others said `ready` and wait for `go`, which never comes.
+    plan = _plan(tmp_path, [{"kind": "stall", "replica": 1, "step": 1, "phase": "backward", "microbatch": 1},
+                            {"kind": "stall", "replica": 2, "step": 2, "phase": "commit"},
+                            {"kind": "stall", "replica": 3, "step": 3, "phase": "optimizer_step"}])
+    proc = run_recover("train", "--system", "recover", "--replicas", str(REPLICAS), "--microbatches",
+                       str(MICROBATCHES), "--steps", str(STEPS), "--collective-timeout", "2", "--faults", plan,
+                       "--out", str(out_dir), "--no-progress", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, metrics, _ = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert all(reported_ids(m) == iteration_ids(m["step"], MICROBATCHES) for m in metrics)  # the workers' ledgers
+    assert metrics[-1]["members"] == [0]
+    fired = {f["replica"]: f for f in read_jsonl(out_dir / "faults.jsonl")}
+    assert sorted(fired) == [1, 2, 3]
+    recoveries = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
+    # one recovery per stall, each naming the stalled replica and the progress rule, nothing else
+    assert [len(e["faults"]) for e in recoveries] == [1, 1, 1], recoveries
+    for e, r in zip(recoveries, (1, 2, 3)):
+        assert e["fault"].startswith(f"replica {r} lost: no progress for "), e
+        # within its bound (2 s plus four of its gaps plus two beats) of the stall, give or take a loaded machine
+        assert 2 <= e["detected_at"] - fired[r]["wall_time"] < 20, (e, fired[r])
+    for m, ref in zip(metrics, failure_free):
+        assert m["loss"] == pytest.approx(ref, rel=1e-5)

@@ -110,6 +110,7 @@ MESSAGES: tuple[Message, ...] = (
         Field("ledger", IDS, "the ids this member folded"),
         Field("loss_sum", NUM, "the reduced loss sum (null: not finite)", nullable=True),
         _opt("mb_seconds", NUM, "seconds per microbatch it measured"),
+        _opt("progress_gap", NUM, "the longest seconds between two progress ticks of this step's work"),
         _opt("lr", NUM, "the learning rate the step will use"), _opt("reason", STR, "why not ok"),
         _opt("weights_fingerprint", STR, "every --digest-every steps: off the majority is fenced"),
         _opt("nonfinite", IDS, "ids of its ledger whose own loss was not finite (core/contract/nonfinite.py)"))),
@@ -117,7 +118,8 @@ MESSAGES: tuple[Message, ...] = (
         Field("gen", INT, "the generation"), Field("step", INT, "the step"), _opt("reason", STR, "what failed"))),
     Message("stop_run", "worker", "stop the run for a reason of this member's own (failing checkpoint saves)", (
         Field("reason", STR, "why: the run's end reason"),)),
-    Message("hb", "worker", "heartbeat (handled by the service)", ()),
+    Message("hb", "worker", "heartbeat (handled by the service)", (
+        _opt("p", INT, "the training thread's progress count: unchanged while its work is stuck"),)),
     # ---- launcher -> coordinator (the service's launcher connection) ----
     Message("launcher", "launcher", "the launcher says who it is", (Field("token", STR, "the run's join token"),)),
     Message("exited", "launcher", "that replica's process exited", (

@@ -133,7 +133,7 @@ def _vote_ok(msg: dict[str, Any]) -> bool:
     p = ledger[0]
     return (type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int and p[0] < p[1]
             and type(get("loss_sum")) in _NUM_OR_NONE and type(get("mb_seconds")) in _NUM_OR_NONE
-            and type(get("lr")) in _NUM_OR_NONE
+            and type(get("lr")) in _NUM_OR_NONE and type(get("progress_gap")) in _NUM_OR_NONE
             and type(get("reason")) in _STR_OR_NONE and type(get("weights_fingerprint")) in _STR_OR_NONE
             and get("nonfinite") is None)  # a vote naming non-finite losses (rare) goes through the tables
 

@@ -63,6 +63,22 @@ Invariants it keeps:
   that misses it (a training thread blocked in a user's schedule or a device
   sync, while its heartbeat thread beats on) is declared dead and its share
   redone, like any lost replica.
+- Liveness and progress are two signals. A heartbeat says a process is alive; its
+  `p` (the training thread's count of units of work: core/worker/progress.py) says
+  whether its work moves, and any other message from a member is progress too
+  (`on_progress`). A member owes work while the step runs and it has not said
+  `ready` (its quota, and before that the last step's optimizer step), and while
+  a generation forms and it has not rejoined; waiting on the coordinator owes
+  nothing. A member that owes work and shows no progress for longer than its
+  bound is declared dead and its share redone: the bound is `join_timeout` plus
+  four times the longest gap between two units of its work that it measured
+  itself (each vote's `progress_gap`, the largest seen), so a replica slow but
+  progressing is never fenced, whatever its speed, and one stuck (a device sync
+  that never returns, a stalled rank its leader waits on) is, at any phase. Until
+  its first vote a member has no measure, and start-up's rules judge it. A forming
+  generation waits for a member that keeps progressing (a pipeline schedule
+  finishing its quota before it can rejoin) instead of removing it at a fixed
+  deadline.
 - A non-finite loss is an event. Once every member voted for the step (after the
   digest check: corrupt weights are fenced first), a vote with a null loss sum
   means the step's loss is not finite; the votes name the replicas and their ids
@@ -131,6 +147,7 @@ class Out:
     reason: str = ""  # close/finish; send/event: a line for the coordinator's log
 
 
+STALL_SCAN_SECONDS = 0.25  # how often the progress rule looks at the members (O(R) a look)
 SPEED_SMOOTHING = 0.2  # weight of the newest measurement in a replica's speed estimate
 SPEED_TOLERANCE = 0.5  # speeds within 50% of each other are balanced as equal
 # A replica counts as slow only after it was the slowest, by more than the tolerance,
@@ -264,11 +281,15 @@ class ProtocolStateMachine:
         self.deadline = now + (max(join_timeout, 300.0) if startup_timeout is None else startup_timeout)
         self.keys = [str(r) for r in range(replicas)]  # replica -> its key in a metrics line (made once, not per step)
         self.speeds = SpeedTable(replicas, SPEED_SMOOTHING)  # smoothed microbatches/s, per replica
-        self.votes = self._tally()  # the ok votes of (gen, step), summed as they arrive
+        self.votes = self._tally(now)  # the ok votes of (gen, step), summed as they arrive
         self.ready: set[int] = set()  # members ready for (gen, step)'s all-reduce ("go" went out once all are)
         self.go_at: float | None = None  # when "go" went out for (gen, step); None: not yet
         self.vote_deadline: float | None = None  # the last member's vote is due by then (all others voted)
         self.slowest_microbatch = 0.0  # seconds, the slowest microbatch of the last commit (a rejoin waits one out)
+        self.owed_since = now  # when the members last owed new work (set with each new tally)
+        self.progress_at: dict[int, float] = {}  # replica -> when it last showed progress (on_progress)
+        self.progress_gap: dict[int, float] = {}  # replica -> the longest gap between units of work it measured
+        self.next_stall_scan = now  # the progress rule looks at the members at most every STALL_SCAN_SECONDS
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
         self.tokens_per_mb = 0
@@ -286,8 +307,10 @@ class ProtocolStateMachine:
         # (`_expected`); None after a rebuild (the old coordinator dealt it).
         self.dealt: tuple[dict[int, idranges.Ranges], idranges.Ranges, idranges.Ranges, Any] | None = None
 
-    def _tally(self) -> VoteTally:
-        """An empty tally for the votes of a new (generation, step); readiness starts over with it."""
+    def _tally(self, now: float) -> VoteTally:
+        """An empty tally for the votes of a new (generation, step); readiness starts over with it,
+        and every member owes work again from `now` (the progress rule, `_stalled`)."""
+        self.owed_since = now
         self.ready = set()
         self.go_at = None
         self.vote_deadline = None
@@ -412,6 +435,45 @@ class ProtocolStateMachine:
                     reason=reason),
                 Out(Act.CLOSE, r, {"t": "refused"}, reason=reason)]
 
+    def on_progress(self, r: int, now: float) -> None:
+        """Replica r showed progress (its heartbeat's count moved, or it sent a message). O(1)."""
+        self.progress_at[r] = now
+
+    def stall_bound(self, r: int) -> float | None:
+        """Seconds without progress after which member r, owing work, is declared dead (None:
+        not measured yet, before its first vote)."""
+        gap = self.progress_gap.get(r)
+        if gap is None:
+            return None
+        return self.join_timeout + 4 * gap + 2 * (self.heartbeat_interval or 0.0)
+
+    def _owes_work(self, r: int) -> bool:
+        if self.state == "running":
+            return self.go_at is None and r not in self.ready and r in self.member_set
+        if self.state == "forming":
+            return r in self.expected and r not in self.joins and self.next_gen > 0
+        return False
+
+    def _stalled(self, now: float) -> list[Out]:
+        """Members that owe work and showed no progress for longer than their bound: lost.
+        O(members), at most every STALL_SCAN_SECONDS."""
+        self.next_stall_scan = now + STALL_SCAN_SECONDS
+        who = self.members if self.state == "running" else sorted(self.expected)
+        out: list[Out] = []
+        for r in who:
+            bound = self.stall_bound(r)
+            if bound is None or r not in self.alive or not self._owes_work(r):
+                continue
+            since = max(self.progress_at.get(r, self.owed_since), self.owed_since)
+            if now - since > bound:
+                owed = "its rejoin" if self.state == "forming" else f"its work of step {self.step}"
+                out += self.on_lost(r, (
+                    f"no progress for {now - since:.1f}s on {owed} (bound {bound:.1f}s: the collective timeout "
+                    f"plus 4 x {self.progress_gap[r]:.2f}s, its longest measured gap); alive but stuck"), now)
+                if self.state not in ("running", "forming"):
+                    break
+        return out
+
     def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
         """Member r folded its quota of (gen, step); once every member has, all hear `go`.
 
@@ -457,6 +519,9 @@ class ProtocolStateMachine:
             held = self.votes.add(r, msg)
         except ValueError as e:
             return self.on_bad(r, f"its vote's ledger is malformed: {e}", now)
+        gap = msg.get("progress_gap")
+        if type(gap) in (int, float) and 0 <= gap < float("inf"):
+            self.progress_gap[r] = max(gap, self.progress_gap.get(r, 0.0))  # the bound only loosens
         self.unhealed.discard(r)  # it votes only with the state (core/worker/replica.py)
         if msg.get("loss_sum") is None or "nonfinite" in msg:
             self._note_nonfinite(r, msg)
@@ -638,6 +703,9 @@ class ProtocolStateMachine:
                    reason=f"replicas connected {connected}/{len(self.expected)}")
 
     def on_tick(self, now: float) -> list[Out]:
+        if self.state in ("running", "forming") and now >= self.next_stall_scan and self.progress_gap:
+            if out := self._stalled(now):
+                return out
         if self.state == "waiting" and now >= self.deadline:
             return self._admit(now)  # waited long enough: go on with whoever is there
         if self.state == "running" and self.vote_deadline is not None and now >= self.vote_deadline:
@@ -646,6 +714,8 @@ class ProtocolStateMachine:
             return []
         out: list[Out] = []
         for r in sorted(self.expected - set(self.joins)):
+            if r in self.alive and self.next_gen > 0 and self.stall_bound(r) is not None:
+                continue  # measured: the progress rule (`_stalled`) judges it, however long its work takes
             if r in self.alive:
                 out += self.on_lost(r, "did not rejoin before the deadline", now)
             else:  # never connected at all (died during start-up, or still starting)
@@ -728,7 +798,7 @@ class ProtocolStateMachine:
         self.next_gen = self.gen + 1
         self.expected = self.member_set & self.alive
         self.joins = {}
-        self.votes = self._tally()
+        self.votes = self._tally(now)
         # A survivor answers an abort at its next microbatch boundary (Replica.quota
         # is lazy), so the rejoin wait allows one microbatch on top of the deadline.
         self.deadline = now + self.join_timeout + 2 * self.slowest_microbatch
@@ -767,7 +837,7 @@ class ProtocolStateMachine:
         self.member_set = set(self.members)
         self.member_ranges = idranges.from_ids(self.members)
         self.state = "running"
-        self.votes = self._tally()
+        self.votes = self._tally(now)
         self.gen_started = now
         if self.pending and "generation" not in self.pending[-1]:
             self.pending[-1].update(generation=self.gen, survivors=list(self.members), redone=idranges.to_ids(todo),
@@ -953,7 +1023,7 @@ class ProtocolStateMachine:
         self.implicated_streak = {}
         committed = self.step
         self.step += 1
-        self.votes = self._tally()
+        self.votes = self._tally(now)
         last = self.step >= self.S
         skip = {"skipped": True} if skipped else {}
         if not last and (self.newcomers or self._short()):
@@ -1095,7 +1165,7 @@ class ProtocolStateMachine:
         self.expected = set(ahead) | set(behind)
         self.members = sorted(self.expected)
         self.member_set = set(self.members)
-        self.joins, self.votes, self.reporters, self.lost_in_failure = {}, self._tally(), [], False
+        self.joins, self.votes, self.reporters, self.lost_in_failure = {}, self._tally(now), [], False
         self.newcomers, self.joining, self.unhealed = {}, {}, set()
         self.dealt = None  # what the old coordinator dealt is not known
         self.deadline = now + self.join_timeout

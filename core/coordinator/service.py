@@ -115,6 +115,7 @@ class _Conn:
         self.refusals = 0
         self.skipping = False  # inside an oversized line: drop bytes up to its newline
         self.voted = False  # has voted once: past its first step's one-time costs
+        self.progress: int | None = None  # the last progress count its heartbeat carried
         self.last_sent = now  # when a line last went to it (a heartbeat is due a beat after)
 
 
@@ -568,6 +569,10 @@ class CoordinatorService:
             if conn.replica is None and conn is not self.launcher:
                 return self._refuse(conn, "hb before a hello", now)
             self.heartbeats += 1
+            # the training thread's count rides on the beat: a change is progress (a beat alone is liveness)
+            if (p := msg.get("p")) is not None and p != conn.progress and self.by_replica.get(conn.replica) is conn:
+                conn.progress = p
+                self.proto.on_progress(conn.replica, now)
             return
         if kind in ("launcher", "exited"):
             return self._from_launcher(conn, msg, now)
@@ -606,6 +611,7 @@ class CoordinatorService:
             return  # of the dead coordinator's generation: the rebuild decides what happens to it
         if kind == "vote":
             conn.voted = True
+        self.proto.on_progress(r, now)  # a member's message is work done, whatever it says
         handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "ready": self.proto.on_ready,
                    "fail": self.proto.on_fail, "healed": self.proto.on_healed,
                    "stop_run": self.proto.on_stop_run}.get(kind)

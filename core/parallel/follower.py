@@ -97,6 +97,9 @@ class ReplicaFollower:
                 return
             yield msg["id"]
 
+    def progress(self) -> None:
+        """Nothing to say: the leader speaks for the replica, and its own work waits on this rank's."""
+
     def fold(self, mb_id: int, loss: float) -> None:
         self.acc.fold(mb_id, loss)
 

@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                            first=len(replica.ledger), after=replica.fold)
             else:  # the quota's ids, then one run of the schedule over them (core/worker/fold.py)
                 fold_pipelined(replica.step, replica.quota(), work.forward_backward_many, hooks,
-                               first=len(replica.ledger), after=replica.fold)
+                               first=len(replica.ledger), after=replica.fold, progress=replica.progress)
             replica.commit()
             if saver is not None:
                 saver.check()

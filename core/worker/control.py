@@ -22,6 +22,9 @@ Contract:
   whether the coordinator has aborted generation `gen`: a collective polls it so
   a survivor stuck waiting on a dead peer gets out as soon as the coordinator
   knows, not at the deadline.
+- The heartbeat carries the training thread's progress count (`p`, a
+  `ProgressMeter`'s, core/worker/progress.py) when the client is given one: the
+  coordinator tells a replica whose work has stopped from one that is slow.
 - Heartbeats the other way: the membership service beats every connection it
   has sent nothing to for a second ({"t": "hb"}, never queued for the reader).
   Once one has arrived, a coordinator silent for `silence_limit` seconds while
@@ -38,14 +41,17 @@ import select
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from recover.core.worker.progress import ProgressMeter
 
 
 class ControlClient:
     """A worker's connection to the coordinator's membership service."""
 
     def __init__(self, host: str, port: int, heartbeat_interval: float = 0.1, connect_timeout: float = 60.0,
-                 silence_limit: float = 10.0):
+                 silence_limit: float = 10.0, progress: "ProgressMeter | None" = None):
         self.sock = socket.create_connection((host, port), timeout=connect_timeout)
         self.silence_limit = silence_limit
         self._beating = False  # the coordinator beats (a heartbeat arrived): its silence can be judged
@@ -58,6 +64,7 @@ class ControlClient:
         self._buf = b""
         self._send_lock = threading.Lock()
         self.heartbeat_interval = heartbeat_interval
+        self.progress = progress  # its count rides on each heartbeat
         self._last_sent = time.monotonic()
         threading.Thread(target=self._heartbeat_loop, name="control-heartbeat", daemon=True).start()
 
@@ -158,4 +165,4 @@ class ControlClient:
     def _heartbeat_loop(self) -> None:
         while not self.closed.wait(self.heartbeat_interval):
             if time.monotonic() - self._last_sent >= self.heartbeat_interval:  # else that message was the beat
-                self.send({"t": "hb"})
+                self.send({"t": "hb"} if self.progress is None else {"t": "hb", "p": self.progress.count})

@@ -59,6 +59,7 @@ def fold_pipelined(
     hooks: WorkerHooks,
     first: int = 0,
     after: Callable[[int, Any], None] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> None:
     """Pipeline parallelism: collect the ids of `quota`, run them through one schedule, then fold each.
 
@@ -69,7 +70,9 @@ def fold_pipelined(
     in `fold_quota`, and "between_microbatches" only for k >= 1. Then, for each id
     in order, microbatch_done(step, k, the run's seconds / its ids) and after(mb,
     result). `quota` stopping early (an abort) leaves the ids it gave: they run,
-    all of them, and are folded; ids never given are never run.
+    all of them, and are folded; ids never given are never run. `progress()`, if
+    given, is called at each of those points: one schedule can outlast every bound
+    of the coordinator, its microbatches cannot (core/worker/progress.py).
     """
     ids = list(quota)
     if not ids:
@@ -77,6 +80,8 @@ def fold_pipelined(
 
     def at(phase: str, i: int) -> None:
         k = first + i
+        if progress is not None:
+            progress()
         if phase == "between_microbatches" and k == 0:
             return
         hooks.at(step, phase, k)

@@ -126,6 +126,7 @@ from recover.core.contract import idranges, worker_exit
 from recover.core.worker.accumulator import GradAccumulator
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.worker.control import ControlClient
+from recover.core.worker.progress import ProgressMeter
 from recover.core.launch.hooks import WorkerHooks
 from recover.core.contract.nonfinite import NonfiniteLosses, vote_fields
 from recover.core.contract.policy import quota_of
@@ -238,6 +239,8 @@ class Replica:
         # rejoin) and whether it is a woken replica; a reconnect's hello says it again (`_reconnect`).
         self._started_at = float(os.environ.get(STARTED_ENV, time.time())) - run_start_time()
         self._woken = False
+        # the training thread's units of work, carried by every heartbeat (core/worker/progress.py)
+        self.meter = ProgressMeter()
         self.control = self._connect_at_start()
         self._hello(self._started_at, rejoin=False)
         self.comm: Communicator | None = None
@@ -313,6 +316,7 @@ class Replica:
                 raise
             first = False
             self._relay({"t": "id", "id": i})
+            self.meter.tick()
             yield i
         self._relay({"t": "stop"})
 
@@ -358,6 +362,17 @@ class Replica:
             loss = float("nan")
         self._nonfinite.record(mb_id, loss)
         self._work_seconds = time.perf_counter() - self._work_started
+        self.meter.tick()
+
+    def progress(self) -> None:
+        """Say that this replica's training thread is working (cheap: one addition).
+
+        `quota()` and `fold()` say it already. Call it from long work of your own
+        between them (an evaluation, a pipeline schedule that runs many microbatches
+        at once, a long save): the coordinator fences a member whose work shows no
+        progress for longer than the collective timeout plus four times the longest
+        gap it measured between such calls (docs/protocol.md, "Slow is not dead")."""
+        self.meter.tick()
 
     def commit(self) -> bool:
         """Reduce, vote, and step the optimizer; False if recovery needs more work."""
@@ -430,6 +445,7 @@ class Replica:
             "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
             **vote_fields(loss_sum, self.acc.ledger, self._nonfinite),
             "mb_seconds": self._work_seconds / n if n else 0.0, "lr": self.stepper.lr(step),
+            "progress_gap": self.meter.take_gap(),
         }
         if "nonfinite" in vote:
             self._log(f"step {step}: non-finite loss at microbatch(es) {idranges.to_ids(vote['nonfinite'])}")
@@ -507,7 +523,8 @@ class Replica:
 
     def _connect(self, connect_timeout: float = 60.0) -> ControlClient:
         return ControlClient(*self.control_addr, heartbeat_interval=self.heartbeat_interval,
-                             connect_timeout=connect_timeout, silence_limit=self.coordinator_timeout)
+                             connect_timeout=connect_timeout, silence_limit=self.coordinator_timeout,
+                             progress=self.meter)
 
     def _connect_at_start(self) -> ControlClient:
         """The first connection; a coordinator being restarted refuses it for a moment, so retry."""
@@ -783,6 +800,7 @@ class Replica:
             return self._wait_for_inner(kinds, min_gen, forever)
         finally:
             self._waiting = None
+            self.meter.resume()  # a wait on the coordinator is not a gap in this replica's work
 
     def _wait_for_inner(self, kinds: set[str], min_gen: int, forever: bool) -> dict:
         # The coordinator answers within a collective deadline plus a rejoin
