@@ -108,18 +108,23 @@ class FakeSocket:
 
 
 class Recorder:
-    """Stands in for the service's JSON-lines writers."""
+    """Stands in for the service's JSON-lines writers (HeldLineWriters that always write)."""
+    error, held, over_bound = None, 0, False
 
     def __init__(self, into: list, read=lambda record: record):
         self.into = into
         self.read = read  # how a reader of the file sees the line (metrics: results.expand_members)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict) -> bool:
         if record.get("kind") != "startup":  # start-up progress is not a recovery
             self.into.append(self.read(record))
+        return True
 
-    def close(self) -> None:
-        pass
+    def flush(self) -> bool:
+        return True
+
+    def close(self) -> bool:
+        return True
 
 
 class World:

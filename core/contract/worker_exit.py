@@ -13,6 +13,13 @@ Contract:
     6  this replica was the checkpoint writer and `--checkpoint-failures` saves in a
        row failed (core/training/resilient.py); the launcher then stops the whole run, exit 1
        (core/launch/end_policy.py), with the error as its reason
+  One more code is not a worker's but the run's, next to these so that the numbers
+  stay distinct:
+    7  the run directory (--out) could not be written: recover's coordinator held
+       more than `MAX_HELD_LINES` (core/storage/results.py) unwritten lines of one file, or held some
+       when the run ended (core/coordinator/service.py), or `recover train` could not
+       write its own files there (summary.json: experiments/run.py). The coordinator
+       and `recover train` exit with it; the workers hear `stop` and exit 1.
   `code_of(run_ended)` is a `RunEnded`'s code (its `code` attribute).
 - `exit_now(code, line)` writes the line to stderr (the replica's log), flushes
   stdout and stderr, and ends the process with `os._exit(code)`.
@@ -47,6 +54,7 @@ EXIT_FENCED = 3
 EXIT_COORDINATOR_GONE = 4
 EXIT_RANK_LOST = 5
 EXIT_CHECKPOINTS_FAILED = 6
+EXIT_RUN_DIR_UNWRITABLE = 7  # the coordinator's and `recover train`'s, never a worker's
 
 _installed = threading.Lock()
 _label = ["worker"]

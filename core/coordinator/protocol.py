@@ -502,6 +502,13 @@ class ProtocolStateMachine:
         rec = {"kind": "stop_run", "replica": r, "step": self.step, "reason": reason, "at": now}
         return [Out(Act.EVENT, msg=rec, reason=reason)] + self._finish(1, reason, now)
 
+    def on_stop(self, code: int, reason: str, now: float) -> list[Out]:
+        """The coordinator ends the run for a reason of its own (its run directory cannot
+        be written): every live replica hears `stop` with the reason, the verdict is `code`."""
+        if self.state == "finished":
+            return []
+        return self._finish(code, reason, now)
+
     def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
             return []

@@ -69,6 +69,20 @@ Contract:
 - `serve()` returns 0 when the last step is committed, 1 when no replica is left
   (everything committed so far is already on disk), 130 when stopped by a signal;
   its verdict and reason are the last line of events.jsonl ("kind": "run_end").
+- A run directory that cannot be written (full, over quota) does not end the run:
+  metrics.jsonl and events.jsonl are `HeldLineWriter`s (core/storage/results.py), so
+  a line that fails to write is held in memory, in order, and written by the next
+  write or by the retry every `RETRY_INTERVAL`; commits go on meanwhile. Going on,
+  not stopping, because a full disk is often transient and the run's state is in the
+  workers: stopping would cost the work since the last checkpoint for a few KB a
+  step of memory. The log says it twice, one line when a file starts failing (the
+  error) and one when its held lines are written. Bounded: past `MAX_HELD_LINES`
+  held lines in one file the coordinator stops the run (every live replica hears
+  `stop`; everything committed is in the workers' checkpoints, if any) and exits
+  `EXIT_RUN_DIR_UNWRITABLE` (7, core/contract/worker_exit.py) with one line naming
+  the file and the error; it exits 7 too when lines are still held at the end of
+  the run (they are lost: the line says how many). Its log is written the same way
+  (a log line that cannot be written is dropped, never raised).
 """
 from __future__ import annotations
 
@@ -88,7 +102,8 @@ from recover.core.config.train_config import TrainConfig
 from recover.core.contract.heartbeat import heartbeat_plan
 from recover.core.launch.hooks import load_coordinator_hooks
 from recover.core.coordinator.protocol import Act, ProtocolStateMachine, Out, ProtocolError
-from recover.core.storage.results import JsonlWriter
+from recover.core.contract.worker_exit import EXIT_RUN_DIR_UNWRITABLE
+from recover.core.storage.results import HeldLineWriter
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.core.coordinator.gc_pacing import pace, settle
 from recover.core.contract.wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
@@ -99,6 +114,7 @@ MAX_HELLO_BYTES = 1 << 20  # a line before the hello: a hello with its report is
 REFUSAL_INTERVAL = 5.0  # refusals are counted, and written as one summary line per interval
 ACCEPT_BACKOFF = 0.2  # seconds the listener is not polled after accept() ran out of descriptors
 _HEARTBEAT = b'{"t":"hb"}\n'
+RETRY_INTERVAL = 1.0  # seconds between retries of held lines when nothing new is written
 TAIL_BYTES = 64 << 20  # of metrics.jsonl read by a restarted coordinator: a few lines even at R = 16,384
 
 
@@ -179,8 +195,10 @@ class CoordinatorService:
                                 on_nonfinite=cfg.on_nonfinite, max_heal_attempts=cfg.max_heal_attempts)
         self.launcher: _Conn | None = None  # the launcher's connection, once it said who it is
         out = Path(cfg.out)
-        self.metrics = JsonlWriter(out / "metrics.jsonl")
-        self.events = JsonlWriter(out / "events.jsonl")
+        self.metrics = HeldLineWriter(out / "metrics.jsonl")
+        self.events = HeldLineWriter(out / "events.jsonl")
+        self.unwritable: str | None = None  # why the run stops: a file held more lines than its bound
+        self.next_retry = 0.0
         self.result: tuple[int, str] | None = None
         # Largest silence seen from a live worker: the evidence for how tight the
         # heartbeat timeout can be without false alarms.
@@ -209,7 +227,7 @@ class CoordinatorService:
     @staticmethod
     def _last_recorded_step(path: Path) -> int:
         """The last step metrics.jsonl holds (-1: none); a torn last line (the old coordinator
-        was killed mid-write) is ended so that the next record starts a line of its own."""
+        was killed mid-write) is skipped here, and ended by the writer before its first line."""
         if not path.exists():
             return -1
         # Steps are written in order, so the tail says it: a long run's file is not read whole.
@@ -217,9 +235,6 @@ class CoordinatorService:
             size = f.seek(0, 2)
             f.seek(max(0, size - TAIL_BYTES))
             data = f.read()
-        if data and not data.endswith(b"\n"):
-            with open(path, "ab") as f:
-                f.write(b"\n")
         lines = data.splitlines()
         if size > TAIL_BYTES and lines:
             lines = lines[1:]  # the first is cut by the seek
@@ -232,7 +247,41 @@ class CoordinatorService:
         return last
 
     def log(self, text: str) -> None:
-        print(f"[coordinator {self.now():8.3f}s] {text}", file=sys.stderr, flush=True)
+        try:
+            print(f"[coordinator {self.now():8.3f}s] {text}", file=sys.stderr, flush=True)
+        except OSError:  # the log's disk is full too: the run goes on without this line
+            pass
+
+    # ---- the run's files ------------------------------------------------------------------
+    def _write(self, writer: HeldLineWriter, record: dict) -> None:
+        """One record into metrics.jsonl or events.jsonl: held if it cannot be written (see the contract)."""
+        failing = writer.error is not None
+        self._said(writer, failing, writer.write(record))
+
+    def _retry_held(self, now: float) -> None:
+        """Held lines are tried again every RETRY_INTERVAL, so space that is back is used
+        before the next commit; a file past its bound stops the run (once)."""
+        if now >= self.next_retry:
+            self.next_retry = now + RETRY_INTERVAL
+            for w in (self.metrics, self.events):
+                if w.held:
+                    self._said(w, True, w.flush())
+        if self.unwritable is None:
+            for w in (self.metrics, self.events):
+                if w.over_bound:
+                    self.unwritable = (f"the run directory cannot be written: {w.held} lines of {w.path} held "
+                                       f"unwritten (more than {w.max_held}), {w.error}")
+                    self.log(f"stopping the run: {self.unwritable}")
+                    self._apply(self.proto.on_stop(EXIT_RUN_DIR_UNWRITABLE, self.unwritable, now))
+                    break
+
+    def _said(self, writer: HeldLineWriter, was_failing: bool, ok: bool) -> None:
+        """One log line when a file starts failing, one when its held lines are written."""
+        if not was_failing and not ok:
+            self.log(f"cannot write {writer.path}: {writer.error}; holding its lines in memory (at most "
+                     f"{writer.max_held}) and retrying; the run goes on")
+        elif was_failing and ok:
+            self.log(f"{writer.path} is written again: the held lines are on disk")
 
     # ---- the loop ----------------------------------------------------------------------
     def serve(self) -> int:
@@ -258,6 +307,9 @@ class CoordinatorService:
                 self._guard(now)
                 if now >= self.next_beat:
                     self._beat(now)
+                self._retry_held(now)
+                if self.result is not None:
+                    break
                 if self.rebuilding:
                     self._maybe_rebuild(now)
                     continue
@@ -275,15 +327,18 @@ class CoordinatorService:
             if self.result is not None:
                 code, reason = self.result
                 self._flush_refusals(self.now(), force=True)
-                self.events.write({"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now(),
-                                  "max_heartbeat_gap": self.max_gap, "refused": self.refused,
-                                  "heartbeat_interval": self.heartbeat_interval,
-                                  "heartbeat_timeout": self.heartbeat_timeout})
-            self.metrics.close()
-            self.events.close()
+                self._write(self.events, {"kind": "run_end", "code": code, "reason": reason, "wall_time": self.now(),
+                                          "max_heartbeat_gap": self.max_gap, "refused": self.refused,
+                                          "heartbeat_interval": self.heartbeat_interval,
+                                          "heartbeat_timeout": self.heartbeat_timeout})
+            lost = [(w, w.held) for w in (self.metrics, self.events) if not w.close()]
             for conn in list(self.by_replica.values()) + list(self.strangers):
                 conn.sock.close()
         code, reason = self.result
+        if lost and self.unwritable is None:
+            # a run that ends with lines still held is not a complete record: said, and not exit 0
+            code, reason = EXIT_RUN_DIR_UNWRITABLE, "the run ended with lines it could not write: " + "; ".join(
+                f"{n} of {w.path} lost ({w.error})" for w, n in lost)
         self.log(f"finished: {reason}")
         return code
 
@@ -311,7 +366,7 @@ class CoordinatorService:
                 not rep.get("member") and rep.get("gen", -1) == -1 for rep in reports):
             # It died during start-up (nothing formed, nothing committed): start-up goes on here,
             # with the hellos it has (they answer the workers' wait for generation 0).
-            self.events.write({"kind": "rebuilt", "startup": True, "reports": len(reports), "at": now})
+            self._write(self.events, {"kind": "rebuilt", "startup": True, "reports": len(reports), "at": now})
             self.log("the old coordinator died during start-up: start-up goes on")
             for r, hello in sorted(self.rebuild_hellos.items()):
                 self._apply(self.proto.on_hello(r, hello, now), self.by_replica.get(r))
@@ -558,7 +613,7 @@ class CoordinatorService:
             return
         self.refusal_window = None
         rec = {**w, "peers": len(w["peers"]), "until": now, "at": now}
-        self.events.write(rec)
+        self._write(self.events, rec)
         self.log(f"refused {w['count']} message(s)/connection(s) from {len(w['peers'])} peer(s) "
                  f"({w['closed']} closed) in {now - w['since']:.1f}s: {dict(list(w['what'].items())[:3])}")
 
@@ -693,7 +748,7 @@ class CoordinatorService:
         if a.msg["step"] <= self.recorded_step:
             return  # recorded by the coordinator before a restart: one line per step
         self.recorded_step = a.msg["step"]
-        self.metrics.write({**a.msg, "wall_time": done, "coordinator": {
+        self._write(self.metrics, {**a.msg, "wall_time": done, "coordinator": {
             "vote_to_commit_s": done - self.read_at, "cpu_s": time.process_time(),
             "heartbeats": self.heartbeats, "messages": self.messages}})
 
@@ -703,11 +758,11 @@ class CoordinatorService:
             f"recovered step {rec['step']} in {rec['recovery_seconds']:.3f}s: {rec['fault']}; "
             f"generation {rec['generation']} = {rec['survivors']}, redid {len(rec['redone'])} microbatches"
         )
-        self.events.write({"kind": "recovery", **rec})
+        self._write(self.events, {"kind": "recovery", **rec})
 
     def _do_event(self, a: Out, batch: "_Batch") -> None:
         self.log(a.reason)
-        self.events.write(a.msg)
+        self._write(self.events, a.msg)
 
     def _do_finish(self, a: Out, batch: "_Batch") -> None:
         self.result = (a.code, a.reason)

@@ -47,6 +47,18 @@ Contract (DIR = the run's --out):
   `weights_checksum` when all of them agree (and `final_checksums` always).
 Lines are appended and flushed one at a time, so a crash loses at most the line
 being written; readers skip a torn last line.
+- A run directory that cannot be written (full, over quota, gone read-only) does not
+  end recover's run with a traceback: the coordinator writes metrics.jsonl and
+  events.jsonl through `HeldLineWriter`, which keeps the lines it could not write in
+  memory, in order, and writes them (each whole, once) as soon as a later attempt
+  succeeds. The run goes on rather than stopping, because a full disk is often
+  transient (a cleanup, a quota raised) and the training state lives in the workers,
+  not in these files: stopping would throw away work that a few kilobytes of memory
+  keep. The hold is bounded (`MAX_HELD_LINES` per file): past it the coordinator stops
+  the run (exit code 7, core/contract/worker_exit.py); a crash loses what is held.
+  A reader meanwhile sees the file end at the last line written (at most a torn
+  last line, completed later in place, never a line twice or out of order).
+- summary.json is written whole or not at all (a temp file renamed over it).
 
 Changing this contract (a key renamed, moved or packed: the compact members line broke
 `make demo` once, because one reader still parsed raw lines), in the same change:
@@ -64,6 +76,8 @@ Changing this contract (a key renamed, moved or packed: the compact members line
 """
 from __future__ import annotations
 
+import collections
+import errno
 import json
 import os
 import time
@@ -91,6 +105,96 @@ class JsonlWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+MAX_HELD_LINES = 10_000  # per file: a few MB of metrics lines; past it the run stops rather than grow
+
+
+class HeldLineWriter:
+    """An append-only JSON-lines file whose failed writes are held, not raised (see the contract).
+
+    `write(record)` queues the line and writes every held line, oldest first; an OSError
+    (ENOSPC, EDQUOT, EFBIG, EIO, ...) leaves the rest held and is kept as `error`, never
+    raised. Lines go through an unbuffered file with os-level writes, so a short write
+    (a disk that fills mid-line) is continued from the byte it stopped at: nothing is
+    written twice, nothing out of order. `flush()` retries without a new line (the
+    coordinator calls it on a timer, so space that comes back is used without waiting
+    for the next commit). `over_bound` says more than `max_held` lines are held: the
+    owner decides what that means (recover's coordinator stops the run). The file is
+    opened at the first write, so a directory that cannot even create it is a held
+    write too; a file that ends in a torn line (a writer killed mid-line) gets a
+    newline first, so the next record starts a line of its own.
+    `file`: a file object to write to instead of opening `path` (tests), anything with
+    `write(bytes) -> int`."""
+
+    def __init__(self, path: str | os.PathLike, max_held: int = MAX_HELD_LINES, file: Any = None):
+        self.path = Path(path)
+        self.max_held = max_held
+        self._f = file
+        self._held: collections.deque[bytes] = collections.deque()
+        self._done = 0  # bytes of the oldest held line already on disk (a short write's)
+        self.error: OSError | None = None  # the last failure, None once everything held is written
+        self.failing_since: float | None = None  # time.monotonic() of the first failure of this spell
+        self.written = 0  # lines written since this writer was made
+
+    @property
+    def held(self) -> int:
+        """Lines waiting to be written."""
+        return len(self._held)
+
+    @property
+    def over_bound(self) -> bool:
+        return len(self._held) > self.max_held
+
+    def write(self, record: dict[str, Any]) -> bool:
+        """Queue one record and write what is held; True when nothing is left held."""
+        self._held.append((json.dumps(record) + "\n").encode())
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Write the held lines, oldest first, until one fails; True when none is left."""
+        try:
+            if self._f is None:
+                self._f = self._open()
+            while self._held:
+                line = self._held[0]
+                while self._done < len(line):
+                    n = self._f.write(line[self._done:])
+                    if not n:  # (a regular file never does this; a loop must not spin on it)
+                        raise OSError(errno.EIO, f"{self.path}: a write wrote nothing")
+                    self._done += n
+                self._held.popleft()
+                self._done = 0
+                self.written += 1
+        except OSError as e:
+            self.error = e
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
+            return False
+        self.error, self.failing_since = None, None
+        return True
+
+    def _open(self) -> Any:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+b", buffering=0)  # readable too: its last byte is looked at
+        try:
+            size = os.fstat(f.fileno()).st_size
+            if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
+                self._held.appendleft(b"\n")  # end the torn line: it is skipped by readers, the next is whole
+        except OSError:
+            f.close()
+            raise
+        return f
+
+    def close(self) -> bool:
+        """A last attempt to write what is held, then the file is closed; True when nothing is lost."""
+        ok = self.flush()
+        if self._f is not None:
+            try:
+                self._f.close()
+            except OSError:
+                pass
+        return ok
 
 
 MEMBER_RANGES, LEDGER_RUNS, LEDGER_REST = "member_ranges", "ledger_runs", "ledger_rest"
@@ -242,7 +346,8 @@ def reported_ids(record: dict[str, Any]) -> list[int]:
 
 
 def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra: Any) -> dict[str, Any]:
-    """Write DIR/summary.json from DIR/metrics.jsonl; returns what it wrote."""
+    """Write DIR/summary.json from DIR/metrics.jsonl; returns what it wrote (OSError if it
+    could not: the file is then left as it was)."""
     out = Path(out)
     metrics = read_metrics(out / METRICS_FILE)
     summary = {
@@ -254,7 +359,14 @@ def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra
         "wall_time": wall_time,
         **extra,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    # whole or not at all: a full disk leaves the old summary (or none), never a torn one
+    tmp = out / ".summary.json.tmp"
+    try:
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, out / "summary.json")
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return summary
 
 
