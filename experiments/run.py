@@ -22,6 +22,16 @@ Contract:
 - Its verdict is what the processes and files say: "ok" only if the job exited 0
   and metrics.jsonl holds every one of cfg.steps steps; a failing coordinator's
   own reason (events.jsonl's run_end) beats its exit code.
+- A run directory that cannot be written (full, over quota) ends `run_training` with
+  `RunDirUnwritable` (an OSError naming the file and the error, and carrying the
+  summary it could not write, if it got that far), never another traceback: the
+  caller says it in one line (`recover train` then exits 7, EXIT_RUN_DIR_UNWRITABLE in
+  core/contract/worker_exit.py). Stopping, not going on, because this process writes
+  only at the start (config.json, before anything runs) and at the end (summary.json,
+  after everything ran): there is nothing to go on with, and what the run did is in
+  metrics.jsonl and the checkpoints (the coordinator holds its own lines while the
+  directory is full: core/coordinator/service.py). A coordinator that stopped the run
+  for its directory (exit 7) gives the run its reason, as its run_end line would.
 - It imports nothing of the command line: commands, the demo and submitit jobs
   call it; it calls none of them.
 """
@@ -42,7 +52,7 @@ from recover.core.config.train_config import TrainConfig
 from recover.core.launch.end_policy import CoordinatorEnds, FailFast
 from recover.core.launch.launcher import Launcher, python_module_argv
 from recover.core.storage.results import JsonlWriter, read_finals, read_jsonl, read_metrics, truncate_metrics, write_summary
-from recover.core.contract.worker_exit import EXIT_CHECKPOINTS_FAILED
+from recover.core.contract.worker_exit import EXIT_CHECKPOINTS_FAILED, EXIT_RUN_DIR_UNWRITABLE
 from recover.fault_injection.injector import launcher_hooks
 from recover.fault_injection.plan import FaultPlan
 
@@ -55,6 +65,18 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "events.jsonl", "fa
              "fault_plan.json", "pids.json", "checkpoints.jsonl")
 # What a resumed run continues rather than replaces.
 RESUMED_FILES = ("metrics.jsonl", "events.jsonl", "checkpoints.jsonl")
+
+
+class RunDirUnwritable(OSError):
+    """A file of the run directory could not be written: `path`, the OSError `error`, and the
+    `summary` that was not written (None before the run started)."""
+
+    def __init__(self, path: Path, error: OSError, summary: dict | None = None):
+        super().__init__(error.errno, f"cannot write {path}: {error}")
+        self.path, self.error, self.summary = path, error, summary
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.error}"
 
 
 def resolved_config_dict(cfg: TrainConfig) -> dict:
@@ -110,18 +132,27 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
             (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "final", ignore_errors=True)
     if resume:
-        _continue_files(cfg)
+        try:
+            _continue_files(cfg)
+        except OSError as e:
+            raise RunDirUnwritable(Path(e.filename) if e.filename else out, e) from None
     elif not cfg.checkpoint_dir:
         CheckpointDir(cfg.checkpoint_root()).remove_all()  # the run owns DIR/checkpoints
     config_path = out / "config.json"
     config = resolved_config_dict(cfg)
     if settings is not None:
         config["baseline"] = settings.to_dict()
-    config_path.write_text(json.dumps(config, indent=2))
+    try:
+        config_path.write_text(json.dumps(config, indent=2))
+    except OSError as e:  # before any process started: nothing to stop
+        raise RunDirUnwritable(config_path, e) from None
     progress = MetricsProgress(cfg.out, cfg.steps, enabled=cfg.progress and sys.stderr.isatty())
     t0 = time.time()
     if plan is not None:
-        extra_hooks = [*extra_hooks, launcher_hooks(plan, out, t0)]
+        try:
+            extra_hooks = [*extra_hooks, launcher_hooks(plan, out, t0)]
+        except OSError as e:
+            raise RunDirUnwritable(Path(e.filename) if e.filename else out, e) from None
     launcher = Launcher(
         out,
         python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", system.coordinator_mode),
@@ -146,6 +177,9 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     ends = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "run_end"]
     if status == "failed" and ends and ends[-1]["code"] != 0:
         result.reason = ends[-1]["reason"]  # the coordinator's own words beat its exit code
+    if status == "failed" and not ends and result.returncode == EXIT_RUN_DIR_UNWRITABLE:
+        # its run_end line is among what it could not write; its log says more
+        result.reason = f"the coordinator could not write the run directory {out} (exit 7; logs/coordinator.log)"
     if status == "failed" and any(getattr(e, "returncode", None) == EXIT_CHECKPOINTS_FAILED for e in result.exits):
         # a checkpoint writer stopped the run (core/launch/end_policy.py): its reason names the error
         stops = [c for c in read_jsonl(out / "checkpoints.jsonl") if c.get("stops_run")]
@@ -154,8 +188,11 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
     done = len(read_metrics(out / "metrics.jsonl"))
     if status == "ok" and done < cfg.steps:
         status, result.reason = "failed", f"only {done} of {cfg.steps} steps committed"
-    return write_summary(
-        out, status, time.time() - t0, returncode=result.returncode, reason=result.reason,
-        processes=[e.__dict__ for e in result.exits], **{**read_finals(out), **getattr(result, "summary_extra", {})},
-        **_checkpoint_summary(cfg),
-    )
+    extra = dict(returncode=result.returncode, reason=result.reason, processes=[e.__dict__ for e in result.exits],
+                 **{**read_finals(out), **getattr(result, "summary_extra", {})}, **_checkpoint_summary(cfg))
+    wall = time.time() - t0
+    try:
+        return write_summary(out, status, wall, **extra)
+    except OSError as e:
+        summary = {"status": status, "steps": done, "wall_time": wall, **extra}
+        raise RunDirUnwritable(out / "summary.json", e, summary) from None

@@ -4,7 +4,11 @@ Contract: every flag of `TrainConfig` and of the registered systems' settings is
 a flag here; all of them are validated (and the fault plan checked against the
 run) before anything starts. The run itself is `experiments.run.run_training`;
 this module prints its verdict: how each failed process ended, then one line.
-Exit 0 when the run is ok, 1 when it failed, 2 for bad input.
+Exit 0 when the run is ok, 1 when it failed, 2 for bad input, 7 when the run
+directory could not be written (EXIT_RUN_DIR_UNWRITABLE, core/contract/worker_exit.py):
+summary.json or config.json failed to write (then the verdict is that one line on
+stderr, naming the file, the error and what the run did; no traceback), or the
+coordinator stopped the run because its metrics or events could not be written.
 
 `--resume DIR` continues the run in DIR from its last complete checkpoint: its
 config.json is the base, flags given now override it (a fault plan only if given
@@ -21,10 +25,11 @@ from pathlib import Path
 
 from recover.core.storage.checkpoint_dir import CheckpointDir
 from recover.core.config.train_config import ConfigError, TrainConfig, add_dataclass_flags, dataclass_from_args
+from recover.core.contract.worker_exit import EXIT_RUN_DIR_UNWRITABLE
 from recover.fault_injection.injector import attach_plan
 from recover.fault_injection.plan import PlanError
 
-from ..run import run_training
+from ..run import RunDirUnwritable, run_training
 from ..systems import SYSTEMS
 from . import fail
 
@@ -92,7 +97,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         plan = attach_plan(cfg)  # validated against this run before anything starts
     except PlanError as e:
         return fail(f"--faults: {e}")
-    summary = run_training(cfg, plan=plan, settings=settings, resume=args.resume is not None)
+    try:
+        summary = run_training(cfg, plan=plan, settings=settings, resume=args.resume is not None)
+    except RunDirUnwritable as e:
+        did = "" if e.summary is None else (f" (the run: {e.summary['status']}, {e.summary['steps']}/{cfg.steps} "
+                                            f"steps committed, exit {e.summary['returncode']}: {e.summary['reason']})")
+        print(f"recover train: {e}{did}", file=sys.stderr, flush=True)
+        return EXIT_RUN_DIR_UNWRITABLE
     for e in summary["processes"]:
         if e["returncode"] not in (0, None) and not (e["role"] == "coordinator" and summary["status"] == "ok"):
             who = "coordinator" if e["replica"] < 0 else f"replica {e['replica']}"
@@ -110,4 +121,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"resume with: {summary['resume_command']}")
         else:
             print(f"no checkpoint was completed (one every {cfg.checkpoint_every} steps); nothing to resume from")
+    if summary["returncode"] == EXIT_RUN_DIR_UNWRITABLE:
+        return EXIT_RUN_DIR_UNWRITABLE
     return 0 if summary["status"] == "ok" else 1
