@@ -114,3 +114,26 @@ def test_replica_loss_takes_every_rank_of_the_replica(tmp_path, out_dir, failure
     assert not any(pid_alive(p) for p in pids)  # both of its ranks
     for m, ref in zip(metrics, failure_free_3x2):
         assert m["loss"] == pytest.approx(ref, rel=1e-5)
+
+
+def test_stalled_non_leader_ranks_take_their_replicas_out_by_the_progress_rule(tmp_path, out_dir, failure_free_3x2):
+    # Rank 1 (not the leader) of replica 1 blocks for good in a backward, and rank 1 of replica 2
+    # after its vote (heartbeats and its beats to its leader on, its training thread stuck): each
+    # leader then waits on its rank in a collective of the replica and never says ready. Nothing
+    # but the leader's own stalled progress tells the coordinator.
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "stall", "replica": 1, "rank": 1, "step": 1, "phase": "backward", "microbatch": 0},
+        {"kind": "stall", "replica": 2, "rank": 1, "step": 3, "phase": "vote"}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6", "--steps", "5",
+           "--collective-timeout", "2", "--faults", str(plan))
+    _, metrics, _ = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(5))
+    assert all(reported_ids(m) == iteration_ids(m["step"], 6) for m in metrics)  # the workers' ledgers
+    assert metrics[-1]["members"] == [0]
+    assert_every_planned_fault_fired(out_dir)
+    recoveries = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
+    assert [e["fault"].split(":")[0] for e in recoveries] == ["replica 1 lost", "replica 2 lost"], recoveries
+    assert all("no progress for" in e["fault"] for e in recoveries), recoveries
+    for m, ref in zip(metrics, failure_free_3x2):
+        assert m["loss"] == pytest.approx(ref, rel=1e-5)

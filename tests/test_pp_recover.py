@@ -87,6 +87,26 @@ def test_a_non_leader_stage_killed_mid_step_takes_its_replica_and_the_survivor_r
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
 
 
+def test_a_stage_stalled_for_good_after_its_vote_takes_its_replica_out_by_the_progress_rule(
+        tmp_path, out_dir, pp_2x2):
+    # rank 1 (the last stage, not the leader) of replica 1 blocks for good after its vote of
+    # step 2, its heartbeats on: its leader waits on it in the replica's relay and stops
+    # progressing; that, and nothing else, tells the coordinator.
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"kind": "stall", "replica": 1, "rank": 1, "step": 2, "phase": "commit"}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "2", "--pp", "2", "--collective-timeout", "2",
+           "--faults", str(plan))
+    assert_every_planned_fault_fired(out_dir)
+    _, metrics, _ = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)
+    assert metrics[-1]["members"] == [0]
+    [rec] = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
+    assert rec["fault"].startswith("replica 1 lost: no progress for "), rec
+    for m, ref in zip(metrics, pp_2x2[1]):
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+
+
 @pytest.fixture(scope="module")
 def tp2_pp2(tmp_path_factory):
     """2 replicas x (TP2 x PP2), 8 processes, failure-free."""

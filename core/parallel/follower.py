@@ -124,6 +124,7 @@ class ReplicaFollower:
             ok = False
         self.link.combine(ok, float(buf[-1]))
         self.hooks.at(step, "vote")
+        self.hooks.at(step, "commit")  # its part of the vote is with the leader; the commit is not known yet
         msg = self._next("recover", "commit")
         if msg["t"] == "recover":
             return self._recover()
