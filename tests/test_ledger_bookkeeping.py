@@ -19,6 +19,7 @@ import torch
 
 from recover.core.worker.accumulator import GradAccumulator
 from recover.core.contract.nonfinite import NonfiniteLosses
+from recover.core.worker.progress import ProgressMeter
 from recover.core.worker.replica import Replica
 
 
@@ -51,7 +52,7 @@ def _replica(quota: range) -> Replica:
     r = object.__new__(Replica)
     r.acc, r.link, r._nonfinite, r.control = _acc(), None, NonfiniteLosses(), _Control()
     r.generation, r.step, r.steps, r.microbatches, r._abort = 0, 0, 1, len(quota), None
-    r.replica = 0
+    r.replica, r.meter = 0, ProgressMeter()
     r._set_quota([[quota.start, quota.stop]])
     return r
 
