@@ -29,7 +29,7 @@ from conftest import (USER_LOOP, assert_every_planned_fault_fired, load_run, run
                       user_loop_committed_every_step)
 
 from recover.core.components.data import iteration_ids
-from recover.core.storage.results import read_jsonl, reported_ids
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -245,3 +245,31 @@ def test_a_replacement_waiting_for_admission_survives_a_coordinator_kill_and_is_
     assert set(join["member_digests"].values()) == {join["weights_digest"]}
     assert all(m["members"] == [0, 1, 2] for m in metrics if m["step"] >= join["first_commit_step"])
     assert metrics[-1]["members"] == [0, 1, 2]
+
+
+def test_a_restart_during_work_slower_than_the_collective_timeout_waits_for_the_reports(tmp_path):
+    # Every microbatch paced to 4 s against a 1 s collective timeout; the coordinator is killed
+    # in step 2. Each worker's training thread notices only after its microbatch, seconds later:
+    # a restarted coordinator that waited the collective timeout for the reports found none
+    # ("no member of it reported", exit 1). It now waits four of the longest gaps the members
+    # measured, as the last metrics line records them.
+    r, m, steps = 3, 3, 4
+    common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps)]
+    ref = tmp_path / "ref"
+    run_recover("train", "--system", "plain", *common, "--out", str(ref), "--no-progress", check=True, timeout=120)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [
+        *({"kind": "pace", "replica": x, "step": 0, "phase": "forward", "seconds": 4.0} for x in range(r)),
+        {"kind": "coordinator_crash", "replica": 1, "step": 2, "phase": "forward"}]}))
+    out = tmp_path / "run"
+    proc = run_recover("train", "--system", "recover", *common, "--collective-timeout", "1", "--faults", str(plan),
+                       "--out", str(out), "--no-progress", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
+    _, metrics, _ = load_run(out)
+    assert [x["step"] for x in metrics] == list(range(steps))
+    assert all(reported_ids(x) == iteration_ids(x["step"], m) for x in metrics)
+    assert metrics[-1]["members"] == [0, 1, 2]  # nobody lost: the restart cost no replica
+    rebuilt = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "rebuilt"]
+    assert rebuilt, "the coordinator was not restarted"
+    for x, y in zip(metrics, read_metrics(ref / "metrics.jsonl")):
+        assert x["loss"] == pytest.approx(y["loss"], rel=LOSS_RTOL)

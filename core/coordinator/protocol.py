@@ -1266,6 +1266,9 @@ class ProtocolStateMachine:
             # results.expand_members gives readers `members`, `ledgers` and `folded`)
             "microbatch_id_ranges": got, **pack_members(members, ledgers),
             "generation": generation, "recoveries": recoveries,
+            # the longest gap between units of work any member measured: a restarted coordinator
+            # waits for the members' reports in proportion to it (core/coordinator/service.py)
+            **({"progress_gap": max(self.progress_gap.values())} if self.progress_gap else {}),
             **({"lr": lr} if lr is not None else {}), **extra})
 
     # ---- attribution and fencing (persistent faults) ---------------------------------------

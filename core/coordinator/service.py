@@ -60,8 +60,10 @@ Contract:
 - Restarted (`rebuild=True`, on the same ports, by the launcher after the old one
   died): it first collects one hello per worker, each with a report of where that
   worker stands, answers each with {"t": "rebuilt"}, and once every expected
-  replica reported (or its exit was told by the launcher, or the collective timeout
-  passed) hands them to `ProtocolStateMachine.rebuild`, which forms the next generation
+  replica reported (or its exit was told by the launcher, or the wait passed: the
+  collective timeout plus four times the longest gap between units of work a member
+  had measured, which the last metrics line records, since a worker's training
+  thread notices the death only at its next unit of work) hands them to `ProtocolStateMachine.rebuild`, which forms the next generation
   from them. Nothing else a worker sends before that counts (it belonged to the
   dead coordinator's generation). metrics.jsonl and events.jsonl are continued:
   a commit already recorded is not recorded twice, and one the old coordinator
@@ -216,7 +218,13 @@ class CoordinatorService:
         self.rebuild_hellos: dict[int, dict] = {}
         self.rebuild_expect = set(range(cfg.replicas)) if expect is None else set(expect)
         self.rebuild_exited: set[int] = set()
-        self.rebuild_deadline = self.now() + cfg.collective_timeout
+        # A member's training thread notices the old coordinator's death at its next unit of
+        # work, and only then reconnects with its report: the wait allows four of the longest
+        # such gaps the members had measured (metrics.jsonl says it), on top of the collective
+        # timeout, so slow work (a microbatch longer than the timeout) is waited for.
+        self.rebuild_gap = self._last_progress_gap(out / "metrics.jsonl") if rebuild else 0.0
+        self.rebuild_wait = cfg.collective_timeout + 4 * self.rebuild_gap
+        self.rebuild_deadline = self.now() + self.rebuild_wait
         if rebuild:
             self.log(f"restarted: rebuilding the run from the reports of replicas {sorted(self.rebuild_expect)} "
                      f"(last step recorded: {self.recorded_step})")
@@ -225,12 +233,12 @@ class CoordinatorService:
         return time.time() - self.t0
 
     @staticmethod
-    def _last_recorded_step(path: Path) -> int:
-        """The last step metrics.jsonl holds (-1: none); a torn last line (the old coordinator
-        was killed mid-write) is skipped here, and ended by the writer before its first line."""
+    def _tail_records(path: Path) -> list[dict]:
+        """The whole records of metrics.jsonl's tail (a long run's file is not read whole); a torn
+        last line (the old coordinator was killed mid-write) is skipped here, and ended by the
+        writer before its first line."""
         if not path.exists():
-            return -1
-        # Steps are written in order, so the tail says it: a long run's file is not read whole.
+            return []
         with open(path, "rb") as f:
             size = f.seek(0, 2)
             f.seek(max(0, size - TAIL_BYTES))
@@ -238,13 +246,36 @@ class CoordinatorService:
         lines = data.splitlines()
         if size > TAIL_BYTES and lines:
             lines = lines[1:]  # the first is cut by the seek
-        last = -1
+        out = []
         for line in lines:
             try:
-                last = max(last, int(loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):  # a torn line: not a record
+                rec = loads(line)
+            except ValueError:  # a torn line: not a record
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+    @staticmethod
+    def _last_recorded_step(path: Path) -> int:
+        """The last step metrics.jsonl holds (-1: none). Steps are written in order, so the tail says it."""
+        last = -1
+        for rec in CoordinatorService._tail_records(path):
+            try:
+                last = max(last, int(rec["step"]))
+            except (ValueError, KeyError, TypeError):
                 continue
         return last
+
+    @staticmethod
+    def _last_progress_gap(path: Path) -> float:
+        """The longest gap between units of work any member had measured, as the last line that
+        says it (`progress_gap`) recorded it: 0.0 when none does."""
+        for rec in reversed(CoordinatorService._tail_records(path)):
+            gap = rec.get("progress_gap")
+            if type(gap) in (int, float) and 0 <= gap < float("inf"):
+                return float(gap)
+        return 0.0
 
     def log(self, text: str) -> None:
         try:
@@ -358,7 +389,8 @@ class CoordinatorService:
         self.rebuilding = False
         missing = sorted(self.rebuild_expect - heard)
         self.log(f"rebuilding from {len(self.rebuild_hellos)} report(s)"
-                 + (f"; no report from replicas {missing} within {self.cfg.collective_timeout:g}s" if missing else ""))
+                 + (f"; no report from replicas {missing} within {self.rebuild_wait:.1f}s (the collective timeout "
+                    f"plus 4 x {self.rebuild_gap:.2f}s, the longest gap in the members' work)" if missing else ""))
         reports = [h.get("report") or {} for h in self.rebuild_hellos.values()]
         # (a hello without a report is a worker's first: it never reached the old coordinator; a
         # worker's step before generation 0 is 0 even in a resumed run, so it is not compared)

@@ -14,7 +14,9 @@ Contract (DIR = the run's --out):
   microbatch_id_ranges from their union; `reported_ids` recomputes that union for
   a reader, so a check of the ids rests on what the workers said, not on what the
   coordinator handed out; and `coordinator`, its own load at that commit (latency
-  from the last vote, CPU seconds, lines handled: core/coordinator/service.py).
+  from the last vote, CPU seconds, lines handled: core/coordinator/service.py), and
+  `progress_gap`, the longest gap between two units of work any member had measured
+  (seconds; what a restarted coordinator waits for the members' reports in proportion to).
 - Members and ledgers, compact (recover's lines): a step's line does not grow with
   R. `member_ranges` is the members as an id range list, and the ledgers are
   run-length encoded, losslessly: `ledger_runs` [[first_member, n, first_id, k],
