@@ -6,7 +6,9 @@ sends a reader nowhere. Checked here, on the files as committed:
 - every section named in quotes after "see" or "under" (`see "The resilient core"`) is a
   heading of the same page (a reference to another page is a link), and where the
   reference says "below" or "above", the heading is there;
-- no bare "(above)" or "(below)": name what is meant.
+- no bare "(above)" or "(below)": name what is meant;
+- every file a page names as `tests/...py`, `core/...py` or the like exists (the wait
+  table of docs/protocol.md names the test that shows each bound).
 Pure file reads.
 """
 from __future__ import annotations
@@ -54,6 +56,10 @@ def broken_references(page: Path, text: str) -> list[str]:
             at = [off for off in at if off < m.start()]
         if not at:
             bad.append(f'{page.name}: "{m.group(1)}"{" " + where if where else ""} is no heading of this page')
+    for m in re.finditer(r"(?<![\w/.])((?:tests|core|baselines|experiments|fault_injection|examples|paper_figs)"
+                         r"/[\w/]+\.py)\b", text):
+        if not (ROOT / m.group(1)).exists():
+            bad.append(f"{page.name}: names {m.group(1)}, which does not exist")
     for m in re.finditer(r"\((?:above|below)\)", text):
         bad.append(f"{page.name}: a bare {m.group(0)} near {text[max(0, m.start() - 40):m.start()]!r}")
     return bad
@@ -69,3 +75,5 @@ def test_the_check_sees_a_moved_section():
     bad = broken_references(ROOT / "README.md", text)
     assert len(bad) == 3 and not any('"Here"' in b for b in bad), bad
     assert broken_references(ROOT / "README.md", '## A\n\nsee "A" below\n')  # A is above, not below
+    assert broken_references(ROOT / "README.md", "shown by tests/test_nowhere.py\n")
+    assert not broken_references(ROOT / "README.md", "shown by tests/test_docs_references.py\n")

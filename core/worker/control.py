@@ -93,6 +93,11 @@ class ControlClient:
                     return None
         return self._pending.popleft()
 
+    @property
+    def coordinator_beats(self) -> bool:
+        """The coordinator's heartbeats arrive: it is alive, and its silence is being judged."""
+        return self._beating and not self._eof
+
     def put_back(self, msg: dict[str, Any]) -> None:
         """Make `msg` the next message `recv` returns (one read elsewhere, still to be acted on)."""
         self._pending.appendleft(msg)

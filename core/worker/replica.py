@@ -808,6 +808,12 @@ class Replica:
         deadline = float("inf") if forever else time.monotonic() + 3 * self.timeout + 60
         while True:
             msg = self.control.recv(None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
+            if msg is None and self.control.coordinator_beats:
+                # It beats, so it is alive: its answer waits on the peers' work (a generation forming
+                # around a member that finishes a long schedule), which no fixed time bounds. Its
+                # silence, judged by the client, still ends the wait.
+                deadline = time.monotonic() + 3 * self.timeout + 60
+                continue
             if msg is None:
                 raise RunEnded("no word from the coordinator", code=worker_exit.EXIT_COORDINATOR_GONE)
             if self._terminal(msg):
