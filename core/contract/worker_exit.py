@@ -26,7 +26,8 @@ Contract:
 - `install(label)` makes an uncaught `RunEnded` in the main thread of a user's loop
   end the process that way (the line: "<label> exits with code N: reason"), not
   with a traceback; any other uncaught exception keeps Python's traceback (it is a
-  bug to read), then ends the same way, with code 1. `Replica` installs it; a loop
+  bug to read), then ends the same way, with code 1. `Replica` installs it, and so does a follower rank's handle
+  (core/parallel/follower.py); a loop
   that catches `RunEnded` itself is untouched.
 - Why `os._exit` and not a normal interpreter exit: when a run ends, the worker
   still holds process groups (the last generation's communicator; abandoned ones

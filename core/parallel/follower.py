@@ -34,6 +34,7 @@ import torch
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.launch.hooks import WorkerHooks
 from recover.core.worker.recipe import CommittedStep, LRSchedule
+from recover.core.contract import worker_exit
 from recover.core.worker.replica import RunEnded
 from recover.core.parallel.replica_link import ReplicaLink
 
@@ -46,6 +47,8 @@ class ReplicaFollower:
                  lr_schedule: LRSchedule | None = None, hooks: WorkerHooks | None = None):
         if link.leader:
             raise ValueError("the leader rank runs core.worker.replica.Replica, not a follower")
+        # an uncaught RunEnded in a user's loop: one line and its documented code, as on the leader
+        worker_exit.install(f"replica {replica} rank {local_rank}")
         self.acc = acc
         self.optimizer = optimizer
         self.replica = replica
