@@ -109,6 +109,7 @@ class FaultKind:
     sim_why: str = ""  # why the simulator models it so (shown when it is skipped)
     loses_replica: bool = False  # aggregate.py: the replica is out of the job from the moment it fired
     coordinator_signal: int | None = None  # the signal a kind aimed at the coordinator sends it (see the contract)
+    leader_only: str = ""  # not '': only a replica's leader (rank 0) can be its target, and why
 
     @property
     def targets_coordinator(self) -> bool:
@@ -293,7 +294,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     ),
     FaultKind(
         "stall", "the target's training thread blocks for `seconds` (for good without) while its heartbeat "
-        "goes on: alive but stuck (recover fences it at the vote deadline)", _stall,
+        "goes on: alive but stuck (recover fences it once it shows no progress past its bound)", _stall,
         accepts=("seconds",),
         sim_effect="hang", sim_why="the replica is fenced out at its deadline", loses_replica=True,
     ),
@@ -320,6 +321,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         _flip_a_bit,
         # recover fences the replica at its next digested vote; the baselines never notice
         sim_effect="crash", sim_why="recover fences the replica at its next weights digest", loses_replica=True,
+        leader_only="the digest the vote carries is the leader's shard's alone",
     ),
     FaultKind(
         # A numerical fault: with --exact the gradient leaves the fixed-point range and the
@@ -344,6 +346,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "fences the sender and its ids are redone)", _spoil_next_vote,
         at_phase="vote", at_phase_why="spoils the vote about to be sent",
         sim_effect="crash", sim_why="recover fences the sender at its vote", loses_replica=True,
+        leader_only="only the leader sends the replica's vote",
     ),
     FaultKind(
         "replica_loss", "SIGKILL of the target replica's whole process group at once", _kill_own_replica,

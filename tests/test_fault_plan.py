@@ -210,3 +210,14 @@ def test_records_are_whole_lines_in_order(tmp_path):
     lines = (tmp_path / "faults.jsonl").read_text().splitlines()
     assert [json.loads(x)["pid"] for x in lines] == [100, 101, 102]
     assert fired_indices(tmp_path) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("kind, extra", [("bitflip", {}), ("bad_vote", {"phase": "vote"})])
+def test_a_kind_only_a_leader_can_take_is_refused_at_another_rank_with_one_line(kind, extra):
+    from recover.fault_injection.plan import FaultPlan, PlanError, validate_plan
+
+    fault = {"kind": kind, "replica": 1, "rank": 1, "step": 2, "phase": "forward", **extra}
+    plan = FaultPlan.from_dict({"faults": [fault]})
+    with pytest.raises(PlanError, match=f"a {kind} fault strikes a replica's leader \\(rank 0\\) only"):
+        validate_plan(plan, replicas=3, steps=5, ranks_per_replica=2)
+    validate_plan(FaultPlan.from_dict({"faults": [{**fault, "rank": 0}]}), replicas=3, steps=5, ranks_per_replica=2)
