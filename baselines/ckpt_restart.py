@@ -36,6 +36,7 @@ from recover.core.config.train_config import TrainConfig
 from recover.core.launch.end_policy import FailFast
 from recover.core.launch.launcher import LauncherHooks, Launcher, python_module_argv
 from recover.core.storage.results import JsonlWriter
+from recover.core.contract import env_names
 
 from .runlog import baseline_dir, fault_notice_path
 from .settings import BaselineConfig
@@ -64,7 +65,7 @@ def supervise(
 ) -> SupervisedResult:
     out = Path(cfg.out)
     shutil.rmtree(baseline_dir(out), ignore_errors=True)  # never resume another run's checkpoints
-    t0 = float(env["RECOVER_T0"])
+    t0 = float(env[env_names.T0])
     members = list(range(cfg.replicas))
     exits = []
     attempt = restarts = 0
@@ -76,7 +77,7 @@ def supervise(
             python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "store"),
             lambda r: python_module_argv(WORKER, "--config", str(config_path), "--replica", str(r)),
             members,
-            env={**env, "RECOVER_MEMBERS": ",".join(map(str, members)), "RECOVER_ATTEMPT": str(attempt)},
+            env={**env, env_names.MEMBERS: ",".join(map(str, members)), env_names.ATTEMPT: str(attempt)},
             hooks=[*hooks, watch],
             end=FailFast(),
         )

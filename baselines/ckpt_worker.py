@@ -26,6 +26,7 @@ _STARTED = time.time()  # before the heavy imports: a restart's cost includes th
 import torch.distributed as dist  # noqa: E402
 
 from recover.core.launch.startup import begin, connect_store, run_start_time, worker_args  # noqa: E402
+from recover.core.contract import env_names
 
 from .runlog import fault_notice_path  # noqa: E402
 from .settings import load_settings  # noqa: E402
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg, hooks = begin(args.config, args.replica)
     settings = load_settings(args.config)
     t0 = run_start_time()
-    members = [int(x) for x in os.environ["RECOVER_MEMBERS"].split(",")]
-    generation = int(os.environ.get("RECOVER_ATTEMPT", "0"))
+    members = [int(x) for x in os.environ[env_names.MEMBERS].split(",")]
+    generation = int(os.environ.get(env_names.ATTEMPT, "0"))
     rank = members.index(args.replica)
     store = dist.PrefixStore(f"ckpt-restart/attempt{generation}/", connect_store())
     ckpt_group = init_groups(cfg.resolved_backend(), store, rank, len(members), cfg.collective_timeout)

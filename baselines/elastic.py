@@ -35,6 +35,7 @@ from typing import Sequence
 
 from recover.core.config.train_config import TrainConfig
 from recover.core.launch.launcher import Launcher, LauncherHooks, python_module_argv
+from recover.core.contract import env_names
 
 from .runlog import baseline_dir
 from .settings import BaselineConfig
@@ -109,7 +110,7 @@ def supervise(
     out = Path(cfg.out)
     shutil.rmtree(baseline_dir(out), ignore_errors=True)
     baseline_dir(out).mkdir(parents=True)
-    t0 = float(env["RECOVER_T0"])
+    t0 = float(env[env_names.T0])
     args = torchrun_argv(cfg, settings, config_path, f"recover-{int(t0 * 1000)}")
     (baseline_dir(out) / "torchrun.json").write_text(json.dumps({"torchrun_args": args}, indent=1))
     launcher = Launcher(

@@ -6,13 +6,14 @@ it only once the store process is up) and replaces this process, by exec, with
 launcher recorded is then the agent's own, so killing it by PID is losing the node.
 """
 from __future__ import annotations
+from recover.core.contract import env_names
 
 import os
 import sys
 
 
 def main() -> None:
-    endpoint = os.environ["RECOVER_STORE_ADDR"]
+    endpoint = os.environ[env_names.STORE_ADDR]
     argv = [sys.executable, "-m", "torch.distributed.run", "--rdzv-endpoint", endpoint, *sys.argv[1:]]
     os.execv(sys.executable, argv)
 

@@ -33,6 +33,7 @@ _STARTED = time.time()
 import torch.distributed as dist  # noqa: E402
 
 from recover.core.launch.startup import begin, run_start_time, worker_args  # noqa: E402
+from recover.core.contract import env_names
 
 from .runlog import baseline_dir, first_detection  # noqa: E402
 from .settings import load_settings  # noqa: E402
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     # `kill -USR1 <pid>` writes every thread's stack to the node's log (a hung run's tests do)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    node = int(os.environ["RECOVER_REPLICA"])
+    node = int(os.environ[env_names.REPLICA])
     cfg, hooks = begin(args.config, node, pin_device=False)
     settings = load_settings(args.config)
     t0 = run_start_time()

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from recover.core.config.train_config import TrainConfig
 from recover.core.launch.launcher import Launcher, LauncherHooks, python_module_argv
+from recover.core.contract import env_names
 
 from .runlog import baseline_dir
 from .settings import BaselineConfig
@@ -36,7 +37,7 @@ def supervise(
 ) -> SupervisedResult:
     out = Path(cfg.out)
     shutil.rmtree(baseline_dir(out), ignore_errors=True)
-    t0 = float(env["RECOVER_T0"])
+    t0 = float(env[env_names.T0])
     lighthouse = python_module_argv(
         "recover.baselines.torchft_lighthouse",
         "--min-replicas", str(settings.torchft_min_replicas),

@@ -49,6 +49,7 @@ from recover.core.contract.policy import assign_quotas  # noqa: E402
 from recover.core.storage.results import metric_record  # noqa: E402
 from recover.core.launch.startup import begin, run_start_time, worker_args  # noqa: E402
 from recover.core.training.workload import Workload  # noqa: E402
+from recover.core.contract import env_names  # noqa: E402
 
 from .runlog import append_step_once, baseline_dir, first_detection, record_detection  # noqa: E402
 from .settings import load_settings  # noqa: E402
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         min_replica_size=settings.torchft_min_replicas, use_async_quorum=False, timeout=timeout,
         quorum_timeout=3 * timeout, connect_timeout=timeout, rank=0, world_size=1,
         store_addr="127.0.0.1", store_port=store.port, replica_id=f"replica{replica}", hostname="127.0.0.1",
-        lighthouse_addr=f"http://{os.environ['RECOVER_CONTROL_ADDR']}",
+        lighthouse_addr=f"http://{os.environ[env_names.CONTROL_ADDR]}",
         heartbeat_interval=timedelta(milliseconds=settings.torchft_heartbeat_ms),
         init_sync=False,  # every replica seeds identically: equal weights at step 0
     )

@@ -64,6 +64,7 @@ from recover.core.coordinator.gc_pacing import take_over
 from recover.experiments.coordinator_results import write_results
 from recover.core.contract.heartbeat import heartbeat_plan
 from recover.core.storage.results import read_jsonl, read_metrics
+from recover.core.contract import env_names
 
 from .bench_replica_clients import ClientSpec
 
@@ -116,7 +117,7 @@ def run_one(N: int, args: argparse.Namespace, rng: random.Random, work: Path) ->
     cfg.validate()
     (out / "config.json").write_text(json.dumps({"train": cfg.to_dict()}))
     t0, token = time.time(), secrets.token_hex(16)
-    env = {**os.environ, "RECOVER_T0": repr(t0), "RECOVER_JOIN_TOKEN": token}
+    env = {**os.environ, env_names.T0: repr(t0), env_names.JOIN_TOKEN: token}
     procs: list[subprocess.Popen] = []
     silence = heartbeat_plan(N, cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.heartbeat_budget)[1]
     deadline = args.startup_timeout + steps * args.step_seconds * 4 + args.freezes * (silence + 5) + 60

@@ -69,6 +69,7 @@ from recover.baselines.runlog import fault_notice_path
 from recover.core.storage.results import read_metrics, write_summary
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
+from recover.core.contract import env_names
 
 from .grids import PLAN_INPUT, Grid, RunSpec
 from .run import RUN_FILES, resolved_config_dict, run_training
@@ -194,7 +195,7 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         sync.mkdir(parents=True, exist_ok=True)
         coordinator = subprocess.Popen(
             _coordinator_argv(spec, system, config_path),
-            stdout=subprocess.PIPE, env={**os.environ, "RECOVER_T0": repr(t0), JOIN_TOKEN_ENV: token},
+            stdout=subprocess.PIPE, env={**os.environ, env_names.T0: repr(t0), JOIN_TOKEN_ENV: token},
         )
         first = coordinator.stdout.readline()  # its first line: it is up, on the ports the OS gave it
         try:
@@ -218,8 +219,8 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
     host = ready["host"]
     worker_env = {
         **os.environ,
-        "RECOVER_STORE_ADDR": f"{host}:{store_port}", "RECOVER_CONTROL_ADDR": f"{host}:{control_port}",
-        "RECOVER_REPLICA": str(rank), "RECOVER_T0": repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
+        env_names.STORE_ADDR: f"{host}:{store_port}", env_names.CONTROL_ADDR: f"{host}:{control_port}",
+        env_names.REPLICA: str(rank), env_names.T0: repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
     }
     if system.on_slurm == "requeue":  # every start trains at full size from the last complete checkpoint
         worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(restart))

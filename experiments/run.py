@@ -55,6 +55,7 @@ from recover.core.storage.results import JsonlWriter, read_finals, read_jsonl, r
 from recover.core.contract.worker_exit import EXIT_CHECKPOINTS_FAILED, EXIT_RUN_DIR_UNWRITABLE
 from recover.fault_injection.injector import launcher_hooks
 from recover.fault_injection.plan import FaultPlan
+from recover.core.contract import env_names
 
 from .progress import MetricsProgress
 from .systems import SYSTEMS
@@ -158,7 +159,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
         python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", system.coordinator_mode),
         lambda r: python_module_argv(system.worker_module, "--config", str(config_path), "--replica", str(r)),
         cfg.replicas,
-        env={"RECOVER_T0": repr(t0)},
+        env={env_names.T0: repr(t0)},
         hooks=[progress, *extra_hooks],
         end=FailFast() if system.fail_fast else CoordinatorEnds(),
         replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,

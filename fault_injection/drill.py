@@ -44,6 +44,7 @@ from recover.core.launch.launcher import Launcher, python_module_argv
 from recover.core.contract.policy import quota_sizes
 from recover.core.storage.results import write_summary
 from recover.core.launch.startup import add_worker_flags
+from recover.core.contract import env_names
 
 from .injector import WORKER_HOOKS, launcher_hooks, process_state
 from .kinds import KINDS
@@ -204,7 +205,7 @@ def run_drill(
                            "--linger", str(linger), "--max-seconds", str(max_seconds)),
         lambda r: python_module_argv(MODULE, "worker", "--config", str(config), "--replica", str(r)),
         replicas,
-        env={"RECOVER_T0": repr(t0)},
+        env={env_names.T0: repr(t0)},
         hooks=[launcher_hooks(plan, out, t0)],
         grace_seconds=1.0,  # stand-ins exit at once; only a frozen one waits, and it waits for good
     )

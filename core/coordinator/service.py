@@ -109,6 +109,7 @@ from recover.core.storage.results import HeldLineWriter
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.core.coordinator.gc_pacing import pace, settle
 from recover.core.contract.wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
+from recover.core.contract import env_names
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
 HELLO_TIMEOUT = 10.0  # seconds a connection may stay open without a hello (a worker says it at once)
@@ -165,7 +166,7 @@ class CoordinatorService:
         # set one reads the generated one from the coordinator's first line.
         self.join_token = join_token or os.environ.get(JOIN_TOKEN_ENV, "") or new_join_token()
         self.refused = 0
-        self.t0 = float(os.environ.get("RECOVER_T0", time.time()))
+        self.t0 = float(os.environ.get(env_names.T0, time.time()))
         self.listener = socket.create_server((host, port))
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]

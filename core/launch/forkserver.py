@@ -37,6 +37,7 @@ One server per launcher process, started on first use and ended with it (its
 PDEATHSIG, and `close()` at exit). If it dies, the next `start` starts another.
 """
 from __future__ import annotations
+from recover.core.contract import env_names
 
 import atexit
 import ctypes
@@ -58,7 +59,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 #: before its first step. Neither starts a thread at import, so forking after is safe.
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "numpy")
 
-START_ENV = "RECOVER_WORKER_START"
+START_ENV = env_names.WORKER_START
 
 
 def _prctl(option: int, value: int) -> bool:

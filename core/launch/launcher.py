@@ -66,6 +66,7 @@ from recover.core.launch.exit_notices import ExitNotices
 from recover.core.launch.forkserver import ForkedProcess
 from recover.core.launch.replica_processes import ReplicaProcesses
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
+from recover.core.contract import env_names
 
 _PR_SET_PDEATHSIG = 1
 QUICK_DEATH_SECONDS = 60.0  # a replacement that fails sooner than this after its start died "at once"
@@ -241,9 +242,9 @@ class Launcher:
 
     def _start_rank(self, replica: int, rank: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
         argv = list(self.worker_argv(replica))
-        env = {**env, "RECOVER_REPLICA": str(replica), "RECOVER_WORKER_STARTED": repr(time.time()),
-               "RECOVER_LOCAL_RANK": str(rank), "RECOVER_RANKS_PER_REPLICA": str(self.ranks_per_replica),
-               "RECOVER_REPLICAS": str(len(self.replica_ids))}
+        env = {**env, env_names.REPLICA: str(replica), env_names.WORKER_STARTED: repr(time.time()),
+               env_names.LOCAL_RANK: str(rank), env_names.RANKS_PER_REPLICA: str(self.ranks_per_replica),
+               env_names.REPLICAS: str(len(self.replica_ids))}
         log_path = self.out / "logs" / (f"replica{replica}.log" if rank == 0 else f"replica{replica}_rank{rank}.log")
         if self.fork_workers and forkserver.forkable(argv):
             # Same process, group, output and parent-death contract as below, without
@@ -274,8 +275,8 @@ class Launcher:
                 self._notices = ExitNotices(info["host"], info["control_port"], self.env[JOIN_TOKEN_ENV])
             env = {
                 **self.env,
-                "RECOVER_STORE_ADDR": f"{info['host']}:{info['store_port']}",
-                "RECOVER_CONTROL_ADDR": f"{info['host']}:{info.get('control_port', 0)}",
+                env_names.STORE_ADDR: f"{info['host']}:{info['store_port']}",
+                env_names.CONTROL_ADDR: f"{info['host']}:{info.get('control_port', 0)}",
             }
             self._worker_env = env
             for r in self.replica_ids:

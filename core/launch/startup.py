@@ -20,6 +20,7 @@ Contract:
   in processes that never import torch): the functions that need torch import it.
 """
 from __future__ import annotations
+from recover.core.contract import env_names
 
 import argparse
 import os
@@ -48,7 +49,7 @@ def worker_args(argv: list[str] | None, description: str, replica: bool = True) 
     return add_worker_flags(argparse.ArgumentParser(description=description), replica).parse_args(argv)
 
 
-JOIN_TOKEN_ENV = "RECOVER_JOIN_TOKEN"
+JOIN_TOKEN_ENV = env_names.JOIN_TOKEN
 
 
 def new_join_token() -> str:
@@ -81,14 +82,14 @@ def connect_store(timeout: float = 60.0, token: str | None = None) -> "dist.Pref
     token (`token`, else RECOVER_JOIN_TOKEN)."""
     import torch.distributed as dist
 
-    host, port = env_addr("RECOVER_STORE_ADDR")
+    host, port = env_addr(env_names.STORE_ADDR)
     client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
     return keyed_store(client, os.environ.get(JOIN_TOKEN_ENV, "") if token is None else token)
 
 
 def run_start_time() -> float:
     """The run's start on the time.time() clock: RECOVER_T0 as the launcher sets it (else now)."""
-    return float(os.environ.get("RECOVER_T0", time.time()))
+    return float(os.environ.get(env_names.T0, time.time()))
 
 
 def begin(config_path: str, replica: int, pin_device: bool = True, rank: int = 0) -> tuple["TrainConfig", "WorkerHooks"]:

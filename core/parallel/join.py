@@ -57,6 +57,7 @@ from recover.core.parallel.context import ParallelContext
 from recover.core.parallel.fsdp import microbatch_part
 from recover.core.parallel.rank_beats import RankBeats, local_address
 from recover.core.parallel.replica_link import LINK_TIMEOUT, ReplicaLink
+from recover.core.contract import env_names
 
 
 
@@ -85,18 +86,18 @@ class ReplicaContext:
         `tp` = T > 1 (default: RECOVER_TP, else 1) and `pp` = P (default: RECOVER_PP, else 1) the
         launcher's RECOVER_RANKS_PER_REPLICA ranks per replica are P x S x T (tp innermost); the
         schedule's name defaults to RECOVER_PP_SCHEDULE, else 1f1b."""
-        r = int(os.environ["RECOVER_REPLICA"])
-        local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
-        shard = int(os.environ.get("RECOVER_RANKS_PER_REPLICA", "1"))  # the replica's ranks
-        tp = tp or int(os.environ.get("RECOVER_TP", "1"))
-        pp = pp or int(os.environ.get("RECOVER_PP", "1"))
-        pp_schedule = pp_schedule or os.environ.get("RECOVER_PP_SCHEDULE") or "1f1b"
+        r = int(os.environ[env_names.REPLICA])
+        local = int(os.environ.get(env_names.LOCAL_RANK, "0"))
+        shard = int(os.environ.get(env_names.RANKS_PER_REPLICA, "1"))  # the replica's ranks
+        tp = tp or int(os.environ.get(env_names.TP, "1"))
+        pp = pp or int(os.environ.get(env_names.PP, "1"))
+        pp_schedule = pp_schedule or os.environ.get(env_names.PP_SCHEDULE) or "1f1b"
         if shard % (tp * pp):
             raise ValueError(f"--tp {tp} x --pp {pp} does not divide the replica's {shard} ranks")
-        replicas = int(os.environ.get("RECOVER_REPLICAS", r + 1))
-        collective = collective_timeout or _env_float("RECOVER_COLLECTIVE_TIMEOUT", 30.0)
-        interval = heartbeat_interval or _env_float("RECOVER_HEARTBEAT_INTERVAL", 0.1)
-        hb_timeout = heartbeat_timeout or _env_float("RECOVER_HEARTBEAT_TIMEOUT", 3.0)
+        replicas = int(os.environ.get(env_names.REPLICAS, r + 1))
+        collective = collective_timeout or _env_float(env_names.COLLECTIVE_TIMEOUT, 30.0)
+        interval = heartbeat_interval or _env_float(env_names.HEARTBEAT_INTERVAL, 0.1)
+        hb_timeout = heartbeat_timeout or _env_float(env_names.HEARTBEAT_TIMEOUT, 3.0)
         parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard // (tp * pp), tp, pp, pp_schedule),
                                    backend="gloo", timeout=LINK_TIMEOUT.total_seconds())
         link = ReplicaLink(local, shard, open_store=connect_store)
@@ -112,7 +113,7 @@ class ReplicaContext:
             worker_exit.exit_now(worker_exit.EXIT_RANK_LOST, f"[replica {r} rank {local}] the leader is gone: this replica "
                                                  f"is lost")
 
-        store_host = env_addr("RECOVER_STORE_ADDR")[0]
+        store_host = env_addr(env_names.STORE_ADDR)[0]
         beats = RankBeats(connect_store(), r, local, shard, interval,
                           limit=lambda: hb_timeout if link.committed_once else cold,
                           on_silent=lost, on_leader_gone=leader_gone, host=local_address(store_host))
@@ -137,8 +138,8 @@ class ReplicaContext:
         kw.setdefault("collective_timeout", self.collective_timeout)
         if self.leader:
             from recover.core.worker.replica import Replica
-            handle = Replica(acc, optimizer, replica=self.replica, control_addr=env_addr("RECOVER_CONTROL_ADDR"),
-                             store_addr=env_addr("RECOVER_STORE_ADDR"), link=self.link, **kw)
+            handle = Replica(acc, optimizer, replica=self.replica, control_addr=env_addr(env_names.CONTROL_ADDR),
+                             store_addr=env_addr(env_names.STORE_ADDR), link=self.link, **kw)
         else:
             from recover.core.parallel.follower import ReplicaFollower
             handle = ReplicaFollower(acc, optimizer, replica=self.replica, local_rank=self.local_rank,

@@ -32,11 +32,12 @@ from recover.core.contract.policy import assign_quotas
 from recover.core.storage.results import JsonlWriter, metric_record, write_final
 from recover.core.launch.startup import begin, connect_store, run_start_time, worker_args
 from recover.core.training.workload import Workload
+from recover.core.contract import env_names
 
 
 def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "plain data-parallel worker")
-    local = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
+    local = int(os.environ.get(env_names.LOCAL_RANK, "0"))
     cfg, hooks = begin(args.config, args.replica, rank=local)
     t0 = run_start_time()
     replica, R, M = args.replica, cfg.replicas, cfg.microbatches

@@ -75,6 +75,7 @@ from recover.core.worker.replica import Replica, RunEnded
 from recover.core.storage.results import JsonlWriter, write_final
 from recover.core.launch.startup import begin, env_addr, worker_args
 from recover.core.training.workload import Workload
+from recover.core.contract import env_names
 
 EXIT_FENCED = worker_exit.EXIT_FENCED
 
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = worker_args(argv, "resilient (recover) worker")
     # `kill -USR1 <pid>` writes every thread's stack to the replica's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    local_rank = int(os.environ.get("RECOVER_LOCAL_RANK", "0"))
+    local_rank = int(os.environ.get(env_names.LOCAL_RANK, "0"))
     cfg, hooks = begin(args.config, args.replica, rank=local_rank)
     rctx = None
     if cfg.ranks_per_replica > 1:  # a replica of many ranks: its groups, the leader's relay, the ranks' beats
@@ -223,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
               tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
               rejoin=cfg.rejoin, coordinator_timeout=cfg.coordinator_timeout, reconnect_timeout=cfg.reconnect_timeout)
     if rctx is None:
-        replica = Replica(work.acc, work.optimizer, replica=args.replica, control_addr=env_addr("RECOVER_CONTROL_ADDR"),
-                          store_addr=env_addr("RECOVER_STORE_ADDR"), **kw)
+        replica = Replica(work.acc, work.optimizer, replica=args.replica, control_addr=env_addr(env_names.CONTROL_ADDR),
+                          store_addr=env_addr(env_names.STORE_ADDR), **kw)
     else:  # the same loop on every rank: Replica on the leader, ReplicaFollower on the others
         replica = rctx.join(work.acc, work.optimizer, **kw)
     leader = rctx is None or rctx.leader

@@ -133,11 +133,12 @@ from recover.core.contract.policy import quota_of
 from recover.core.worker.recipe import CommittedStep, LRSchedule
 from recover.core.launch.startup import JOIN_TOKEN_ENV, env_addr, keyed_store, run_start_time
 from recover.core.worker.state_transfer import transfer_state
+from recover.core.contract import env_names
 
-REJOIN_ENV = "RECOVER_REJOIN"  # "0": a fenced replica exits instead of rejoining (from_env's default)
-STARTED_ENV = "RECOVER_WORKER_STARTED"  # time.time() when the launcher started this process
-COORDINATOR_TIMEOUT_ENV = "RECOVER_COORDINATOR_TIMEOUT"  # seconds of coordinator silence = gone (from_env's)
-RECONNECT_TIMEOUT_ENV = "RECOVER_RECONNECT_TIMEOUT"  # seconds to keep reaching a restarted one (from_env's)
+REJOIN_ENV = env_names.REJOIN  # "0": a fenced replica exits instead of rejoining (from_env's default)
+STARTED_ENV = env_names.WORKER_STARTED  # time.time() when the launcher started this process
+COORDINATOR_TIMEOUT_ENV = env_names.COORDINATOR_TIMEOUT  # seconds of coordinator silence = gone (from_env's)
+RECONNECT_TIMEOUT_ENV = env_names.RECONNECT_TIMEOUT  # seconds to keep reaching a restarted one (from_env's)
 
 
 # Past the coordinator's start-up deadline it forms generation 0 (or stops the run)
@@ -275,8 +276,8 @@ class Replica:
     def from_env(cls, model_or_params, optimizer, **kw) -> "Replica":
         """Join the job the launcher set up (RECOVER_REPLICA, RECOVER_CONTROL_ADDR, RECOVER_STORE_ADDR)."""
         params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
-        return cls(params, optimizer, replica=int(os.environ["RECOVER_REPLICA"]),
-                   control_addr=env_addr("RECOVER_CONTROL_ADDR"), store_addr=env_addr("RECOVER_STORE_ADDR"), **kw)
+        return cls(params, optimizer, replica=int(os.environ[env_names.REPLICA]),
+                   control_addr=env_addr(env_names.CONTROL_ADDR), store_addr=env_addr(env_names.STORE_ADDR), **kw)
 
     # ---- the loop's view ---------------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ from pathlib import Path
 from recover.core.config.train_config import ConfigError, TrainConfig
 from recover.core.launch.launcher import Launcher, python_module_argv
 from recover.core.storage.results import read_jsonl, write_summary
+from recover.core.contract import env_names
 
 from . import fail
 
@@ -70,15 +71,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
     launcher = Launcher(
         out, python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "recover"),
         # RECOVER_REJOIN: Replica.from_env's default for rejoining after a false death
-        lambda r: cmd, cfg.replicas, env={"RECOVER_T0": repr(t0), "RECOVER_REJOIN": "1" if cfg.rejoin else "0",
-                                         "RECOVER_COORDINATOR_TIMEOUT": repr(cfg.coordinator_timeout),
-                                         "RECOVER_RECONNECT_TIMEOUT": repr(cfg.reconnect_timeout),
+        lambda r: cmd, cfg.replicas, env={env_names.T0: repr(t0), env_names.REJOIN: "1" if cfg.rejoin else "0",
+                                         env_names.COORDINATOR_TIMEOUT: repr(cfg.coordinator_timeout),
+                                         env_names.RECONNECT_TIMEOUT: repr(cfg.reconnect_timeout),
                                          # what a replica of many ranks reads (core/parallel/join.py)
-                                         "RECOVER_COLLECTIVE_TIMEOUT": repr(cfg.collective_timeout),
-                                         "RECOVER_HEARTBEAT_INTERVAL": repr(cfg.heartbeat_interval),
-                                         "RECOVER_HEARTBEAT_TIMEOUT": repr(cfg.heartbeat_timeout),
-                                         "RECOVER_TP": str(cfg.tp), "RECOVER_PP": str(cfg.pp),
-                                         "RECOVER_PP_SCHEDULE": cfg.pp_schedule},
+                                         env_names.COLLECTIVE_TIMEOUT: repr(cfg.collective_timeout),
+                                         env_names.HEARTBEAT_INTERVAL: repr(cfg.heartbeat_interval),
+                                         env_names.HEARTBEAT_TIMEOUT: repr(cfg.heartbeat_timeout),
+                                         env_names.TP: str(cfg.tp), env_names.PP: str(cfg.pp),
+                                         env_names.PP_SCHEDULE: cfg.pp_schedule},
         replace_after=cfg.replace_after if cfg.replace_after >= 0 else None,
         coordinator_restarts=cfg.coordinator_restarts, coordinator_timeout=cfg.coordinator_timeout,
         ranks_per_replica=cfg.ranks_per_replica,
