@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recover.core.contract.iteration import iteration_ids  # noqa: F401 (the workload's readers import it here too)
+
 # Skipped so the default corpus is the library itself, not its test suite or
 # vendored third-party code.
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__"}
@@ -88,11 +90,6 @@ def load_tokens(path: str, max_bytes: int) -> np.ndarray:
     if p.suffix == ".bin":
         return np.memmap(p, dtype=np.uint16, mode="r")
     return np.frombuffer(p.read_bytes(), dtype=np.uint8)
-
-
-def iteration_ids(step: int, microbatches: int) -> list[int]:
-    """The global microbatch ids that iteration `step` owns."""
-    return list(range(step * microbatches, (step + 1) * microbatches))
 
 
 def microbatch_seed(seed: int, mb_id: int) -> int:

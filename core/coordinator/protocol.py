@@ -116,6 +116,7 @@ from enum import Enum
 from typing import Any
 
 from recover.core.contract import idranges
+from recover.core.contract.iteration import iteration_range
 from recover.core.contract.nonfinite import ON_NONFINITE, describe
 from recover.core.contract.policy import assign_quota_ranges, equal_share
 from recover.core.storage.results import pack_members
@@ -830,7 +831,7 @@ class ProtocolStateMachine:
         fenced = self._attribute_failure(now)
         if fenced and not self.expected:
             return fenced + self._finish(1, "no replica left: every replica of the run has failed", now)
-        lo, hi = self.step * self.M, (self.step + 1) * self.M
+        lo, hi = iteration_range(self.step, self.M)
         try:
             done = idranges.union_disjoint(self.joins[r] for r in sorted(self.joins))
         except ValueError:
@@ -931,7 +932,7 @@ class ProtocolStateMachine:
         return out
 
     def _commit(self, now: float) -> list[Out]:
-        lo, hi = self.step * self.M, (self.step + 1) * self.M
+        lo, hi = iteration_range(self.step, self.M)
         # What the votes said was summed as each arrived (core/coordinator/vote_tally.py): no pass
         # over R vote objects here. `ledgers` lists members in arrival order.
         votes = self.votes
@@ -1049,7 +1050,7 @@ class ProtocolStateMachine:
         # The commit messages go out before the records are written: the workers
         # are waiting on them, the files are not.
         sends = self._deal({"t": "commit", "gen": self.gen, "step": committed, "loss": loss, **skip},
-                           [] if last else [[self.step * self.M, (self.step + 1) * self.M]])
+                           [] if last else [list(iteration_range(self.step, self.M))])
         if last:
             done = "all steps committed" if not self.skipped else (
                 f"all steps done; step(s) {self.skipped} skipped for a non-finite loss (--on-nonfinite skip)")
@@ -1103,7 +1104,7 @@ class ProtocolStateMachine:
                           f"(state from replica {donor})")] if joining else []
         return out + self._deal({"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
                                  "microbatches": self.M, "steps": self.S, **({"heal": heal} if heal else {})},
-                                [[self.step * self.M, (self.step + 1) * self.M]])
+                                [list(iteration_range(self.step, self.M))])
 
     def _count_slow_streak(self, who: Any, measured: Any) -> None:
         """One committed step's speeds: extend the slowest member's streak if it was
@@ -1247,7 +1248,7 @@ class ProtocolStateMachine:
         first = votes[min(votes)]
         if first.get("loss_sum") is None:
             return None  # a step skipped for a non-finite loss: it has no metrics line
-        lo, hi = step * self.M, (step + 1) * self.M
+        lo, hi = iteration_range(step, self.M)
         return self._commit_line(step, first["loss_sum"] / self.M, got, ledgers, first.get("gen"), sorted(votes), 0,
                                  first.get("lr"),
                                  # the members that voted and did not report (dead since) leave their ids out
