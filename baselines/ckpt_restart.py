@@ -37,6 +37,7 @@ from recover.core.launch.end_policy import FailFast
 from recover.core.launch.launcher import LauncherHooks, Launcher, python_module_argv
 from recover.core.storage.results import JsonlWriter
 from recover.core.contract import env_names
+from recover.core.launch.coordinator_command import MODULE as COORDINATOR, coordinator_args
 
 from .runlog import baseline_dir, fault_notice_path
 from .settings import BaselineConfig
@@ -74,7 +75,7 @@ def supervise(
         attempt_start = time.time() - t0
         launcher = Launcher(
             out,
-            python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "store"),
+            python_module_argv(COORDINATOR, *coordinator_args(config_path, "store")),
             lambda r: python_module_argv(WORKER, "--config", str(config_path), "--replica", str(r)),
             members,
             env={**env, env_names.MEMBERS: ",".join(map(str, members)), env_names.ATTEMPT: str(attempt)},

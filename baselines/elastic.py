@@ -36,6 +36,7 @@ from typing import Sequence
 from recover.core.config.train_config import TrainConfig
 from recover.core.launch.launcher import Launcher, LauncherHooks, python_module_argv
 from recover.core.contract import env_names
+from recover.core.launch.coordinator_command import MODULE as COORDINATOR, coordinator_args
 
 from .runlog import baseline_dir
 from .settings import BaselineConfig
@@ -115,7 +116,7 @@ def supervise(
     (baseline_dir(out) / "torchrun.json").write_text(json.dumps({"torchrun_args": args}, indent=1))
     launcher = Launcher(
         out,
-        python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "store"),
+        python_module_argv(COORDINATOR, *coordinator_args(config_path, "store")),
         lambda r: python_module_argv("recover.baselines.elastic_agent", *args),
         cfg.replicas,
         env={**env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"},

@@ -70,6 +70,7 @@ from recover.core.storage.results import read_metrics, write_summary
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
 from recover.core.contract import env_names
+from recover.core.launch.coordinator_command import MODULE as COORDINATOR, coordinator_args
 
 from .grids import PLAN_INPUT, Grid, RunSpec
 from .run import RUN_FILES, resolved_config_dict, run_training
@@ -301,8 +302,8 @@ def _coordinator_argv(spec: RunSpec, system: Any, config_path: Path) -> list[str
         return [sys.executable, "-m", "recover.baselines.torchft_lighthouse", "--host", "0.0.0.0",
                 "--min-replicas", str(s.torchft_min_replicas), "--join-timeout-ms", str(s.torchft_join_timeout_ms),
                 "--heartbeat-timeout-ms", str(s.torchft_heartbeat_timeout_ms)]
-    return [sys.executable, "-m", "recover.core.coordinator.process", "--config", str(config_path),
-            "--mode", system.coordinator_mode, "--host", "0.0.0.0", "--store-port", "0", "--control-port", "0"]
+    return [sys.executable, "-m", COORDINATOR, *coordinator_args(config_path, system.coordinator_mode, host="0.0.0.0",
+                                                                 store_port=0, control_port=0)]
 
 
 def _first_start(spec: RunSpec, root: str, out: Path, config_path: Path) -> None:

@@ -56,6 +56,7 @@ from recover.core.contract.worker_exit import EXIT_CHECKPOINTS_FAILED, EXIT_RUN_
 from recover.fault_injection.injector import launcher_hooks
 from recover.fault_injection.plan import FaultPlan
 from recover.core.contract import env_names
+from recover.core.launch.coordinator_command import MODULE as COORDINATOR, coordinator_args
 
 from .progress import MetricsProgress
 from .systems import SYSTEMS
@@ -156,7 +157,7 @@ def run_training(cfg: TrainConfig, extra_hooks=(), plan: FaultPlan | None = None
             raise RunDirUnwritable(Path(e.filename) if e.filename else out, e) from None
     launcher = Launcher(
         out,
-        python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", system.coordinator_mode),
+        python_module_argv(COORDINATOR, *coordinator_args(config_path, system.coordinator_mode)),
         lambda r: python_module_argv(system.worker_module, "--config", str(config_path), "--replica", str(r)),
         cfg.replicas,
         env={env_names.T0: repr(t0)},

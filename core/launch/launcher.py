@@ -67,6 +67,7 @@ from recover.core.launch.forkserver import ForkedProcess
 from recover.core.launch.replica_processes import ReplicaProcesses
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.core.contract import env_names
+from recover.core.launch.coordinator_command import rebuild_args
 
 _PR_SET_PDEATHSIG = 1
 QUICK_DEATH_SECONDS = 60.0  # a replacement that fails sooner than this after its start died "at once"
@@ -409,9 +410,8 @@ class Launcher:
         self.coordinator_restarts -= 1
         info = self._coordinator_info
         dead = self.coordinator
-        argv = [*self.coordinator_argv, "--rebuild", "--host", str(info["host"]), "--store-port",
-                str(info["store_port"]), "--control-port", str(info["control_port"]),
-                "--expect", ",".join(str(r) for r in sorted(live))]
+        argv = [*self.coordinator_argv, *rebuild_args(str(info["host"]), info["store_port"], info["control_port"],
+                                                     sorted(live))]
         print(f"[launcher {time.monotonic() - t0:8.3f}s] coordinator (pid {dead.pid}) "
               f"{describe_exit(dead.returncode)}: restarting it on port {info['control_port']} to rebuild the run "
               f"from replicas {sorted(live)}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ from recover.core.config.train_config import ConfigError, TrainConfig
 from recover.core.launch.launcher import Launcher, python_module_argv
 from recover.core.storage.results import read_jsonl, write_summary
 from recover.core.contract import env_names
+from recover.core.launch.coordinator_command import MODULE as COORDINATOR, coordinator_args
 
 from . import fail
 
@@ -69,7 +70,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     config_path.write_text(json.dumps({"train": cfg.to_dict(), "command": cmd}, indent=2))
     t0 = time.time()
     launcher = Launcher(
-        out, python_module_argv("recover.core.coordinator.process", "--config", str(config_path), "--mode", "recover"),
+        out, python_module_argv(COORDINATOR, *coordinator_args(config_path, "recover")),
         # RECOVER_REJOIN: Replica.from_env's default for rejoining after a false death
         lambda r: cmd, cfg.replicas, env={env_names.T0: repr(t0), env_names.REJOIN: "1" if cfg.rejoin else "0",
                                          env_names.COORDINATOR_TIMEOUT: repr(cfg.coordinator_timeout),
