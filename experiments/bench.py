@@ -214,7 +214,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
         "failure_free_iteration_s": med,
         # (with tp or pp the plain run is another layout: no overhead to speak of)
         "failure_free_overhead_vs_plain": None if tp > 1 or pp > 1 else med[args.system] / med["plain"] - 1.0,
-        # kill -> next commit as a multiple of the same layout's failure-free iteration (issue 15's figure)
+        # kill -> next commit as a multiple of the same layout's failure-free iteration
         "kill_to_next_commit_over_iteration": (percentile([k["kill_to_next_commit_s"] for k in kills
                                                            if k["kill_to_next_commit_s"] is not None], 0.5)
                                                / med[args.system]),

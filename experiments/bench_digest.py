@@ -30,7 +30,7 @@ from recover.core.training.workload import Workload
 
 from .bench_dtype import time_iteration
 
-BUDGET = 0.02  # the share of an iteration a digest may cost (issue 12 item 7)
+BUDGET = 0.02  # the share of an iteration a digest may cost
 
 
 def _timed(f) -> float:

@@ -2,7 +2,7 @@
 
 Contract:
 - `ReplicaLayout(shard, tp, pp)` is the rank grid inside one replica (the failure
-  domain, DESIGN.md section 2): `shard` ranks over which FSDP2 shards the model
+  domain): `shard` ranks over which FSDP2 shards the model
   (HSDP), `tp` tensor-parallel and `pp` pipeline-parallel ranks (nanotron's names;
   each defaults to 1). A replica is shard x tp x pp ranks, one GPU per rank, so
   `ranks` (= `gpus`) is the product. Any of them failing takes the replica out.

@@ -340,7 +340,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         sim_effect="crash", sim_why="recover fences the replica after repeated failed collectives",
     ),
     FaultKind(
-        # A member holding the join token sends a bad message (issue 41 item 7): the
+        # A member holding the join token sends a bad message: the
         # coordinator must fence the member, not crash or end the run.
         "bad_vote", "the target's vote goes out without its loss_sum (a malformed message from a member; recover "
         "fences the sender and its ids are redone)", _spoil_next_vote,

@@ -1,4 +1,4 @@
-"""A hostile peer without the join token, against a live coordinator's control port (issue 41 item 8).
+"""A hostile peer without the join token, against a live coordinator's control port.
 
 `attack(addr, connections, seconds, ...)` opens `connections` TCP connections to `addr`
 and never says hello on any of them; every `stream_every`-th one streams `stream_bytes`

@@ -1,4 +1,4 @@
-"""A real two-node Slurm cluster on this one machine, for the tests (DESIGN.md section 5).
+"""A real two-node Slurm cluster on this one machine, for the tests.
 
 Contract:
 - `SlurmCluster(folder).start()` stands up, all state under `folder`: munged (its own
@@ -233,7 +233,7 @@ class SlurmCluster:
         self._run("scancel", job)
 
     def resume(self, node: str) -> None:
-        """Bring a node set down back (a job held for requeue must have left it first: DESIGN.md section 5)."""
+        """Bring a node set down back (a job held for requeue must have left it first: resuming a node too early gives 'Duplicate jobid' and a drained node)."""
         self.scontrol("update", f"nodename={node}", "state=resume")
         end = time.monotonic() + 30
         while self.node_state(node) != "idle" and time.monotonic() < end:

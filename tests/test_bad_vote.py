@@ -1,8 +1,8 @@
-"""Issue 41 item 7 with real processes: a member holding the join token sends a bad vote.
+"""A member holding the join token sends a bad vote.
 
 `recover train --system recover --replicas 3` on the tiny model, with a `bad_vote` fault:
 replica 1's vote at step 3 goes out without its loss_sum (the fault injector's
-`outgoing_vote` hook drops it; the worker is otherwise honest). On the code before issue 41
+`outgoing_vote` hook drops it; the worker is otherwise honest). Before the wire checked votes,
 this crashed the coordinator (a TypeError out of `_commit`) and so the run. Now the sender
 is fenced, with a "fenced" record naming why; the other members redo its ids; every step
 folds exactly its M ids; the losses are the failure-free run's (the plain trainer, same

@@ -1,4 +1,4 @@
-"""A storage error is an event, not the end of the job replica by replica (issue 41 item 1).
+"""A storage error is an event, not the end of the job replica by replica.
 
 The checkpoint directory is a real tmpfs of 2 MiB: the first checkpoint (~1.6 MiB)
 fits, every later one fills it (ENOSPC, or a short write). What is shown, with real processes:

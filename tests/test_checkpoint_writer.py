@@ -1,4 +1,4 @@
-"""Who writes a checkpoint: the lowest member of the generation that committed the step (issue 41 item 2).
+"""Who writes a checkpoint: the lowest member of the generation that committed the step.
 
 `_Checkpointer.after_step` runs from `Replica.after_step`, right after the optimizer
 step and before an admitting generation switches `members`. A newcomer admitted at

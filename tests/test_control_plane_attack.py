@@ -1,4 +1,4 @@
-"""Issue 41 item 8 with real processes: a peer without the join token floods the control port
+"""A peer without the join token floods the control port
 of a training run whose coordinator may hold only 1,024 open files.
 
 `recover train --system recover --replicas 3` runs 30 steps of the tiny model, each step

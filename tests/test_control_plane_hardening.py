@@ -1,4 +1,4 @@
-"""The coordinator's control port against what a peer sends (issue 41 items 6-8), pure.
+"""The coordinator's control port against what a peer sends, pure.
 
 The real `CoordinatorService` (its `_read`, `_accept`, `_dispatch`, `_apply`) and the real
 `ProtocolStateMachine` run against fake sockets: bytes in through `recv`, lines out through
@@ -100,7 +100,7 @@ def service(tmp_path, R=2, M=4, S=3) -> CoordinatorService:
 
 def connect(svc: CoordinatorService, peer: str = "10.0.0.1:1") -> _Conn:
     conn = _Conn(FakeSock(), svc.now(), peer)
-    if hasattr(svc, "strangers"):  # (absent before issue 41: the item 6 test runs on that code too)
+    if hasattr(svc, "strangers"):  # (absent before the service bounded strangers: the first test runs on that code too)
         svc.strangers[conn] = None
     svc.sel.register(conn.sock, 1, conn)
     return conn

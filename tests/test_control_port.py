@@ -1,4 +1,4 @@
-"""The control port is not an open door (issue 12 item 9).
+"""The control port is not an open door.
 
 A live coordinator, in the middle of a real 2-replica run, is sent random bytes
 and well-formed-but-wrong messages (hypothesis-chosen) on connections of its own:
@@ -190,7 +190,7 @@ def test_wire_parse_line_never_raises():
     assert parse_line(b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[2, 2]]}')[0] is None  # empty range
     ok_vote = b'{"t": "vote", "gen": 0, "step": 0, "ok": true, "ledger": [[0, 2]]'
     assert parse_line(ok_vote + b', "loss_sum": 1.5}')[0] is not None
-    # issue 41: loss_sum is required; null is a non-finite loss (core/contract/nonfinite.py), with or without named ids
+    # loss_sum is required; null is a non-finite loss (core/contract/nonfinite.py), with or without named ids
     assert "loss_sum" in parse_line(ok_vote + b'}')[1]
     assert parse_line(ok_vote + b', "loss_sum": null}')[0] is not None
     assert parse_line(ok_vote + b', "loss_sum": null, "nonfinite": [[0, 1]]}')[0] is not None
@@ -242,7 +242,7 @@ def test_garbage_and_wrong_messages_at_a_live_coordinator_are_refused_and_the_ru
         assert abs(m["loss"] - want) <= 1e-5 * abs(want), (m, want)
     events = read_jsonl(out / "events.jsonl")
     assert not [e for e in events if e["kind"] == "recovery"]
-    # refusals are counted, one summary line per interval (issue 41), not one line each
+    # refusals are counted, one summary line per interval, not one line each
     refused = [e for e in events if e["kind"] == "refused"]
     whats: dict[str, int] = {}
     for e in refused:

@@ -1,4 +1,4 @@
-"""The coordinator can die (issue 13 items 4-5): real SIGKILL and SIGSTOP of the coordinator process.
+"""The coordinator can die: real SIGKILL and SIGSTOP of the coordinator process.
 
 Real processes, gloo, the tiny model, 3 replicas. The coordinator is killed by its
 PID in the middle of an iteration (a worker pulls a `coordinator_crash` trigger
@@ -175,7 +175,7 @@ def test_recover_launch_restarts_the_coordinator_of_a_users_loop(tmp_path):
 
     example = USER_LOOP
     # long enough that the kill after 4 commits lands mid-run: the loop commits a step in ~3 ms, and
-    # a kill after the last commit meets workers that have finished (see the issue 13 note)
+    # a kill after the last commit meets workers that have finished (they wait for `done`)
     out, steps = tmp_path / "launch", 60
     proc, victim = run_recover_killing(
         ["launch", "--replicas", "2", "--microbatches", "4", "--steps", str(steps), "--out", str(out), "--",
@@ -190,7 +190,7 @@ def test_recover_launch_restarts_the_coordinator_of_a_users_loop(tmp_path):
 
 
 def test_a_replacement_waiting_for_admission_survives_a_coordinator_kill_and_is_admitted(tmp_path, reference):
-    """Issue 41 item 3. Replica 2 is SIGKILLed at step 1 and replaced a second later; the moment the
+    """Replica 2 is SIGKILLed at step 1 and replaced a second later; the moment the
     coordinator's log says the replacement waits for admission, the coordinator is SIGKILLed by its
     PID. The restarted one keeps the replacement waiting (it used to close it, and the replacement
     exited, code 1) and admits it at its next commit: one replacement process, which finishes with

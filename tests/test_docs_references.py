@@ -77,3 +77,21 @@ def test_the_check_sees_a_moved_section():
     assert broken_references(ROOT / "README.md", '## A\n\nsee "A" below\n')  # A is above, not below
     assert broken_references(ROOT / "README.md", "shown by tests/test_nowhere.py\n")
     assert not broken_references(ROOT / "README.md", "shown by tests/test_docs_references.py\n")
+
+
+def test_code_and_docs_cite_no_tracker_numbers_and_no_file_outside_the_repo():
+    """A reader who clones the repo can follow neither an issue number nor a design file that
+    is not in it: the reason is written where it is needed. (Another project's tracker, named
+    with its project, is a citation and stays.)"""
+    pattern = re.compile(r"DESIGN\.md|(?<!pytorch )\b[Ii]ssues? #?\d+")
+    found = []
+    for folder in ("core", "baselines", "experiments", "fault_injection", "examples", "paper_figs", "benchmarks",
+                   "tests", "docs"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".md") and path != Path(__file__).resolve():
+                for n, line in enumerate(path.read_text().splitlines(), 1):
+                    if pattern.search(line):
+                        found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    found += [f"README.md: {line.strip()[:100]}" for line in (ROOT / "README.md").read_text().splitlines()
+              if pattern.search(line)]
+    assert not found, "\n".join(found)

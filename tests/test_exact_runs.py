@@ -1,4 +1,4 @@
-"""`--exact` on real processes: bit-identical trajectories whatever replicas fold or die (issue 17).
+"""`--exact` on real processes: bit-identical trajectories whatever replicas fold or die.
 
 The reference is the plain trainer on one replica. Every other run must give the same
 loss at every step and the same sha256 of the final weights, bit for bit (== on the

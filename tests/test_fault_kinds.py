@@ -138,7 +138,7 @@ def test_a_toy_kind_registered_in_the_table_is_fired_recorded_and_simulated(tmp_
     assert not events.skipped and [s.kind for s in events.step_faults] == [HANG] and list(events.kinds) == [HANG]
 
 
-# ---- broken_link: a persistent fault (issue 12 item 3) -------------------------------------------
+# ---- broken_link: a persistent fault -------------------------------------------
 def test_a_broken_link_fails_every_later_allreduce_of_its_replica_for_its_seconds(tmp_path):
     from recover.fault_injection.kinds import InjectedLinkError
 

@@ -1,4 +1,4 @@
-"""One concept, one flag, across systems (issue 42 item 5).
+"""One concept, one flag, across systems.
 
 recover and the checkpointing baselines mean the same thing by a checkpoint interval,
 the checkpoints kept, and a replacement's delay: they take the same flags

@@ -1,4 +1,4 @@
-"""Experiment grids with the replica layout (issue 14): a cell carries shard S to its TrainConfig,
+"""Experiment grids with the replica layout: a cell carries shard S to its TrainConfig,
 a system that does not run the layout is refused when the grid is validated, the runs CSVs
 carry the layout as a column, and `recover bench recovery --shard` is checked the same way.
 

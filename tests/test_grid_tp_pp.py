@@ -1,4 +1,4 @@
-"""Experiment grids with tensor- and pipeline-parallel replicas (issue 15): a cell carries tp T and
+"""Experiment grids with tensor- and pipeline-parallel replicas: a cell carries tp T and
 pp P (and the pipeline schedule) to its TrainConfig as it carries shard S, Slurm nodes and fault
 plans count every rank of the S x T x P grid, the recovery fault strikes the layout's last rank,
 the failure-free reference runs what plain runs of the layout, the runs CSVs carry tp and pp, and

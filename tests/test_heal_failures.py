@@ -1,4 +1,4 @@
-"""A failed state transfer is a failed transfer, whatever raised, and it is bounded (issue 41 item 5).
+"""A failed state transfer is a failed transfer, whatever raised, and it is bounded.
 
 Real processes: `recover launch` runs tests/heal_fail_loop.py (examples/user_loop.py whose
 optimizer cannot be sent the first two times a transfer reads it: its state dict then holds an

@@ -1,4 +1,4 @@
-"""Replicas of many ranks under recover (issue 14): `recover train --shard S`, real processes.
+"""Replicas of many ranks under recover: `recover train --shard S`, real processes.
 
 HSDP: FSDP2 shards the model over a replica's S ranks, the replicas all-reduce per
 position. A rank killed by its PID takes its whole replica out; the other replicas

@@ -1,4 +1,4 @@
-"""The launcher holds no descriptor per worker it started (issue 41, item 11): a worker's log is
+"""The launcher holds no descriptor per worker it started: a worker's log is
 the child's own copy, so a run with a replacement every hour keeps its descriptors flat."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ledger's bookkeeping is linear in the quota and keeps its behaviour (issue 41 item 10).
+"""The ledger's bookkeeping is linear in the quota and keeps its behaviour.
 
 `GradAccumulator` keeps a set beside its ordered ledger list, and `Replica` one beside
 its quota, so membership checks are O(1). What must not change: the ledger's order,

@@ -1,4 +1,4 @@
-"""One schema for the wire (issue 42 item 1): core/contract/messages.py.
+"""One schema for the wire: core/contract/messages.py.
 
 What is held: docs/protocol.md's message table is the schema rendered; the coordinator's
 checks (core/contract/wire.py) are built from it, for every message it receives; and (in

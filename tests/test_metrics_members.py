@@ -1,4 +1,4 @@
-"""A metrics line's members and ledgers do not grow with R (issue 41 item 11), losslessly.
+"""A metrics line's members and ledgers do not grow with R, losslessly.
 
 core/storage/results.py packs recover's per-member ledgers run-length encoded (`pack_members`)
 and `expand_members` / `read_metrics` give readers `members`, `ledgers` and `folded`

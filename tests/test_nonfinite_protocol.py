@@ -1,4 +1,4 @@
-"""A non-finite loss in the state machine, on the wire and in the worker's record (issue 40 item 3).
+"""A non-finite loss in the state machine, on the wire and in the worker's record.
 
 Pure: the real `ProtocolStateMachine` driven with explicit times, `wire.parse_line` on the bytes
 a worker sends, `NonfiniteLosses` and `CommittedStep.skip` in-process.

@@ -1,4 +1,4 @@
-"""A non-finite loss in a real run, and how workers end (issue 40 items 3 and 4).
+"""A non-finite loss in a real run, and how workers end.
 
 `recover launch` runs tests/nonfinite_loop.py (examples/user_loop.py whose loss is
 NaN at the microbatch ids RECOVER_TEST_NAN_IDS names) as 2 replicas. Before this,

@@ -1,4 +1,4 @@
-"""Pipeline parallelism inside a replica (core/parallel/pp.py, issue 15): the layout's checks, the
+"""Pipeline parallelism inside a replica (core/parallel/pp.py): the layout's checks, the
 stages' cut, and a one-replica pipeline on real processes against single-process training.
 
 Each of P ranks holds a stage of the GPT; the token embedding (first stage) and the output

@@ -1,4 +1,4 @@
-"""Pipeline parallelism inside a replica under recover (issue 15, PP slice): `recover train --pp P`.
+"""Pipeline parallelism inside a replica under recover (PP slice): `recover train --pp P`.
 
 Each replica is P processes, one pipeline stage each (core/parallel/pp.py); a replica's
 quota of global microbatch ids is its pipeline's microbatches, run through one schedule

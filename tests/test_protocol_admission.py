@@ -1,4 +1,4 @@
-"""Admission of newcomers (issue 13 items 1-2), on the real state machine, no processes.
+"""Admission of newcomers, on the real state machine, no processes.
 
 `core.coordinator.protocol.ProtocolStateMachine` is driven with the messages a replacement or a woken
 replica sends: a hello with `can_heal` for a dead replica's slot, the `healed`
@@ -136,7 +136,7 @@ def test_min_replicas_waits_no_longer_than_the_start_up_timeout():
 
 
 def test_a_newcomer_that_cannot_be_healed_is_refused_after_max_heal_attempts():
-    """Issue 41 item 5: a state no donor can send (or no newcomer can load) fails every admission;
+    """A state no donor can send (or no newcomer can load) fails every admission;
     `attempts` bounds it. After `max_heal_attempts` failed transfers the newcomer is refused with a
     record saying why, and never re-admitted as that process; a new process in the slot is a
     newcomer like any other (the launcher's replacement)."""

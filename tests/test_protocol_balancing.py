@@ -1,7 +1,7 @@
 """Quota balancing starts on a sustained speed difference and does not flap on one noisy step.
 
 Driven on the real `core.coordinator.protocol.ProtocolStateMachine`: four replicas, replica 3 a 4x
-straggler. Beside `stress-ng` (issue 10's loaded run) one step in which a fast
+straggler. Beside `stress-ng` one step in which a fast
 replica read slowest ended the straggler's streak and its quota went back to
 equal for several steps; the balancing decision now holds until the smoothed
 speeds come back within the tolerance.

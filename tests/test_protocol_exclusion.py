@@ -1,4 +1,4 @@
-"""Persistent faults end in exclusion, not a livelock (issue 12 item 3), on the real state machine.
+"""Persistent faults end in exclusion, not a livelock, on the real state machine.
 
 `core.coordinator.protocol.ProtocolStateMachine` is driven directly with the messages a replica with a
 broken link produces: it reports `fail` for every generation it is in while the

@@ -410,7 +410,7 @@ def test_protocol_invariants_under_any_interleaving_of_failures(R, M_extra, S, f
             if kind == "timeout":  # a spurious deadline (a slow peer): only where one can fire
                 if w.state == "reducing" and not w.frozen:
                     # the first to report a failure alone is implicated, and fenced after
-                    # fence_after in a row (issue 12 item 3): a fault that touches it
+                    # fence_after in a row: a fault that touches it
                     w.touched = True
                     world.do(("timeout", r))
             elif kind in ("wake", "sendfail", "delay", "deliver", "broken"):
@@ -506,14 +506,14 @@ def test_quotas_members_and_votes_travel_as_id_ranges():
 
 
 def test_the_commit_record_is_what_the_members_reported():
-    """metrics.jsonl's ids come from the votes' ledgers (issue 12 item 6), not the quotas handed out."""
+    """metrics.jsonl's ids come from the votes' ledgers, not the quotas handed out."""
     proto, quotas = _formed(2, 8)
     assert quotas == {0: [[0, 4]], 1: [[4, 8]]}
     outs = _vote(proto, 0, [[0, 2], [6, 8]]) + _vote(proto, 1, [[2, 6]])  # not the quotas: still M ids, once
     (commit,) = [expand_members(a.msg) for a in outs if a.kind == "commit"]
     assert commit["ledgers"] == {"0": [[0, 2], [6, 8]], "1": [[2, 6]]}
     assert reported_ids(commit) == step_ids(commit) == list(range(8))
-    # the line names the step's ids as ranges (issue 41 item 11): O(1) here, not M numbers
+    # the line names the step's ids as ranges: O(1) here, not M numbers
     assert commit["microbatch_id_ranges"] == [[0, 8]] and "microbatch_ids" not in commit
     assert commit["folded"] == {"0": 4, "1": 4}
     with pytest.raises(ValueError, match="overlapping"):
@@ -528,7 +528,7 @@ def _digest_vote(proto: ProtocolStateMachine, r: int, ledger, digest: str) -> li
 
 
 def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_share_redone():
-    """Issue 12 item 7: silent data corruption never commits; the sound majority goes on."""
+    """Silent data corruption never commits; the sound majority goes on."""
     proto, quotas = _formed(3, 6)
     outs = _digest_vote(proto, 0, quotas[0], "aa") + _digest_vote(proto, 1, quotas[1], "bb")
     outs += _digest_vote(proto, 2, quotas[2], "aa")
@@ -566,7 +566,7 @@ def test_equal_digests_and_votes_without_one_commit():
 
 def test_a_commit_needs_exactly_the_step_ids_each_once():
     """Overlapping, missing or stray ledgers never commit: the check is exact on ranges. The
-    member whose ledger is not what it was dealt is fenced (issue 41: a peer with the token
+    member whose ledger is not what it was dealt is fenced (a peer with the token
     cannot end the run), and the other redoes its ids."""
     for bad in ([[0, 9]], [[0, 7]], [[1, 9]], [[0, 4], [4, 8], [8, 9]]):  # overlap, missing, stray, overlap
         proto, quotas = _formed(2, 16)
@@ -621,7 +621,7 @@ def test_a_send_failing_mid_generation_broadcast_aborts_only_after_the_generatio
 
 
 def test_a_broken_link_is_fenced_through_the_service_and_a_lone_one_stops_the_run():
-    """Issue 12 item 3 through the real service: the fenced record reaches events.jsonl."""
+    """Exclusion through the real service: the fenced record reaches events.jsonl."""
     world = World(3, 5, 3)
     world.do(("broken", 2))
     drain(world, random.Random(4))

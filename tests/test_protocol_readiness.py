@@ -1,4 +1,4 @@
-"""Readiness and the vote deadline in the state machine (issue 40): slow is not dead.
+"""Readiness and the vote deadline in the state machine: slow is not dead.
 
 A member that takes long to fold its quota is never removed for it: the
 all-reduce starts on `go`, once every member said `ready`; the only deadline

@@ -1,4 +1,4 @@
-"""A restarted coordinator rebuilds the run from its workers' reports (issue 13 item 4), no processes.
+"""A restarted coordinator rebuilds the run from its workers' reports, no processes.
 
 A fresh `core.coordinator.protocol.ProtocolStateMachine` (what a coordinator started with `--rebuild`
 holds) is handed the hellos the workers send it, each with the report
@@ -143,7 +143,7 @@ def test_a_member_behind_and_an_unhealed_one_are_closed_and_come_back_as_newcome
 
 
 def test_a_newcomer_waiting_for_admission_goes_on_waiting_and_is_admitted_at_the_next_commit():
-    """Issue 41 item 3: a replacement (or a woken replica that rejoined) was waiting for admission
+    """A replacement (or a woken replica that rejoined) was waiting for admission
     when the coordinator died. It reports no generation; closing it would make it exit (a process
     in no generation takes the close for a verdict). It hears "pending" instead, and the restarted
     coordinator admits it at its first commit, healed from a member."""
@@ -286,7 +286,7 @@ def test_a_restarted_coordinator_reads_the_last_recorded_step_from_the_tail_and_
 
 
 def test_a_member_cut_off_after_voting_in_a_generation_that_never_committed_is_not_handed_that_commit():
-    """Issue 41 item 4. Step 6 ran in generation 5; replica 2 voted in it and was then cut off (a
+    """Step 6 ran in generation 5; replica 2 voted in it and was then cut off (a
     partition: declared dead, it never read the close). Generation 6 (0 and 1) redid its share and
     committed step 6; 0 and 1 then voted at step 7, and the coordinator died. Replica 2 reports it is
     still waiting for the commit of step 6, with its vote of generation 5. That vote never committed:
@@ -312,7 +312,7 @@ def test_a_member_cut_off_after_voting_in_a_generation_that_never_committed_is_n
 
 
 def test_the_reports_are_classified_alone_before_anything_is_decided():
-    """`classify_reports` (issue 42 item 3): who is ahead, behind (voted, missed the commit),
+    """`classify_reports`: who is ahead, behind (voted, missed the commit),
     waiting for admission, or stale, from the hellos alone; no state machine involved."""
     from recover.core.coordinator.protocol import classify_reports
 

@@ -273,7 +273,7 @@ def test_validation_table_matches_validation_json():
 
 
 def test_small_model_validation_table_matches_its_validation_json():
-    """Issue 16 item 6: the small model's 80-step runs, every system within 10% run by run after the first
+    """The small model's 80-step runs, every system within 10% run by run after the first
     step, and the count within 10% from the start, as the docs say."""
     v = _validation_table("small, 80 steps", SIM / "validation-small" / "validation.json", ("c", "d"))
     (n,) = found(r"Every run is within 10% after the first step, run by run; from the start (\d) of 8 are")
@@ -327,7 +327,7 @@ def test_throughput_from_first_commit_matches_the_aggregated_summary():
 
 
 def test_the_readmes_headline_table_is_the_committed_summaries():
-    """The README's own headline table (issue 42 item 7: the figures a newcomer reads first)."""
+    """The README's own headline table (the figures a newcomer reads first)."""
     readme = (ROOT / "README.md").read_text()
     rows = {r["run"]: r for r in csv.DictReader(open(ROOT / "results" / "recovery_summary.csv"))}
     for system, label in (("recover", "recover"), ("torchft", "torchft"), ("ckpt-restart", "checkpoint-restart")):
@@ -344,7 +344,7 @@ def test_the_readmes_headline_table_is_the_committed_summaries():
 
 
 def test_exact_mode_is_bit_identical_in_the_committed_trajectory_runs():
-    """The README's claim for --exact (issue 17): 0.0 at every step, faults fired, in every seed."""
+    """The README's claim for --exact: 0.0 at every step, faults fired, in every seed."""
     rows = [r for r in csv.DictReader(open(ROOT / "results" / "trajectory_summary.csv")) if r["label"] == "recover-exact"]
     assert len(rows) == 3 and all(r["status"] == "ok" and float(r["max_abs_loss_diff"]) == 0.0 and int(r["faults_fired"]) > 0
                                   and r["steps_on_trajectory"] == r["steps"] for r in rows)

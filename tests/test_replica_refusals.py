@@ -1,4 +1,4 @@
-"""The public API refuses to commit a wrong gradient (issue 12 item 5).
+"""The public API refuses to commit a wrong gradient.
 
 - A `.grad` detached from the accumulator (a user's `optimizer.zero_grad()`, whose
   default is set_to_none, or a DDP wrapper's buckets) is caught by `fold()` and

@@ -166,7 +166,7 @@ def test_the_last_replica_dying_ends_the_run_with_a_clear_error(tmp_path):
 
 
 def test_an_abort_is_seen_between_microbatches_when_a_quota_outlasts_the_deadline(tmp_path):
-    """Issue 12 item 1: every microbatch lasts 0.8 s (a `pace` fault on all three
+    """Every microbatch lasts 0.8 s (a `pace` fault on all three
     replicas, so quotas stay equal), so a quota of 4 takes 3.2 s, longer than the
     2 s collective timeout, which is also the rejoin deadline; one microbatch does
     not. Replica 2 is killed in step 1: the survivors must answer the abort at their
@@ -194,7 +194,7 @@ def test_an_abort_is_seen_between_microbatches_when_a_quota_outlasts_the_deadlin
 
 
 def test_a_flipped_weight_bit_is_caught_at_the_next_vote_and_the_replica_fenced(tmp_path, reference):
-    """Issue 12 item 7: silent data corruption. Replica 1's weights flip a bit after
+    """Silent data corruption. Replica 1's weights flip a bit after
     step 5's optimizer step, replica 2's in the middle of step 12's forward passes.
     Nothing fails; only the votes' weights digests (every step, the default) differ.
     Each corrupt replica is fenced at the vote of the step its corrupt weights would
@@ -220,7 +220,7 @@ def test_a_flipped_weight_bit_is_caught_at_the_next_vote_and_the_replica_fenced(
 
 
 def test_a_permanently_broken_link_gets_its_replica_fenced_and_the_others_finish(tmp_path):
-    """Issue 12 item 3: replica 2's all-reduces fail from step 1 on, for good. Re-forming
+    """Replica 2's all-reduces fail from step 1 on, for good. Re-forming
     the same members cannot help; it is fenced after --fence-after (3) failed generations
     it was the first to report, and 0 and 1 finish with the failure-free trajectory."""
     r, m, steps = 3, 6, 4
@@ -250,7 +250,7 @@ def test_a_permanently_broken_link_gets_its_replica_fenced_and_the_others_finish
 
 
 def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
-    """Issue 12 item 2. Replica 2's microbatches last 1 s, so replicas 0 and 1 finish
+    """Replica 2's microbatches last 1 s, so replicas 0 and 1 finish
     their step-0 quota and are in generation 0's rendezvous, waiting for 2, when it is
     killed; each abandons that rendezvous with a wait still inside the backend. In
     generation 1 replica 1 freezes for 1.5 s at its redo microbatch (its third of
@@ -259,7 +259,7 @@ def test_a_loss_at_step_0_does_not_stall_the_next_rendezvous(tmp_path):
     client, and it times out (then a generation 3 forms); with a client per
     communicator generation 2 forms at once and commits step 0.
 
-    Since readiness (issue 40: a rendezvous starts only once every member said `ready`),
+    Since readiness (a rendezvous starts only once every member said `ready`),
     replicas 0 and 1 wait for `go` instead of sitting in a rendezvous when 2 dies, so no
     dead wait is left behind at all; the test still holds the outcome: one generation
     per loss, nothing timed out, the failure-free trajectory."""

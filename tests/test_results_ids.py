@@ -1,4 +1,4 @@
-"""A step's ids on a metrics line: id ranges now, a plain id list before (issue 41 item 11).
+"""A step's ids on a metrics line: id ranges now, a plain id list before.
 
 Contract (core/storage/results.py): writers put `microbatch_id_ranges`, a canonical range
 list; lines written earlier carry `microbatch_ids`, the sorted id list. Every reader

@@ -227,7 +227,7 @@ def test_more_failures_never_raise_effective_throughput(jc, data):
 
 
 def test_a_failure_during_the_first_launch_does_not_shorten_it():
-    """Regression: the counterexample hypothesis found for the property above (issue 10).
+    """Regression: the counterexample hypothesis found for the property above.
 
     It was a simulator bug, not an untrue property: a failure during ckpt-restart's
     first launch (t=0, inside the 3 s startup) ended the launch early, the relaunch

@@ -1,4 +1,4 @@
-"""Slow is not dead (issue 40), with real workers: quotas far longer than the collective
+"""Slow is not dead, with real workers: quotas far longer than the collective
 timeout, and a straggler, cost no replica; only a real fault does.
 
 `pace` (a floor on each microbatch's time) rather than `slow`, so the quotas' length

@@ -246,7 +246,7 @@ def test_a_node_set_down_requeues_checkpoint_restart_which_resumes(cluster: Slur
         assert time.monotonic() < end, (cluster.job_state(job), cluster.restarts(job), cluster.node_state("n2"))
         time.sleep(0.5)
     assert cluster.node_state("n2").startswith("down")
-    cluster.resume("n2")  # the node is repaired only after the job left it (DESIGN.md section 5)
+    cluster.resume("n2")  # the node is repaired only after the job left it
     import submitit
     sjob = submitit.SlurmExecutor(folder=tmp_path / "submitit").job_class(tmp_path / "submitit", job, tasks=[0, 1])
     said: list[str] = []

@@ -1,4 +1,4 @@
-"""The coordinator's state machine holds flat over a long run with replacements (issue 41 item 11).
+"""The coordinator's state machine holds flat over a long run with replacements.
 
 experiments/bench_soak.py drives core.coordinator.protocol.ProtocolStateMachine in process, a member lost
 mid-step and its replacement admitted every few steps. Checked on counts, not time:

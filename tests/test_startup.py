@@ -1,4 +1,4 @@
-"""Start-up (issue 12 item 8): a replica lost before its hello does not sink the job.
+"""Start-up: a replica lost before its hello does not sink the job.
 
 The pure half drives `protocol.ProtocolStateMachine`: a launcher's exit notice for a replica
 that never said hello drops it at once and generation 0 forms with the others; the

@@ -1,4 +1,4 @@
-"""The rendezvous store serves only holders of the run's join token (issue 41, item 9).
+"""The rendezvous store serves only holders of the run's join token.
 
 A `StoreGuard` in front of a store on 127.0.0.1 (as the coordinator runs them); a client keyed by
 the token (`core.launch.startup.keyed_store`) works; a client in another process without the token can
@@ -104,7 +104,7 @@ def test_a_client_without_the_token_cannot_find_or_overwrite_the_runs_keys(tmp_p
 
 
 def test_keyless_connections_are_bounded_and_a_keyed_client_is_served_past_the_deadline():
-    """A peer without the token cannot hold the guard's descriptors (issue 41 item 8's bounds on
+    """A peer without the token cannot hold the guard's descriptors (the bounds on
     the store port): past `max_keyless` the oldest keyless client is closed, and every keyless one
     is closed at `key_deadline`; a worker's client (keyed_store names a key at once) stays."""
     import socket

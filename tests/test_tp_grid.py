@@ -1,4 +1,4 @@
-"""Tensor parallelism inside a replica (core/parallel/tp.py, issue 15): the layout's checks, the
+"""Tensor parallelism inside a replica (core/parallel/tp.py): the layout's checks, the
 qkv regrouping, and a one-replica grid on real processes against single-process training.
 
 With T ranks, each holds n_head / T heads' [q; k; v] rows of the fused qkv and 4C / T rows

@@ -1,4 +1,4 @@
-"""Tensor parallelism inside a replica under recover (issue 15, first slice): `recover train --tp T`.
+"""Tensor parallelism inside a replica under recover (first slice): `recover train --tp T`.
 
 Each replica is S x T processes: torch's DTensor TP splits every block's heads and MLP
 over the "tp" ranks (core/parallel/tp.py), FSDP2 shards over "shard" when S > 1, and

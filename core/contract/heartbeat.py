@@ -1,6 +1,6 @@
 """How often workers beat and how long the coordinator waits: a heartbeat rate that stays flat in R.
 
-The strategy (issue 20 item 4), one rule per failure:
+The strategy, one rule per failure:
 - A crash is seen by its connection closing: the kernel closes a dead process's
   sockets, the coordinator reads EOF within milliseconds, whatever the heartbeat
   interval (measured: `recover bench coordinator --service`). No heartbeat is needed.

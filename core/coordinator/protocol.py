@@ -230,7 +230,7 @@ def classify_reports(hellos: dict[int, dict], replicas: int, step: int, recorded
     behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
     # A process in no generation that can be healed (a replacement, or a woken replica that
     # rejoined) was waiting for admission: it goes on waiting for the next commit. Closed, it
-    # would read the close as a verdict and exit (issue 41 item 3).
+    # would read the close as a verdict and exit.
     waiting = sorted(r for r, rep in reports.items()
                      if r not in members and hellos[r].get("can_heal") and not rep.get("member")
                      and _int_or(rep.get("gen"), -1) < 0)

@@ -43,7 +43,7 @@ Contract:
   or ends the run: a member (a peer holding the token) whose line is refused, or whose
   message the protocol cannot take (a vote without loss_sum, for another step, with a
   ledger it was not dealt), is fenced ("fenced" record, `ProtocolStateMachine.on_bad`).
-- Without the token a peer holds little (issue 41): a connection gets `HELLO_TIMEOUT`
+- Without the token a peer holds little: a connection gets `HELLO_TIMEOUT`
   seconds to say hello; at most `max_strangers` (a quarter of RLIMIT_NOFILE, at most
   1,024) connections without a hello are held, a new one closing the oldest; a line
   before the hello is bounded by `MAX_HELLO_BYTES` (then the connection closes), and

@@ -16,5 +16,5 @@
 - join.py: `ReplicaContext`, the entry point of a user's FSDP2 loop (examples/hsdp_loop.py).
 
 Conventions follow nanotron's (`ParallelContext`, `ParallelismArgs`, the rank-grid
-order), which cannot be a dependency here (see DESIGN.md section 5).
+order), which cannot be a dependency here.
 """

@@ -17,8 +17,8 @@ Contract:
   step has written .metadata and, with several ranks, a barrier has passed) is it
   renamed to ROOT/step-<s:08d>, and the rename is fsynced. Why: a DCP save killed
   while overwriting an older checkpoint leaves the old .metadata beside half-new
-  data, which looks whole and can load a mix of two saves (measured, DESIGN.md
-  section 5). A rename is atomic, so a save killed at any point leaves at most a
+  data, which looks whole and can load a mix of two saves (measured
+  here with torch 2.13's DCP on CPU). A rename is atomic, so a save killed at any point leaves at most a
   stray .tmp dir, and the previous complete checkpoint stays the latest.
 - Two ways to write, one path: collectively over a process group (`group` given:
   every rank of the group calls `save`/`poll` at the same points; rank 0 renames),

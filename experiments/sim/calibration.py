@@ -85,7 +85,7 @@ class Calibration:
 
 BENCH_KEYS: dict[str, str] = {
     "iteration_seconds": "failure-free iteration, tiny model, 4 replicas, M=8 (recover or plain)",
-    "recovery_seconds_p50": "recover: faulted iteration minus the median failure-free one (issue 4's bench)",
+    "recovery_seconds_p50": "recover: faulted iteration minus the median failure-free one",
     "restart_seconds": "ckpt-restart: fault to workers running again, without the checkpoint load",
     "checkpoint_save_seconds": "blocking checkpoint save",
     "checkpoint_load_seconds": "checkpoint load",
@@ -323,7 +323,7 @@ def restart_seconds(n_gpus: int, bench: str | Path | None = None) -> float:
 
 
 COORDINATOR_BENCH = "coordinator_service.json"
-COORDINATOR_SHARE = 0.01  # the share of an iteration the single coordinator may take (issue 20 item 5)
+COORDINATOR_SHARE = 0.01  # the share of an iteration the single coordinator may take
 
 
 @dataclass(frozen=True)

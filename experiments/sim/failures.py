@@ -133,7 +133,7 @@ class FailureModel:
 
 
 def events_from_plan(plan: dict[str, Any]) -> FailureEvents:
-    """A harness fault plan ({"faults": [...]}, issue 3's JSON form) as simulator events."""
+    """A harness fault plan ({"faults": [...]}, fault_injection/plan.py's JSON form) as simulator events."""
     timed: list[tuple[float, int, int]] = []
     steps: list[StepFault] = []
     skipped: list[str] = []

@@ -7,7 +7,7 @@ rollback, set_working) and read by the reports; it holds no policy logic. Defini
 - *tokens*: tokens of all committed iterations still kept at the end;
 - *effective tokens*: tokens of kept iterations that processed exactly M
   microbatches: the iterations whose gradient is the failure-free run's (ids t*M ..
-  t*M+M-1, issue 4). A system that shrinks the global batch (elastic-keep-per-replica,
+  t*M+M-1). A system that shrinks the global batch (elastic-keep-per-replica,
   torchft) commits off-trajectory iterations while replicas are missing; they add
   tokens but no effective tokens;
 - *exact tokens*: effective tokens committed before the first off-trajectory

@@ -139,7 +139,7 @@ def paper_512(seed: int = 0, bench: str | None = None, restart: float | None = N
                       "spread_losses): the paper's '256 GPUs lost spread across the run'",
             "horizon": f"{horizon:.0f} s: recover holds 512 GPUs falling to 256, about 384 on average, so it reaches "
                        "the paper's 234 GPU-hour point near the end; the paper's run length is not stated",
-            "ckpt-restart": "restarts with the survivors, the batch kept at M by accumulation (issue 5); "
+            "ckpt-restart": "restarts with the survivors, the batch kept at M by accumulation; "
                             "Young/Daly interval for the loss rate and each variant's stall per save; the headline "
                             f"ratio is against {CLUSTER_COMPARATOR} (async save), the blocking ckpt-restart beside it",
             "unknown": "restart time, checkpoint cost and interval, replica size: see sensitivity/",

@@ -10,11 +10,11 @@ Contract:
     from_start:        effective tokens / wall_time of the last committed step
     after_first_step:  effective tokens of steps >= 1 / (last wall_time - step 0's wall_time)
   The second leaves out the launch (5 processes importing torch on 2 shared cores,
-  the noisiest number here); the first keeps it. The target (issue 7) is within 10%.
+  the noisiest number here); the first keeps it. The target is within 10%.
 - Timing: the failure-free runs among the compared ones (no fault plan, every step a full
   batch; their mean when a folder holds several) calibrate the iteration time and the launch of
   the runs of their shape in the same folder (a folder = a batch of runs measured together), since
-  this shared machine's speed drifts between sessions (DESIGN.md: only numbers measured
+  this shared machine's speed drifts between sessions (only numbers measured
   together compare); otherwise `recover bench` results or the values measured.py
   computes from the committed runs.
 - Per-fault costs are calibrated leave-one-out, from the *other* compared runs of the
