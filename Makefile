@@ -42,8 +42,9 @@ slurm-packages:
 		echo "could not install $(SLURM_PACKAGES): the Slurm tests will skip"; \
 	fi
 
+# The 25 slowest tests are listed at the end: the suite's budget is 10 minutes on 2 cores.
 test: $(STAMP) slurm-packages
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The inner loop: pure and property tests only, no process started (RECOVER_FAST=1
 # makes any unmarked test that starts one fail; see tests/conftest.py).
