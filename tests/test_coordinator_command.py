@@ -4,8 +4,6 @@ Pure: the arguments, and that the coordinator process's own parser reads them ba
 """
 from __future__ import annotations
 
-import pytest
-
 from recover.core.launch.coordinator_command import MODULE, coordinator_args, rebuild_args
 
 
@@ -16,8 +14,3 @@ def test_a_first_start_and_a_restart_say_what_the_process_reads():
         "--config", "c.json", "--mode", "recover", "--host", "0.0.0.0", "--store-port", "0", "--control-port", "0"]
     assert rebuild_args("10.0.0.1", 29500, 29501, [0, 2]) == [
         "--rebuild", "--host", "10.0.0.1", "--store-port", "29500", "--control-port", "29501", "--expect", "0,2"]
-
-
-def test_an_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="coordinator mode must be one of"):
-        coordinator_args("c.json", "lighthouse")

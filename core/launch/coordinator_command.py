@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 MODULE = "recover.core.coordinator.process"
-MODES = ("store", "recover")
 
 
 def coordinator_args(config: str | Path, mode: str, *, host: str | None = None, store_port: int | None = None,
@@ -21,14 +20,13 @@ def coordinator_args(config: str | Path, mode: str, *, host: str | None = None, 
 
     Args:
         config: the run's config.json.
-        mode: "store" or "recover".
+        mode: "store" or "recover" (the process checks it; a system whose supervisor starts a
+            coordinator of its own, torchft's lighthouse, names its own mode here and never runs this).
         host: the address to bind and advertise (the process's default: 127.0.0.1).
         store_port, control_port: the ports (0: the OS picks; the default too).
     Returns:
         The argument list.
     """
-    if mode not in MODES:
-        raise ValueError(f"coordinator mode must be one of {MODES}, got {mode!r}")
     args = ["--config", str(config), "--mode", mode]
     if host is not None:
         args += ["--host", host]
