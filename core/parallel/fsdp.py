@@ -116,7 +116,10 @@ def _counted_here(p: torch.Tensor, grid: DeviceMesh) -> bool:
 
 
 class ShardedAccumulator:
-    """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger."""
+    """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger
+    (a `core.worker.accumulator.Accumulator`)."""
+
+    out_of_range: dict = {}  # never written: every fp32 gradient is summed (read-only, shared)
 
     def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None,
                  duplicates: Iterable[torch.Tensor] = ()):
@@ -169,6 +172,14 @@ class ShardedAccumulator:
     def pack(self) -> torch.Tensor:
         """A fresh communication buffer: [local gradient shard sum ..., loss part]."""
         return self.buffer.clone()
+
+    def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
+        """This rank's part of the loss sum a reduced buffer holds (the leader combines the parts)."""
+        return float(reduced[-1])
+
+    def wide_needed(self, reduced: torch.Tensor) -> bool:
+        """Never: --exact is not taken by a replica of many ranks."""
+        return False
 
     def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Set every local .grad shard to reduced/M; return the iteration's mean microbatch loss."""

@@ -165,8 +165,7 @@ class Workload:
     def wide_after(self, reduced: torch.Tensor) -> torch.Tensor | None:
         """With --exact: the wide sums to all-reduce next when the reduced buffer says a replica
         folded a spike (core/worker/exact.py); None when there is nothing more to reduce."""
-        needed = getattr(self.acc, "wide_needed", None)
-        return self.acc.pack_wide() if needed is not None and needed(reduced) else None
+        return self.acc.pack_wide() if self.acc.wide_needed(reduced) else None
 
     def apply(self, reduced: torch.Tensor, microbatches: int, step: int,
               wide: torch.Tensor | None = None) -> tuple[float, float]:

@@ -19,12 +19,16 @@ Contract:
   but never to a flipped bit;
   `flip_bit(bit)` corrupts one bit of the largest weight in place, as a silent data
   corruption would (the bitflip fault kind's action, reached through the hooks).
+- `Accumulator` is the interface `Replica` holds an accumulator by: this module's
+  `GradAccumulator`, `core.worker.exact.ExactAccumulator` (one of them) and
+  `core.parallel.fsdp.ShardedAccumulator` all keep it, so the replica never asks an
+  accumulator which kind it is.
 - Nothing here talks to other processes.
 """
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from typing import Iterable, Protocol, runtime_checkable
 
 import torch
 
@@ -85,8 +89,29 @@ class Ledger(list):
         self._ids.clear()
 
 
+@runtime_checkable
+class Accumulator(Protocol):
+    """What a replica needs of its accumulator (see the contract)."""
+
+    params: list
+    ledger: "Ledger"
+    out_of_range: dict  # id -> why its gradient was not summed (--exact's fixed-point range); else empty
+
+    def has(self, mb_id: int) -> bool: ...
+    def fold(self, mb_id: int, loss: float) -> None: ...
+    def pack(self) -> torch.Tensor: ...
+    def wide_needed(self, reduced: torch.Tensor) -> bool: ...
+    def reduced_loss_sum(self, reduced: torch.Tensor) -> float: ...
+    def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float: ...
+    def clear(self) -> None: ...
+    def weights_digest(self) -> str: ...
+    def weights_fingerprint(self) -> str: ...
+
+
 class GradAccumulator:
     """Flat gradient accumulator (+ loss sum) with a ledger of folded microbatch ids."""
+
+    out_of_range: dict = {}  # never written: every fp32 gradient is summed (read-only, shared)
 
     def __init__(self, params: Iterable[torch.nn.Parameter]):
         self.params = [p for p in params if p.requires_grad]
@@ -123,6 +148,10 @@ class GradAccumulator:
     def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
         """The loss sum a reduced buffer (a `pack()` summed over replicas) holds."""
         return float(reduced[-1])
+
+    def wide_needed(self, reduced: torch.Tensor) -> bool:
+        """Whether the step needs a second, wide reduction (only --exact's spikes do)."""
+        return False
 
     def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Set every .grad to reduced/M; return the iteration's mean microbatch loss."""

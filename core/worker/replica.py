@@ -123,7 +123,7 @@ import torch
 import torch.distributed as dist
 
 from recover.core.contract import idranges, worker_exit
-from recover.core.worker.accumulator import GradAccumulator
+from recover.core.worker.accumulator import Accumulator, GradAccumulator
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.worker.control import ControlClient
 from recover.core.worker.progress import ProgressMeter
@@ -198,7 +198,7 @@ class Replica:
     ):
         worker_exit.install(f"replica {replica}")  # an uncaught RunEnded: one line and its exit code
         # an accumulator (GradAccumulator, or core.parallel's ShardedAccumulator), or parameters
-        self.acc = params if hasattr(params, "pack") else GradAccumulator(params)
+        self.acc: Accumulator = params if isinstance(params, Accumulator) else GradAccumulator(params)
         self.link = link  # a replica of many ranks: this is its leader (see the contract)
         self._nonfinite = NonfiniteLosses()  # the ids folded with a loss that was not finite
         self.optimizer = optimizer
@@ -356,7 +356,7 @@ class Replica:
                              f"(quota() lists them again)")
         self._check_attached("fold")
         self.acc.fold(mb_id, loss)
-        if (why := getattr(self.acc, "out_of_range", {}).get(mb_id)) is not None:
+        if (why := self.acc.out_of_range.get(mb_id)) is not None:
             # --exact: a gradient outside the fixed-point range is never summed; the vote names the id
             # as it names a non-finite loss, so the step stops or is skipped (--on-nonfinite), never wrong
             self._log(f"step {self.step}: microbatch {mb_id} is outside the exact fixed-point range: {why}")
@@ -419,7 +419,7 @@ class Replica:
                                                namespace="" if self.link is None else "pos0/")
             self.comm.allreduce(buf, self.timeout, should_abort,
                                 while_in_flight=lambda: self.hooks.at(step, "allreduce"))
-            if hasattr(self.acc, "wide_needed") and self.acc.wide_needed(buf):
+            if self.acc.wide_needed(buf):
                 # an exact accumulator, and a member folded a spike: every member read the same
                 # count, so all reduce the wide sums too (core/worker/exact.py); a failure here is the same
                 wide = self.acc.pack_wide()
@@ -428,7 +428,7 @@ class Replica:
             self._abandon_comm()  # never reuse a communicator that failed
             self._log(f"step {step}: {e}")
             failure = e
-        loss_sum = self.acc.reduced_loss_sum(buf) if hasattr(self.acc, "reduced_loss_sum") else float(buf[-1])
+        loss_sum = self.acc.reduced_loss_sum(buf)
         if self.link is not None:
             # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss
             ok, loss_sum = self.link.combine(failure is None, loss_sum, while_waiting=lambda: self._abort_reason(g))
