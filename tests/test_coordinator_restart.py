@@ -249,18 +249,18 @@ def test_a_replacement_waiting_for_admission_survives_a_coordinator_kill_and_is_
 
 def test_a_restart_during_work_slower_than_the_collective_timeout_waits_for_the_reports(tmp_path):
     # Every microbatch paced to 4 s against a 1 s collective timeout; the coordinator is killed
-    # in step 2. Each worker's training thread notices only after its microbatch, seconds later:
+    # in step 1 (step 0's line recorded the members' measured gap). Each worker's training thread notices only after its microbatch, seconds later:
     # a restarted coordinator that waited the collective timeout for the reports found none
     # ("no member of it reported", exit 1). It now waits four of the longest gaps the members
     # measured, as the last metrics line records them.
-    r, m, steps = 3, 3, 4
+    r, m, steps = 3, 3, 3
     common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps)]
     ref = tmp_path / "ref"
     run_recover("train", "--system", "plain", *common, "--out", str(ref), "--no-progress", check=True, timeout=120)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"faults": [
         *({"kind": "pace", "replica": x, "step": 0, "phase": "forward", "seconds": 4.0} for x in range(r)),
-        {"kind": "coordinator_crash", "replica": 1, "step": 2, "phase": "forward"}]}))
+        {"kind": "coordinator_crash", "replica": 1, "step": 1, "phase": "forward"}]}))
     out = tmp_path / "run"
     proc = run_recover("train", "--system", "recover", *common, "--collective-timeout", "1", "--faults", str(plan),
                        "--out", str(out), "--no-progress", timeout=300)

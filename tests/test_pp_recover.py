@@ -174,12 +174,12 @@ def test_survivors_finishing_a_long_schedule_after_a_crash_are_waited_for_not_re
     # schedule is through (3 s later). A fixed rejoin deadline (the collective timeout plus two
     # microbatches) removed both of them ("no replica left"); their progress (a tick at each
     # microbatch of the schedule) keeps them members.
-    steps, m = 4, 18
+    steps, m = 3, 18
     ref = _ref_3x_pp2(tmp_path, steps, m)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"faults": [
         *({"kind": "pace", "replica": r, "step": 0, "phase": "forward", "seconds": 0.5} for r in range(3)),
-        {"kind": "crash", "replica": 1, "step": 2, "phase": "forward"}]}))
+        {"kind": "crash", "replica": 1, "step": 1, "phase": "forward"}]}))
     out = tmp_path / "run"
     metrics = train_metrics(out, "--system", "recover", "--replicas", "3", "--pp", "2", "--collective-timeout", "1",
                             "--faults", str(plan), steps=steps, microbatches=m, timeout=400)
