@@ -56,7 +56,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from recover.core.worker.accumulator import Ledger, weights_digest, weights_fingerprint
+from recover.core.worker.accumulator import FlatLedgerBuffer, Ledger, weights_digest, weights_fingerprint
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layers: Iterable[nn.Module] | None = None) -> nn.Module:
@@ -115,11 +115,9 @@ def _counted_here(p: torch.Tensor, grid: DeviceMesh) -> bool:
     return all(grid.get_local_rank(n) == 0 for n in grid.mesh_dim_names if n not in split)
 
 
-class ShardedAccumulator:
+class ShardedAccumulator(FlatLedgerBuffer):
     """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger
-    (a `core.worker.accumulator.Accumulator`)."""
-
-    out_of_range: dict = {}  # never written: every fp32 gradient is summed (read-only, shared)
+    (a `core.worker.accumulator.Accumulator`; --exact is not taken here, so no wide reduction)."""
 
     def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None,
                  duplicates: Iterable[torch.Tensor] = ()):
@@ -154,32 +152,11 @@ class ShardedAccumulator:
         self.reattach()
         self.ledger = Ledger()  # the replica's ledger (every rank folds the same ids)
 
-    def has(self, mb_id: int) -> bool:
-        """Whether `mb_id` is in the ledger (O(1))."""
-        return mb_id in self.ledger
-
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward is in the accumulator; `loss` is this rank's part of its loss."""
         self.ledger.append(mb_id)  # raises, with nothing changed, on an id folded twice
         if self.counts_loss:
             self.buffer[-1] += float(loss)
-
-    @property
-    def loss_sum(self) -> float:
-        """This rank's part of the folded microbatches' loss sum."""
-        return float(self.buffer[-1])
-
-    def pack(self) -> torch.Tensor:
-        """A fresh communication buffer: [local gradient shard sum ..., loss part]."""
-        return self.buffer.clone()
-
-    def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
-        """This rank's part of the loss sum a reduced buffer holds (the leader combines the parts)."""
-        return float(reduced[-1])
-
-    def wide_needed(self, reduced: torch.Tensor) -> bool:
-        """Never: --exact is not taken by a replica of many ranks."""
-        return False
 
     def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Set every local .grad shard to reduced/M; return the iteration's mean microbatch loss."""
@@ -188,11 +165,6 @@ class ShardedAccumulator:
         loss = self.buffer[-1:].clone()
         torch.distributed.all_reduce(loss, group=self.group)  # the parts of the replica's ranks
         return float(loss)
-
-    def clear(self) -> None:
-        """Empty the accumulator and the ledger (the next iteration starts)."""
-        self.buffer.zero_()
-        self.ledger.clear()
 
     @property
     def counted(self) -> list[bool]:

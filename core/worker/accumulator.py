@@ -22,7 +22,8 @@ Contract:
 - `Accumulator` is the interface `Replica` holds an accumulator by: this module's
   `GradAccumulator`, `core.worker.exact.ExactAccumulator` (one of them) and
   `core.parallel.fsdp.ShardedAccumulator` all keep it, so the replica never asks an
-  accumulator which kind it is.
+  accumulator which kind it is. What they share (the flat buffer's loss slot, the
+  ledger, packing and clearing) is written once, in `FlatLedgerBuffer`.
 - Nothing here talks to other processes.
 """
 from __future__ import annotations
@@ -108,10 +109,45 @@ class Accumulator(Protocol):
     def weights_fingerprint(self) -> str: ...
 
 
-class GradAccumulator:
-    """Flat gradient accumulator (+ loss sum) with a ledger of folded microbatch ids."""
+class FlatLedgerBuffer:
+    """What every accumulator here shares: a flat fp32 `buffer` whose last slot is the (part of
+    the) folded loss sum, beside the `ledger` of folded ids. Subclasses build both, and fold
+    and load their own way (a replica's whole gradient, or one rank's shard of it)."""
 
-    out_of_range: dict = {}  # never written: every fp32 gradient is summed (read-only, shared)
+    buffer: torch.Tensor
+    ledger: Ledger
+    out_of_range: dict = {}  # never written here: every fp32 gradient is summed (read-only, shared)
+
+    def has(self, mb_id: int) -> bool:
+        """Whether `mb_id` is in the ledger (O(1))."""
+        return mb_id in self.ledger
+
+    @property
+    def loss_sum(self) -> float:
+        """The folded microbatches' loss sum (a rank of many: its part of it)."""
+        return float(self.buffer[-1])
+
+    def pack(self) -> torch.Tensor:
+        """A fresh communication buffer: [gradient sum (or this rank's shard of it) ..., loss sum]."""
+        return self.buffer.clone()
+
+    def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
+        """The loss sum a reduced buffer (a `pack()` summed over replicas) holds (a rank of many:
+        its part; the leader combines the parts)."""
+        return float(reduced[-1])
+
+    def wide_needed(self, reduced: torch.Tensor) -> bool:
+        """Whether the step needs a second, wide reduction (only --exact's spikes do)."""
+        return False
+
+    def clear(self) -> None:
+        """Empty the accumulator and the ledger (the next iteration starts)."""
+        self.buffer.zero_()
+        self.ledger.clear()
+
+
+class GradAccumulator(FlatLedgerBuffer):
+    """Flat gradient accumulator (+ loss sum) with a ledger of folded microbatch ids."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter]):
         self.params = [p for p in params if p.requires_grad]
@@ -128,41 +164,16 @@ class GradAccumulator:
             offset += p.numel()
         self.ledger = Ledger()
 
-    def has(self, mb_id: int) -> bool:
-        """Whether `mb_id` is in the ledger (O(1))."""
-        return mb_id in self.ledger
-
     def fold(self, mb_id: int, loss: float) -> None:
         """Record that microbatch `mb_id`'s backward (loss `loss`) is now in the accumulator."""
         self.ledger.append(mb_id)  # raises, with nothing changed, on an id folded twice
         self.buffer[-1] += float(loss)
-
-    @property
-    def loss_sum(self) -> float:
-        return float(self.buffer[-1])
-
-    def pack(self) -> torch.Tensor:
-        """A fresh communication buffer: [gradient sum ..., loss sum]."""
-        return self.buffer.clone()
-
-    def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
-        """The loss sum a reduced buffer (a `pack()` summed over replicas) holds."""
-        return float(reduced[-1])
-
-    def wide_needed(self, reduced: torch.Tensor) -> bool:
-        """Whether the step needs a second, wide reduction (only --exact's spikes do)."""
-        return False
 
     def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Set every .grad to reduced/M; return the iteration's mean microbatch loss."""
         self.buffer.copy_(reduced)
         self.buffer.div_(microbatches)
         return float(self.buffer[-1])
-
-    def clear(self) -> None:
-        """Empty the accumulator and the ledger (the next iteration starts)."""
-        self.buffer.zero_()
-        self.ledger.clear()
 
     def detached(self) -> list[int]:
         """Indices (in `params`) of the parameters whose .grad no longer views the buffer.
