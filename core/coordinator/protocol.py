@@ -290,6 +290,7 @@ class ProtocolStateMachine:
         self.owed_since = now  # when the members last owed new work (set with each new tally)
         self.progress_at: dict[int, float] = {}  # replica -> when it last showed progress (on_progress)
         self.progress_gap: dict[int, float] = {}  # replica -> the longest gap between units of work it measured
+        self.longest_gap: float | None = None  # the largest of them (kept as they arrive: no pass over R a commit)
         self.next_stall_scan = now  # the progress rule looks at the members at most every STALL_SCAN_SECONDS
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
@@ -530,6 +531,7 @@ class ProtocolStateMachine:
         gap = msg.get("progress_gap")
         if type(gap) in (int, float) and 0 <= gap < float("inf"):
             self.progress_gap[r] = max(gap, self.progress_gap.get(r, 0.0))  # the bound only loosens
+            self.longest_gap = max(gap, self.longest_gap or 0.0)
         self.unhealed.discard(r)  # it votes only with the state (core/worker/replica.py)
         if msg.get("loss_sum") is None or "nonfinite" in msg:
             self._note_nonfinite(r, msg)
@@ -1269,7 +1271,7 @@ class ProtocolStateMachine:
             "generation": generation, "recoveries": recoveries,
             # the longest gap between units of work any member measured: a restarted coordinator
             # waits for the members' reports in proportion to it (core/coordinator/service.py)
-            **({"progress_gap": max(self.progress_gap.values())} if self.progress_gap else {}),
+            **({"progress_gap": self.longest_gap} if self.longest_gap is not None else {}),
             **({"lr": lr} if lr is not None else {}), **extra})
 
     # ---- attribution and fencing (persistent faults) ---------------------------------------

@@ -212,7 +212,8 @@ class CoordinatorService:
         # The coordinator's own heartbeat to each connection (a frozen coordinator is seen by its silence).
         self.beat_interval = min(1.0, cfg.coordinator_timeout / 5)
         self.next_beat = 0.0
-        self.recorded_step = self._last_recorded_step(out / "metrics.jsonl") if rebuild else -1
+        tail = self._tail_records(out / "metrics.jsonl") if rebuild else []  # read once: both below come from it
+        self.recorded_step = self._last_step(tail)
         self.hooks = load_coordinator_hooks(cfg.coordinator_hooks, cfg)  # None: no hook calls at all
         # A restarted coordinator: the hellos it collects, the replicas it waits for, those known gone.
         self.rebuilding = rebuild
@@ -223,7 +224,7 @@ class CoordinatorService:
         # work, and only then reconnects with its report: the wait allows four of the longest
         # such gaps the members had measured (metrics.jsonl says it), on top of the collective
         # timeout, so slow work (a microbatch longer than the timeout) is waited for.
-        self.rebuild_gap = self._last_progress_gap(out / "metrics.jsonl") if rebuild else 0.0
+        self.rebuild_gap = self._last_gap(tail)
         self.rebuild_wait = cfg.collective_timeout + 4 * self.rebuild_gap
         self.rebuild_deadline = self.now() + self.rebuild_wait
         if rebuild:
@@ -260,8 +261,13 @@ class CoordinatorService:
     @staticmethod
     def _last_recorded_step(path: Path) -> int:
         """The last step metrics.jsonl holds (-1: none). Steps are written in order, so the tail says it."""
+        return CoordinatorService._last_step(CoordinatorService._tail_records(path))
+
+    @staticmethod
+    def _last_step(records: list[dict]) -> int:
+        """The last step of metrics.jsonl's tail records (-1: none)."""
         last = -1
-        for rec in CoordinatorService._tail_records(path):
+        for rec in records:
             try:
                 last = max(last, int(rec["step"]))
             except (ValueError, KeyError, TypeError):
@@ -269,10 +275,10 @@ class CoordinatorService:
         return last
 
     @staticmethod
-    def _last_progress_gap(path: Path) -> float:
-        """The longest gap between units of work any member had measured, as the last line that
-        says it (`progress_gap`) recorded it: 0.0 when none does."""
-        for rec in reversed(CoordinatorService._tail_records(path)):
+    def _last_gap(records: list[dict]) -> float:
+        """The longest gap between units of work any member had measured, as the last of the tail
+        records that says it (`progress_gap`) recorded it: 0.0 when none does."""
+        for rec in reversed(records):
             gap = rec.get("progress_gap")
             if type(gap) in (int, float) and 0 <= gap < float("inf"):
                 return float(gap)
