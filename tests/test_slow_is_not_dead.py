@@ -30,6 +30,21 @@ def _pace(seconds: dict[int, float]) -> list[dict]:
     return [{"kind": "pace", "replica": r, "step": 0, "phase": "forward", "seconds": s} for r, s in seconds.items()]
 
 
+def _train_every_step(out_dir, plan: str, collective_timeout: str, failure_free=None):
+    """recover at the module's layout under `plan`: it ends well with every step, each with its M ids
+    as the workers' ledgers report them, and (given `failure_free`) each on the failure-free loss."""
+    proc = run_recover("train", "--system", "recover", "--replicas", str(REPLICAS), "--microbatches",
+                       str(MICROBATCHES), "--steps", str(STEPS), "--collective-timeout", collective_timeout,
+                       "--faults", plan, "--out", str(out_dir), "--no-progress", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, metrics, summary = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert all(reported_ids(m) == iteration_ids(m["step"], MICROBATCHES) for m in metrics)  # the workers' ledgers
+    for m, ref in zip(metrics, failure_free or []):
+        assert m["loss"] == pytest.approx(ref, rel=1e-5)
+    return metrics, summary, proc
+
+
 @pytest.fixture(scope="module")
 def failure_free(tmp_path_factory):
     out = tmp_path_factory.mktemp("plain") / "run"
@@ -42,14 +57,8 @@ def test_quotas_three_times_the_collective_timeout_lose_only_the_crashed_replica
     # 2 microbatches of 1.5 s each: a quota is 3 s against a 1 s collective timeout
     plan = _plan(tmp_path, _pace({r: 1.5 for r in range(REPLICAS)})
                  + [{"kind": "crash", "replica": 1, "step": 3, "phase": "forward"}])
-    proc = run_recover("train", "--system", "recover", "--replicas", str(REPLICAS), "--microbatches",
-                       str(MICROBATCHES), "--steps", str(STEPS), "--collective-timeout", "1", "--faults", plan,
-                       "--out", str(out_dir), "--no-progress", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _, metrics, summary = load_run(out_dir)
+    metrics, summary, proc = _train_every_step(out_dir, plan, "1", failure_free)
     assert summary["status"] == "ok"
-    assert [m["step"] for m in metrics] == list(range(STEPS))
-    assert all(reported_ids(m) == iteration_ids(m["step"], MICROBATCHES) for m in metrics)  # the workers' ledgers
     assert metrics[-1]["members"] == [0, 2, 3]
     events = read_jsonl(out_dir / "events.jsonl")
     recoveries = [e for e in events if e["kind"] == "recovery"]
@@ -57,8 +66,6 @@ def test_quotas_three_times_the_collective_timeout_lose_only_the_crashed_replica
     assert len(recoveries) == 1 and recoveries[0]["step"] == 3, recoveries
     assert recoveries[0]["faults"] == ["replica 1 lost: control connection closed (process gone)"]
     assert "timed out" not in proc.stderr
-    for m, ref in zip(metrics, failure_free):
-        assert m["loss"] == pytest.approx(ref, rel=1e-5)
 
 
 def test_a_straggler_ten_times_slower_is_not_ejected_and_its_quota_shrinks(tmp_path, out_dir):
@@ -85,13 +92,7 @@ def test_a_member_stuck_between_its_all_reduce_and_its_vote_is_fenced_and_the_st
     # replica 2's training thread blocks after step 2's all-reduce (its heartbeat thread beats on);
     # nothing else would ever end that step: every other member voted and waits for the commit
     plan = _plan(tmp_path, [{"kind": "stall", "replica": 2, "step": 2, "phase": "vote", "seconds": 60}])
-    proc = run_recover("train", "--system", "recover", "--replicas", str(REPLICAS), "--microbatches",
-                       str(MICROBATCHES), "--steps", str(STEPS), "--collective-timeout", "2", "--faults", plan,
-                       "--out", str(out_dir), "--no-progress", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _, metrics, _ = load_run(out_dir)
-    assert [m["step"] for m in metrics] == list(range(STEPS))
-    assert all(reported_ids(m) == iteration_ids(m["step"], MICROBATCHES) for m in metrics)
+    metrics, _, _ = _train_every_step(out_dir, plan, "2", failure_free)
     assert metrics[2]["members"] == [0, 1, 3]
     [rec] = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
     assert rec["step"] == 2 and "replica 2 lost: did not vote for step 2" in rec["fault"], rec
@@ -100,8 +101,6 @@ def test_a_member_stuck_between_its_all_reduce_and_its_vote_is_fenced_and_the_st
     # before the stall would end (60 s) or the others would give up waiting (3 x 2 + 60 s)
     [fired] = [json.loads(line) for line in (out_dir / "faults.jsonl").read_text().splitlines()]
     assert 2 <= rec["detected_at"] - fired["wall_time"] < 15, (rec, fired)
-    for m, ref in zip(metrics, failure_free):
-        assert m["loss"] == pytest.approx(ref, rel=1e-5)
 
 
 def test_members_stuck_at_any_phase_before_ready_are_fenced_by_their_own_measured_progress(tmp_path, out_dir,
@@ -113,13 +112,7 @@ def test_members_stuck_at_any_phase_before_ready_are_fenced_by_their_own_measure
     plan = _plan(tmp_path, [{"kind": "stall", "replica": 1, "step": 1, "phase": "backward", "microbatch": 1},
                             {"kind": "stall", "replica": 2, "step": 2, "phase": "commit"},
                             {"kind": "stall", "replica": 3, "step": 3, "phase": "optimizer_step"}])
-    proc = run_recover("train", "--system", "recover", "--replicas", str(REPLICAS), "--microbatches",
-                       str(MICROBATCHES), "--steps", str(STEPS), "--collective-timeout", "2", "--faults", plan,
-                       "--out", str(out_dir), "--no-progress", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _, metrics, _ = load_run(out_dir)
-    assert [m["step"] for m in metrics] == list(range(STEPS))
-    assert all(reported_ids(m) == iteration_ids(m["step"], MICROBATCHES) for m in metrics)  # the workers' ledgers
+    metrics, _, _ = _train_every_step(out_dir, plan, "2", failure_free)
     assert metrics[-1]["members"] == [0]
     fired = {f["replica"]: f for f in read_jsonl(out_dir / "faults.jsonl")}
     assert sorted(fired) == [1, 2, 3]
@@ -130,5 +123,3 @@ def test_members_stuck_at_any_phase_before_ready_are_fenced_by_their_own_measure
         assert e["fault"].startswith(f"replica {r} lost: no progress for "), e
         # within its bound (2 s plus four of its gaps plus two beats) of the stall, give or take a loaded machine
         assert 2 <= e["detected_at"] - fired[r]["wall_time"] < 20, (e, fired[r])
-    for m, ref in zip(metrics, failure_free):
-        assert m["loss"] == pytest.approx(ref, rel=1e-5)
