@@ -5,7 +5,7 @@ import json
 
 from conftest import run_recover  # noqa: F401 - the suite's helpers (sys.path)
 
-from recover.experiments.bench_iteration import _iteration_seconds, _shim
+from recover.experiments.benches.iteration import _iteration_seconds, _shim
 from recover.experiments.cli import main
 
 

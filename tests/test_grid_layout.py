@@ -18,7 +18,7 @@ from conftest import assert_every_planned_fault_fired, run_recover, write_aggreg
 from recover.core.config.train_config import ConfigError
 from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, SUMMARY_FIELDS, STEP_FIELDS, aggregate
-from recover.experiments.bench import kill_plan
+from recover.experiments.benches.recovery import kill_plan
 from recover.experiments.commands.bench import cmd_bench_recovery
 from recover.experiments.launch_submitit import SlurmOptions, _submit_slurm
 from recover.experiments.layout import ReplicaLayout
@@ -162,7 +162,7 @@ def _bench_args(**kw) -> Namespace:
     ({"shard": 8}, "recover: error: --shard: each rank takes rows of a microbatch"),
 ])
 def test_bench_recovery_checks_the_layout_before_any_run(kw, message, capsys, monkeypatch):
-    import recover.experiments.bench as bench
+    import recover.experiments.benches.recovery as bench
 
     monkeypatch.setattr(bench, "bench_recovery", lambda a: pytest.fail("a run started"))
     assert cmd_bench_recovery(_bench_args(**kw)) == 2

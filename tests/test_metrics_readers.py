@@ -93,8 +93,8 @@ def test_the_demo_says_false_when_a_step_folded_other_ids(tmp_path, capsys):
 
 
 def test_the_benchmarks_and_the_progress_bar_read_compact_lines(tmp_path):
-    from recover.experiments.bench_exact_precision import _losses
-    from recover.experiments.bench_iteration import _iteration_seconds
+    from recover.experiments.benches.exact_precision import _losses
+    from recover.experiments.benches.iteration import _iteration_seconds
     from recover.experiments.progress import MetricsProgress
 
     lines = compact_lines(tmp_path)

@@ -1,6 +1,6 @@
 """The coordinator's state machine holds flat over a long run with replacements.
 
-experiments/bench_soak.py drives core.coordinator.protocol.ProtocolStateMachine in process, a member lost
+experiments/benches/soak.py drives core.coordinator.protocol.ProtocolStateMachine in process, a member lost
 mid-step and its replacement admitted every few steps. Checked on counts, not time:
 every container the state machine holds is no larger in the second half of a few
 thousand steps than in the first, the process opens no file, and the metrics line does
@@ -13,7 +13,7 @@ import json
 import pytest
 
 from recover.core.coordinator.protocol import ProtocolStateMachine
-from recover.experiments.bench_soak import container_sizes, run_soak
+from recover.experiments.benches.soak import container_sizes, run_soak
 
 
 def test_the_state_machine_holds_flat_over_thousands_of_steps_with_replacements():
@@ -57,7 +57,7 @@ def test_container_sizes_reads_dicts_slots_and_arrays_one_level_down():
 
 @pytest.mark.procs  # starts workers through the launcher
 def test_the_launcher_soak_starts_each_worker_and_samples_flat_descriptors(tmp_path):
-    from recover.experiments.bench_soak import run_launcher_soak
+    from recover.experiments.benches.soak import run_launcher_soak
 
     result = run_launcher_soak(6, 3, tmp_path)
     assert [s["starts"] for s in result["samples"]] == [0, 3, 6]

@@ -1,27 +1,27 @@
 """`recover bench recovery`: what a fault costs each system, measured with real kills;
-`recover bench checkpoint`: DCP save / async save / load throughput (experiments/bench_checkpoint.py);
-`recover bench checkpoint-stall`: recover's async checkpoint stall against an iteration (experiments/bench_checkpoint_stall.py);
-`recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/bench_dtype.py);
-`recover bench digest`: the votes' weights digest against an iteration (experiments/bench_digest.py);
-`recover bench iteration`: failure-free iteration of recover against plain (experiments/bench_iteration.py);
-`recover bench coordinator`: the coordinator state machine's cost against R (experiments/bench_coordinator.py);
+`recover bench checkpoint`: DCP save / async save / load throughput (experiments/benches/checkpoint.py);
+`recover bench checkpoint-stall`: recover's async checkpoint stall against an iteration (experiments/benches/checkpoint_stall.py);
+`recover bench dtype`: iteration time, fp32 vs bf16 autocast (experiments/benches/dtype.py);
+`recover bench digest`: the votes' weights digest against an iteration (experiments/benches/digest.py);
+`recover bench iteration`: failure-free iteration of recover against plain (experiments/benches/iteration.py);
+`recover bench coordinator`: the coordinator state machine's cost against R (experiments/benches/coordinator_state_machine.py);
 with `--service`, the real membership service against N simulated replicas over loopback
-(experiments/bench_coordinator_service.py);
-`recover bench transfer`: live state transfer against a plain broadcast (experiments/bench_transfer.py);
+(experiments/benches/coordinator_service.py);
+`recover bench transfer`: live state transfer against a plain broadcast (experiments/benches/state_transfer.py);
 `recover bench coordinator-restart`: seconds from a coordinator kill to the next commit
-(experiments/bench_coordinator_restart.py);
+(experiments/benches/coordinator_restart.py);
 `recover bench soak`: the coordinator state machine over a long run with a replacement every N
-steps: steps/s, its containers, RSS and open fds (experiments/bench_soak.py);
+steps: steps/s, its containers, RSS and open fds (experiments/benches/soak.py);
 `recover bench store-guard`: a rendezvous's store traffic through the store guard against the bare
-store, against the number of clients (experiments/bench_store_guard.py).
+store, against the number of clients (experiments/benches/store_guard.py).
 
 Contract: the flags are checked (a known system, at least 2 replicas so one
 survives, at least one kill, M >= R, a replica layout (`--shard`) the system
 runs) before any run starts; the measurement
-itself, and what it writes, is experiments/bench.py's `bench_recovery`,
-experiments/bench_checkpoint.py's `bench_checkpoint`, experiments/bench_dtype.py's `bench_dtype`,
-experiments/bench_digest.py's `bench_digest` and experiments/bench_coordinator.py's `bench_coordinator`
-(experiments/bench_coordinator_service.py's `bench_coordinator_service`), imported when their command
+itself, and what it writes, is experiments/benches/recovery.py's `bench_recovery`,
+experiments/benches/checkpoint.py's `bench_checkpoint`, experiments/benches/dtype.py's `bench_dtype`,
+experiments/benches/digest.py's `bench_digest` and experiments/benches/coordinator_state_machine.py's `bench_coordinator`
+(experiments/benches/coordinator_service.py's `bench_coordinator_service`), imported when their command
 runs: most import torch, which every other `recover` command (and each run's launcher
 process) would otherwise pay for at start-up.
 """
@@ -157,7 +157,7 @@ def add_parser(sub) -> None:
                    help="disable Python's garbage collector altogether while measuring (to see its share; by "
                         "default it is paced as in the coordinator's process, core/coordinator/gc_pacing.py)")
     k.add_argument("--no-figure", action="store_true", help="do not draw paper_figs/coordinator_scale.py's figure")
-    s_ = k.add_argument_group("--service", "the real service (experiments/bench_coordinator_service.py)")
+    s_ = k.add_argument_group("--service", "the real service (experiments/benches/coordinator_service.py)")
     s_.add_argument("--service", action="store_true",
                     help="run core.coordinator.service.CoordinatorService against simulated replicas over loopback")
     s_.add_argument("--clients", type=int, default=4, help="client processes sharing the N connections (default: 4)")
@@ -244,7 +244,7 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
                     heartbeat_timeout=args.heartbeat_timeout).validate(tuple(SYSTEMS))
     except ConfigError as e:
         return fail(str(e))
-    from ..bench import bench_recovery
+    from ..benches.recovery import bench_recovery
 
     return bench_recovery(args)
 
@@ -256,7 +256,7 @@ def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
         return fail("--tensors: must be >= 1")
     if args.repeats < 1:
         return fail("--repeats: must be >= 1")
-    from ..bench_checkpoint import bench_checkpoint
+    from ..benches.checkpoint import bench_checkpoint
 
     return bench_checkpoint(args)
 
@@ -272,7 +272,7 @@ def cmd_bench_checkpoint_stall(args: argparse.Namespace) -> int:
         return fail("--microbatches: must be >= --replicas")
     if args.steps < 2 + 2 * args.checkpoint_every:
         return fail("--steps: must be >= 2 + 2 * --checkpoint-every (iterations with and without a save)")
-    from ..bench_checkpoint_stall import bench_checkpoint_stall
+    from ..benches.checkpoint_stall import bench_checkpoint_stall
 
     return bench_checkpoint_stall(args)
 
@@ -291,7 +291,7 @@ def _bad_workload_args(args: argparse.Namespace) -> int | None:
 def cmd_bench_dtype(args: argparse.Namespace) -> int:
     if (bad := _bad_workload_args(args)) is not None:
         return bad
-    from ..bench_dtype import bench_dtype
+    from ..benches.dtype import bench_dtype
 
     return bench_dtype(args)
 
@@ -299,7 +299,7 @@ def cmd_bench_dtype(args: argparse.Namespace) -> int:
 def cmd_bench_digest(args: argparse.Namespace) -> int:
     if (bad := _bad_workload_args(args)) is not None:
         return bad
-    from ..bench_digest import bench_digest
+    from ..benches.digest import bench_digest
 
     return bench_digest(args)
 
@@ -316,7 +316,7 @@ def cmd_bench_iteration(args: argparse.Namespace) -> int:
         return fail("--steps must be >= 4 (two are not timed), --repeats and --microbatches-per-replica >= 1")
     if args.baseline_tree and not (Path(args.baseline_tree) / "core").is_dir():
         return fail(f"--baseline-tree: {args.baseline_tree} is not a checkout of this project (no core/)")
-    from ..bench_iteration import bench_iteration
+    from ..benches.iteration import bench_iteration
 
     return bench_iteration(args)
 
@@ -347,10 +347,10 @@ def cmd_bench_coordinator(args: argparse.Namespace) -> int:
             return fail(str(e))
         if args.step_seconds <= 0:
             return fail("--step-seconds: must be > 0")
-        from ..bench_coordinator_service import bench_coordinator_service
+        from ..benches.coordinator_service import bench_coordinator_service
 
         return bench_coordinator_service(args)
-    from ..bench_coordinator import bench_coordinator
+    from ..benches.coordinator_state_machine import bench_coordinator
 
     return bench_coordinator(args)
 
@@ -362,7 +362,7 @@ def cmd_bench_transfer(args: argparse.Namespace) -> int:
     for name in ("repeats", "threads"):
         if getattr(args, name) < 1:
             return fail(f"--{name}: must be >= 1")
-    from ..bench_transfer import bench_transfer
+    from ..benches.state_transfer import bench_transfer
 
     return bench_transfer(args)
 
@@ -376,7 +376,7 @@ def cmd_bench_coordinator_restart(args: argparse.Namespace) -> int:
         return fail(f"--microbatches: must be >= --replicas ({args.replicas})")
     if args.steps < 4 or args.repeats < 1 or args.coordinator_timeout <= 0:
         return fail("--steps must be >= 4, --repeats >= 1 and --coordinator-timeout > 0")
-    from ..bench_coordinator_restart import bench_coordinator_restart
+    from ..benches.coordinator_restart import bench_coordinator_restart
 
     return bench_coordinator_restart(args)
 
@@ -391,7 +391,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
         return fail("--every and --launcher-starts: must be >= 0")
     if not args.name or "/" in args.name:
         return fail("--name: must be a file stem (no '/')")
-    from ..bench_soak import bench_soak
+    from ..benches.soak import bench_soak
 
     return bench_soak(args)
 
@@ -399,6 +399,6 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
 def cmd_bench_store_guard(args: argparse.Namespace) -> int:
     if any(n < 1 for n in args.clients) or args.repeats < 1:
         return fail("--clients and --repeats: must be >= 1")
-    from ..bench_store_guard import bench_store_guard
+    from ..benches.store_guard import bench_store_guard
 
     return bench_store_guard(args)

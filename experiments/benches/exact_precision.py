@@ -1,13 +1,13 @@
 """Precision of `--exact` against fp32 mode: the loss curves of two runs of the same workload.
 
 Contract:
-- `python -m recover.experiments.bench_exact_precision --steps N --model small --out FILE` runs
+- `python -m recover.experiments.benches.exact_precision --steps N --model small --out FILE` runs
   `recover train --system plain --replicas 1` twice, fp32 then `--exact`, same seed and
   workload, under --work (one replica: the fp32 run has a single summation order, so what
   differs is exact mode's fixed point alone), or with `--runs FP32_DIR EXACT_DIR` reads two
   finished runs instead.
 - Writes FILE: per step both losses and |exact - fp32| / |fp32|, and the largest relative
-  difference with its step (the issue's bar: within 1e-4 over 200 steps of the small model).
+  difference with its step (the bar exact mode is held to: within 1e-4 over 200 steps of the small model).
   Nothing here is asserted on.
 """
 from __future__ import annotations

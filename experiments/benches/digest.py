@@ -28,7 +28,7 @@ import torch
 from recover.core.config.train_config import TrainConfig
 from recover.core.training.workload import Workload
 
-from .bench_dtype import time_iteration
+from .dtype import time_iteration
 
 BUDGET = 0.02  # the share of an iteration a digest may cost
 

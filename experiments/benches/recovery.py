@@ -41,9 +41,9 @@ from recover.core.config.train_config import TrainConfig
 from recover.core.storage.results import read_jsonl, read_metrics
 from recover.fault_injection.injector import attach_plan
 
-from .layout import ReplicaLayout
-from .run import run_training
-from .systems import runs_layout
+from ..layout import ReplicaLayout
+from ..run import run_training
+from ..systems import runs_layout
 
 KILL_PHASES = ("forward", "backward", "between_microbatches", "allreduce", "commit", "optimizer_step")
 KILL_PLACEMENTS = ("random", "fixed")

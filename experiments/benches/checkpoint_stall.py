@@ -28,7 +28,7 @@ from pathlib import Path
 from recover.core.config.train_config import TrainConfig
 from recover.core.storage.results import read_jsonl, read_metrics
 
-from .run import run_training
+from ..run import run_training
 
 
 def _one_model(model: str, args: argparse.Namespace, work: Path) -> dict:

@@ -1,7 +1,7 @@
 """Simulated replicas for the coordinator service benchmark: many control connections, one selector.
 
 Contract:
-- `python -m recover.experiments.bench_replica_clients SPEC OUT` opens one control
+- `python -m recover.experiments.benches.replica_clients SPEC OUT` opens one control
   connection per replica named in SPEC (a JSON file: see `ClientSpec`) to the
   coordinator's membership service and speaks the worker's side of the real control
   protocol on each (core/worker/control.py, core/worker/replica.py, the messages of core/coordinator/protocol.py):
@@ -26,7 +26,7 @@ Contract:
   and last commit received, per aborted generation the first and last abort received,
   each fault as it fired (with the last message the replica had sent), when the
   coordinator closed a frozen replica's connection, and how many replicas finished.
-  Nothing here judges what it saw: experiments/bench_coordinator_service.py does.
+  Nothing here judges what it saw: experiments/benches/coordinator_service.py does.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Contract:
   rendezvous through it only when one forms) and it is the one piece that needs
   torch. Nothing here imports torch.
 - The N replicas are simulated by `--clients` processes of
-  experiments/bench_replica_clients.py, each holding its share of the N real control
+  experiments/benches/replica_clients.py, each holding its share of the N real control
   connections with one selector and speaking the worker's side of the protocol
   (hello with the join token, heartbeats, votes with id-range ledgers, joins after an
   abort). A quota's vote goes out `--step-seconds` after the quota arrived.
@@ -66,9 +66,9 @@ from recover.core.contract.heartbeat import heartbeat_plan
 from recover.core.storage.results import read_jsonl, read_metrics
 from recover.core.contract import env_names
 
-from .bench_replica_clients import ClientSpec
+from .replica_clients import ClientSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout (experiments/benches/ is two below it)
 WARM_STEPS = 2  # step 0 forms generation 0; step 1 settles the clients' timers
 FD_SPARE = 64  # files each process holds besides its connections (logs, pipes, the listener)
 
@@ -123,7 +123,7 @@ def run_one(N: int, args: argparse.Namespace, rng: random.Random, work: Path) ->
     deadline = args.startup_timeout + steps * args.step_seconds * 4 + args.freezes * (silence + 5) + 60
     try:
         with open(out / "coordinator.log", "w") as log:
-            coord = subprocess.Popen([sys.executable, "-m", "recover.experiments.bench_coordinator_service", "serve",
+            coord = subprocess.Popen([sys.executable, "-m", "recover.experiments.benches.coordinator_service", "serve",
                                       str(out / "config.json")], env=env, stdout=subprocess.PIPE, stderr=log,
                                      text=True, cwd=REPO)
         procs.append(coord)
@@ -136,7 +136,7 @@ def run_one(N: int, args: argparse.Namespace, rng: random.Random, work: Path) ->
             (out / f"client{k}.spec.json").write_text(json.dumps(asdict(spec)))
             with open(out / f"client{k}.log", "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "recover.experiments.bench_replica_clients", str(out / f"client{k}.spec.json"),
+                    [sys.executable, "-m", "recover.experiments.benches.replica_clients", str(out / f"client{k}.spec.json"),
                      str(out / f"client{k}.json")], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
         code = coord.wait(timeout=deadline)
         for p in procs[1:]:
@@ -219,7 +219,7 @@ def bench_coordinator_service(args: argparse.Namespace) -> int:
                   flush=True)
     result = {
         "what": "core.coordinator.service.CoordinatorService in its own process against N simulated replicas "
-                "(experiments/bench_replica_clients.py) over loopback; per N one run: warm-up, a steady window "
+                "(experiments/benches/replica_clients.py) over loopback; per N one run: warm-up, a steady window "
                 "without faults, then crashes (connection closed) and freezes (silent, open)",
         "per_replica_microbatches": args.per_replica, "steady_steps": args.steady_steps, "seed": args.seed,
         "cores": os.cpu_count(),
@@ -244,7 +244,7 @@ def serve(config: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["serve"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m recover.experiments.bench_coordinator_service serve CONFIG")
+        sys.exit("usage: python -m recover.experiments.benches.coordinator_service serve CONFIG")
     code = serve(sys.argv[2])
     sys.stdout.flush()
     sys.stderr.flush()

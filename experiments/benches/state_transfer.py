@@ -11,7 +11,7 @@ Contract:
   check), and a plain `broadcast` of one fp32 tensor of the same byte count.
 - The figure is the throughput ratio, plain broadcast time / transfer time, of
   the medians (1.0: the transfer costs nothing beyond moving its bytes); the
-  issue's target is >= 0.5. Written to OUT/state_transfer.json with the bytes,
+  target is >= 0.5. Written to OUT/state_transfer.json with the bytes,
   the medians (also of the time the newcomer spent in the transfer's broadcasts,
   `wire`, which includes waiting for the donor to build the header and buffer;
   the rest is its own decoding, loading and fingerprint check)

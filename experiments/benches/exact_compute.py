@@ -2,7 +2,7 @@
 against exact mode (deterministic kernels + int64 fixed-point accumulation).
 
 Contract:
-- `python -m recover.experiments.bench_exact --models tiny small --out results/bench/exact_compute.json`
+- `python -m recover.experiments.benches.exact_compute --models tiny small --out results/bench/exact_compute.json`
   builds the real workload (`core.training.workload.Workload`, the model, data, AdamW recipe and
   accumulator every system trains) once per mode and times whole iterations: fold M
   microbatches (forward + backward, and in exact mode the conversion of each gradient to
@@ -29,7 +29,7 @@ from recover.core.config.train_config import TrainConfig
 from recover.core.components.data import iteration_ids
 from recover.core.training.workload import Workload
 
-from .bench_iteration import allreduce_bytes
+from .iteration import allreduce_bytes
 
 MODES = ("fp32", "deterministic", "exact")
 
