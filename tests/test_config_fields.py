@@ -8,7 +8,7 @@ from recover.core.config.train_config import TrainConfig
 from recover.experiments.sim.calibration import Calibration, Costs
 from recover.experiments.sim.failures import FailureModel
 from recover.experiments.sim.model import JobModel
-from recover.experiments.sim.scenario import Scenario
+from recover.experiments.sim.scenario_runner import Scenario
 
 
 @pytest.mark.parametrize("cls", [TrainConfig, BaselineConfig, JobModel, Costs, Calibration, FailureModel, Scenario])

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper_figs"))
 
 from style import LABEL_ORDER, PALETTE, base, dashes, linestyle, order, palette  # noqa: E402
 
-from recover.experiments.sim.policies import SYSTEMS  # noqa: E402
+from recover.experiments.sim.system_policies import SYSTEMS  # noqa: E402
 
 
 def test_every_simulated_variant_takes_its_systems_colour_dashed():

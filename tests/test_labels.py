@@ -8,7 +8,7 @@ from recover.core.config.train_config import TrainConfig
 from recover.experiments import aggregate
 from recover.experiments.grids import FAILURE_FREE, FAULTY_SYSTEMS, build_grid
 from recover.experiments.labels import VARIANT_SETTINGS, variant_label
-from recover.experiments.sim.policies import SYSTEMS as SIM_SYSTEMS
+from recover.experiments.sim.system_policies import SYSTEMS as SIM_SYSTEMS
 from recover.experiments.systems import SYSTEMS
 
 

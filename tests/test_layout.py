@@ -15,8 +15,8 @@ from conftest import run_recover
 from recover.experiments.layout import DIMENSIONS, ReplicaLayout
 from recover.experiments.sim.model import JobModel
 from recover.experiments.sim.report import summarize
-from recover.experiments.sim.scenario import run_scenario
-from recover.experiments.sim.scenarios import (LLAMA3_LAYOUT, PAPER_512_LAYOUT, cluster_100k, llama3_16k,
+from recover.experiments.sim.scenario_runner import run_scenario
+from recover.experiments.sim.named_scenarios import (LLAMA3_LAYOUT, PAPER_512_LAYOUT, cluster_100k, llama3_16k,
                                               paper_512, paper_512_job)
 
 

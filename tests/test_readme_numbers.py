@@ -135,7 +135,7 @@ def test_coordinator_numbers_match_the_service_bench():
     """The coordinator paragraph: the fit to results/bench/coordinator_service.json, the 100k
     scenario's share and the largest R below 1%, and the N = 4,096 table rows."""
     from recover.experiments.sim.calibration import coordinator_law
-    from recover.experiments.sim.scenarios import SCENARIOS
+    from recover.experiments.sim.named_scenarios import SCENARIOS
 
     law = coordinator_law()
     slope, share, it, rmax = found(r"The fit gives ([\d.]+) us per replica, so the `100k` scenario's\s+781 replicas "

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from recover.experiments.sim.calibration import Costs
 from recover.experiments.sim.failures import HANG, FailureEvents, FailureModel, events_from_plan
 from recover.experiments.sim.model import JobModel
-from recover.experiments.sim.policies import SYSTEMS, simulate_one
+from recover.experiments.sim.system_policies import SYSTEMS, simulate_one
 from recover.experiments.sim.report import summarize
-from recover.experiments.sim.scenario import run_scenario
-from recover.experiments.sim.scenarios import SCENARIOS
+from recover.experiments.sim.scenario_runner import run_scenario
+from recover.experiments.sim.named_scenarios import SCENARIOS
 from recover.experiments.sim.youngdaly import daly_interval, interval_iterations, young_interval
 
 # 4 replicas, M=8, 1 s per microbatch, free all-reduce: iteration(4) = 2 s, iteration(3) = 3 s.

@@ -16,8 +16,8 @@ from conftest import run_recover
 
 from recover.experiments.sim.calibration import _redo_mean, local_calibration
 from recover.experiments.sim.measured import local_measured
-from recover.experiments.sim.scenario import run_scenario
-from recover.experiments.sim.scenarios import SCENARIOS
+from recover.experiments.sim.scenario_runner import run_scenario
+from recover.experiments.sim.named_scenarios import SCENARIOS
 from recover.experiments.sim.validation import compare, find_runs, load_run, measure
 
 FIGS = Path(__file__).resolve().parent.parent / "paper_figs"
@@ -93,7 +93,7 @@ def test_compare_recover_fixture_and_find_runs(tmp_path):
     plan = {"faults": [{"kind": "crash", "replica": 3, "step": 2, "phase": "backward"}]}
     # a real run that took exactly what the simulator predicts would have 0 error: build it from the simulation
     from recover.experiments.sim.failures import events_from_plan
-    from recover.experiments.sim.policies import simulate_one
+    from recover.experiments.sim.system_policies import simulate_one
     cal = local_calibration(tmp_path / "no-bench")
     walls = []
     for n in range(1, 6):
@@ -200,7 +200,7 @@ def test_cluster_scenarios_anchor_on_the_bench_files(tmp_path):
     """The restart law's small anchor is the restart derived from results/bench (not a typed-in number),
     and paper-512 / the cluster scenarios use the bench they are given."""
     from recover.experiments.sim.calibration import restart_law
-    from recover.experiments.sim.scenarios import SCENARIOS
+    from recover.experiments.sim.named_scenarios import SCENARIOS
 
     b = tmp_path / "bench"
     b.mkdir()
@@ -223,8 +223,8 @@ def test_async_save_stalls_only_for_its_snapshot():
     is set by its own stall."""
     from dataclasses import replace
 
-    from recover.experiments.sim.scenario import checkpoint_plan
-    from recover.experiments.sim.scenarios import paper_512
+    from recover.experiments.sim.scenario_runner import checkpoint_plan
+    from recover.experiments.sim.named_scenarios import paper_512
 
     sc = replace(paper_512(), systems=("ckpt-restart", "ckpt-restart-async"))
     cal = sc.calibration
@@ -244,7 +244,7 @@ def test_async_save_stalls_only_for_its_snapshot():
 def test_cluster_checkpoint_cost_scales_measured_dcp_throughput(tmp_path):
     """With checkpoint_dcp.json, paper-512's async stall, blocking save and load are the bytes each GPU
     writes over the measured async-stall, save and load throughputs; without it, the assumed 10 s / 20 s."""
-    from recover.experiments.sim.scenarios import PAPER_512_STATE_BYTES, paper_512
+    from recover.experiments.sim.named_scenarios import PAPER_512_STATE_BYTES, paper_512
 
     b = tmp_path / "bench"
     b.mkdir()

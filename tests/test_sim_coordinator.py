@@ -12,8 +12,8 @@ import pytest
 from recover.experiments.sim.calibration import Costs, coordinator_law
 from recover.experiments.sim.failures import FailureEvents
 from recover.experiments.sim.model import JobModel
-from recover.experiments.sim.policies import simulate_one
-from recover.experiments.sim.scenarios import SCENARIOS
+from recover.experiments.sim.system_policies import simulate_one
+from recover.experiments.sim.named_scenarios import SCENARIOS
 
 
 def _bench(tmp_path, rows):

@@ -9,7 +9,7 @@ from recover.experiments import aggregate
 from recover.experiments.sim.calibration import Costs
 from recover.experiments.sim.failures import FailureEvents
 from recover.experiments.sim.model import JobModel
-from recover.experiments.sim.policies import simulate_one
+from recover.experiments.sim.system_policies import simulate_one
 from recover.experiments.sim.report import DEFINITIONS
 from recover.experiments.throughput import COLUMNS, METRICS, columns, rates
 

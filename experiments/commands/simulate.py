@@ -32,8 +32,8 @@ SWEEPS = ("scale", "sensitivity", "validate")
 
 
 def add_parser(sub) -> None:
-    from recover.experiments.sim.policies import SYSTEMS
-    from recover.experiments.sim.scenarios import SCENARIOS
+    from recover.experiments.sim.system_policies import SYSTEMS
+    from recover.experiments.sim.named_scenarios import SCENARIOS
 
     names = [*SCENARIOS, *SWEEPS]
     p = sub.add_parser(
@@ -66,10 +66,10 @@ def add_parser(sub) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from recover.experiments.sim import report, scenario, scenarios, sweeps
-    from recover.experiments.sim.policies import SYSTEMS
+    from recover.experiments.sim import named_scenarios, report, scenario_runner, sweeps
+    from recover.experiments.sim.system_policies import SYSTEMS
 
-    names = [*scenarios.SCENARIOS, *SWEEPS]
+    names = [*named_scenarios.SCENARIOS, *SWEEPS]
     if args.scenario not in names:
         return fail(f"SCENARIO: unknown scenario {args.scenario!r}; choose from {', '.join(names)}")
     if args.seed < 0:
@@ -99,8 +99,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if given:
         from recover.experiments.layout import ReplicaLayout
 
-        if args.scenario not in scenarios.LAYOUT_SCENARIOS:
-            return fail(f"--{next(iter(given))}: only {', '.join(scenarios.LAYOUT_SCENARIOS)} take a replica layout "
+        if args.scenario not in named_scenarios.LAYOUT_SCENARIOS:
+            return fail(f"--{next(iter(given))}: only {', '.join(named_scenarios.LAYOUT_SCENARIOS)} take a replica layout "
                         "(local's costs were measured on replicas of one process)")
         for d, v in given.items():
             if v < 1:
@@ -136,10 +136,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if layout is not None:
         kw["layout"] = layout
     try:
-        sc = replace(scenarios.SCENARIOS[args.scenario](**kw), systems=systems)
+        sc = replace(named_scenarios.SCENARIOS[args.scenario](**kw), systems=systems)
     except ValueError as e:  # a layout the scenario cannot hold
         return fail(f"--{'/--'.join(given)}: {e}")
-    res = scenario.run_scenario(sc)
+    res = scenario_runner.run_scenario(sc)
     summary = report.write_result(res, out)
     _print_summary(summary)
     print(f"simulated in {res.runtime_seconds:.2f}s (command {time.perf_counter() - t0:.2f}s) -> "

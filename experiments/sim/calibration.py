@@ -34,7 +34,7 @@ Published figures used (cited, not copied):
   cluster scale (`recover_commit_seconds`); locally it is already inside the measured
   iteration time, so it is 0 there.
 The ReCoVer paper does not state its restart time, checkpoint cost or interval,
-replica size, or run length; scenarios.py says what is assumed for each.
+replica size, or run length; named_scenarios.py says what is assumed for each.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from .costs import Costs
 from .failures import FailureEvents
 from .measured import LOCAL_CPU_SLOTS, LOOPBACK_BANDWIDTH, TINY_GRAD_BYTES, Measured, local_measured
 from .model import JobModel
-from .policies import (BASELINE_HEARTBEAT_TIMEOUT_MS, BASELINE_LAST_CALL_S, UPSTREAM_HEARTBEAT_TIMEOUT_MS,
+from .system_policies import (BASELINE_HEARTBEAT_TIMEOUT_MS, BASELINE_LAST_CALL_S, UPSTREAM_HEARTBEAT_TIMEOUT_MS,
                        UPSTREAM_LAST_CALL_S, simulate_one)
 
 LLAMA3_GPU_MTBF_HOURS = 54 * 24 * 16384 / 419

@@ -4,7 +4,7 @@ Contract: `Costs` holds, in seconds, what each system pays per event (detection,
 restart, checkpoint save and load, joins, the coordinator's commit); `save_stall_seconds`
 says how long training stalls per checkpoint, for a blocking save or an async one. Where each value comes from is
 calibration.py's business (it builds Costs with a source per field); this module imports
-nothing of the simulator, so the policies (policy.py, policies.py) and the loop depend
+nothing of the simulator, so the policies (policy_base.py, system_policies.py) and the loop depend
 on it and not on the calibration, which runs the policies.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ import numpy as np
 
 from .failures import FailureEvents, StepFault
 from .model import JobModel
-from .policy import INF, Policy
+from .policy_base import INF, Policy
 from .record import RunRecord
 
 ALIVE, DEAD, JOINING = 0, 1, 2

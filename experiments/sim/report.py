@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from .record import THROUGHPUT_METRICS, RunRecord, interp_last
-from .policies import CHECKPOINTING
-from .scenario import ScenarioResult
+from .system_policies import CHECKPOINTING
+from .scenario_runner import ScenarioResult
 
 
 def tokens_at_gpu_hours(run: RunRecord, mark: float) -> float | None:

@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from .report import summarize
-from .scenario import run_scenario
-from .scenarios import PAPER, cluster_scenario, paper_512
+from .scenario_runner import run_scenario
+from .named_scenarios import PAPER, cluster_scenario, paper_512
 
 SCALE_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 100_000)
 

@@ -61,8 +61,8 @@ from .measured import STATE_BYTES_PER_PARAMETER, TINY_PARAMETERS, gpt_parameters
 from .realruns import (RealRun, _is_reference, _train, find_runs, load_run, recovery_samples,  # noqa: F401
                        reference_timing, restart_samples, torchft_samples)
 from .failures import FailureEvents, events_from_plan
-from .policies import CHECKPOINTING, SYSTEMS, simulate_one
-from .scenarios import local
+from .system_policies import CHECKPOINTING, SYSTEMS, simulate_one
+from .named_scenarios import local
 
 SIMULATED_AS_PLAIN = "recover"
 """plain has no fault tolerance: its (failure-free) runs are simulated as recover without faults."""

@@ -3,9 +3,9 @@
 Contract:
 - `Scenario` is one simulated set-up: a calibration (job + costs, each value
   sourced), a failure model, a horizon, a replacement policy, a checkpoint interval
-  rule, the systems to run (labels of policies.SYSTEMS), published numbers it is
+  rule, the systems to run (labels of system_policies.SYSTEMS), published numbers it is
   compared with, and its own assumptions written out in words. The named ones are in
-  scenarios.py.
+  named_scenarios.py.
 - `checkpoint_plan(sc, system)` is the interval a checkpointing system uses: fixed, or
   Daly's optimum (youngdaly.py) for the scenario's expected failure rate and that
   system's stall per save (a blocking save, or an async save's snapshot: the
@@ -28,7 +28,7 @@ from recover.core.config.fields import doc_field as _f
 from .calibration import Calibration
 from .costs import save_stall_seconds
 from .failures import FailureEvents, FailureModel
-from .policies import CHECKPOINTING, SYSTEMS, simulate_one
+from .system_policies import CHECKPOINTING, SYSTEMS, simulate_one
 from .record import RunRecord
 from .youngdaly import daly_interval, interval_iterations, young_interval
 

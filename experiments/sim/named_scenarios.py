@@ -1,6 +1,6 @@
 """The named scenarios `recover simulate NAME` runs, each with what it assumes in words.
 
-Contract: `SCENARIOS[name](seed, bench)` builds a `Scenario` (scenario.py): the
+Contract: `SCENARIOS[name](seed, bench)` builds a `Scenario` (scenario_runner.py): the
 local validation set-up (this machine's costs, a fault plan), paper-512 (the paper's
 512 GPUs losing 256), and cluster scenarios at Llama 3's failure rate (16,384 GPUs
 for 54 days, 100,000 GPUs for 30 days). `PAPER` holds the paper's published numbers
@@ -31,7 +31,7 @@ from .calibration import LLAMA3_GPU_MTBF_HOURS, Calibration, cluster_costs, loca
 from .failures import FailureModel
 from .measured import STATE_BYTES_PER_PARAMETER
 from .model import JobModel
-from .scenario import Scenario
+from .scenario_runner import Scenario
 
 PAPER = {"effective_throughput_ratio": 2.23, "more_tokens_percent_at_gpu_hours": 74.9, "gpu_hours": 234.0,
          "source": "ReCoVer (arXiv 2605.11215), abstract: 512 GPUs, 256 lost spread across the run"}

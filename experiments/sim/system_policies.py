@@ -57,7 +57,7 @@ from recover.experiments.labels import variant_label
 from .failures import HANG, FailureEvents
 from .loop import simulate
 from .model import JobModel
-from .policy import INF, Policy
+from .policy_base import INF, Policy
 from .record import RunRecord
 
 

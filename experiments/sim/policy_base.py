@@ -5,7 +5,7 @@ Contract:
   system's semantics: what a failure costs (`on_failure`), what a replacement does
   (`on_join`), what an iteration contains (`microbatches_per_iteration`), when it
   checkpoints (`after_commit`, `checkpoint_due`). Subclasses, one per system, are in
-  policies.py and fill in the hooks marked below.
+  system_policies.py and fill in the hooks marked below.
 - State: the system is either *stalled* until `resume_at` (startup, restart,
   checkpoint save, membership change) or *running* the iteration [cur_start,
   cur_end). `advance(t)` commits every iteration that ends by t in closed form: an
