@@ -90,7 +90,10 @@ Contract:
   reduce or recover, the commit, the run's end) is relayed to the other ranks,
   which run `core.parallel.follower.ReplicaFollower` in the same loop. The
   all-reduce runs per position ("pos<i>/" communicators), the vote carries the
-  replica's whole loss sum and goes only if every rank's all-reduce succeeded. Such
+  replica's whole loss sum and goes only if every rank's all-reduce succeeded; its
+  weights fingerprint is of every rank's shard (the ranks' bit sums, added in the
+  same all-reduce), and its `nonfinite` ids include those a follower's rows made
+  non-finite (`ReplicaLink.nonfinite_ids`). Such
   a replica does not rejoin once declared dead (it exits, fenced) and is never a
   donor or a newcomer: healing a sharded replica is not built yet.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
