@@ -31,6 +31,9 @@ Contract:
   worker whatever their trigger. `freezes`: the worker is stopped, not gone; the
   launcher SIGCONTs it once the record's `seconds` have passed, and without
   `seconds` it stays frozen for good.
+- `leader_only` / `one_rank_only`, when set, say why the plan check refuses a
+  fault of the kind at a rank other than 0 / in a run of replicas of many ranks
+  (one line each); every other kind strikes any rank of a replica.
 - `sample(hang_seconds=...)`, when set, gives the parameters of a fault of this
   kind drawn by generate.sample_plan; kinds without one are never drawn.
 - Simulator: `sim_effect` is what the simulator makes of it (one of
@@ -110,6 +113,7 @@ class FaultKind:
     loses_replica: bool = False  # aggregate.py: the replica is out of the job from the moment it fired
     coordinator_signal: int | None = None  # the signal a kind aimed at the coordinator sends it (see the contract)
     leader_only: str = ""  # not '': only a replica's leader (rank 0) can be its target, and why
+    one_rank_only: str = ""  # not '': refused in a run whose replicas have many ranks, and why
 
     @property
     def targets_coordinator(self) -> bool:
@@ -320,8 +324,8 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "bitflip", "one bit of one weight flips in place (silent data corruption; recover's vote digests catch it)",
         _flip_a_bit,
         # recover fences the replica at its next digested vote; the baselines never notice
+        # At any rank of a replica of many ranks: the vote's digest sums every rank's shard.
         sim_effect="crash", sim_why="recover fences the replica at its next weights digest", loses_replica=True,
-        leader_only="the digest the vote carries is the leader's shard's alone",
     ),
     FaultKind(
         # A numerical fault: with --exact the gradient leaves the fixed-point range and the
@@ -330,6 +334,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "needs --exact)", _spike_gradient, accepts=("factor",), requires=("factor",),
         at_phase="backward", at_phase_why="scales the gradient that backward is about to compute",
         sim_effect="none", sim_why="it changes a gradient, not membership",
+        one_rank_only="it needs --exact, which a replica of many ranks does not take yet",
     ),
     FaultKind(
         # A persistent fault: recover must exclude the replica (core.coordinator.protocol's fencing),

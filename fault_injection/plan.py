@@ -246,6 +246,10 @@ def validate_plan(
         why = KIND_TABLE[f.kind].leader_only if f.kind in KIND_TABLE else ""
         if why and f.rank != 0:
             raise PlanError(i, "rank", f"a {f.kind} fault strikes a replica's leader (rank 0) only: {why}")
+        why = KIND_TABLE[f.kind].one_rank_only if f.kind in KIND_TABLE else ""
+        if why and ranks_per_replica > 1:
+            raise PlanError(i, "kind", f"a {f.kind} fault needs replicas of one rank (this run's have "
+                                       f"{ranks_per_replica}): {why}")
         if f.step is not None and not 0 <= f.step < steps:
             raise PlanError(i, "step", f"{f.step} is beyond this run (steps 0..{steps - 1})")
         if f.microbatch is not None and microbatches is not None and f.microbatch >= microbatches:

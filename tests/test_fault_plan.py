@@ -212,7 +212,7 @@ def test_records_are_whole_lines_in_order(tmp_path):
     assert fired_indices(tmp_path) == {0, 1, 2}
 
 
-@pytest.mark.parametrize("kind, extra", [("bitflip", {}), ("bad_vote", {"phase": "vote"})])
+@pytest.mark.parametrize("kind, extra", [("bad_vote", {"phase": "vote"})])
 def test_a_kind_only_a_leader_can_take_is_refused_at_another_rank_with_one_line(kind, extra):
     from recover.fault_injection.plan import FaultPlan, PlanError, validate_plan
 
@@ -221,3 +221,28 @@ def test_a_kind_only_a_leader_can_take_is_refused_at_another_rank_with_one_line(
     with pytest.raises(PlanError, match=f"a {kind} fault strikes a replica's leader \\(rank 0\\) only"):
         validate_plan(plan, replicas=3, steps=5, ranks_per_replica=2)
     validate_plan(FaultPlan.from_dict({"faults": [{**fault, "rank": 0}]}), replicas=3, steps=5, ranks_per_replica=2)
+
+
+@pytest.mark.parametrize("kind, extra", [("bitflip", {}), ("crash", {}), ("stall", {"seconds": 1.0}),
+                                         ("slow", {"factor": 2.0}), ("pace", {"seconds": 0.1}),
+                                         ("collective_error", {"phase": "allreduce"})])
+def test_kinds_that_strike_any_rank_are_taken_at_a_follower(kind, extra):
+    """The vote's digest sums every rank's shard, so a bitflip at rank 1 is seen (not refused)."""
+    from recover.fault_injection.plan import FaultPlan, validate_plan
+
+    fault = {"kind": kind, "replica": 1, "rank": 1, "step": 2, "phase": "forward", **extra}
+    validate_plan(FaultPlan.from_dict({"faults": [fault]}), replicas=3, steps=5, ranks_per_replica=2)
+
+
+def test_a_grad_spike_is_refused_with_one_line_when_replicas_have_many_ranks():
+    """grad_spike needs --exact, which a replica of many ranks does not take: refused at the plan
+    check, at any rank, rather than a worker's error mid-run."""
+    from recover.fault_injection.plan import FaultPlan, PlanError, validate_plan
+
+    for rank in (0, 1):
+        fault = {"kind": "grad_spike", "replica": 1, "rank": rank, "step": 2, "phase": "backward", "factor": 1e6}
+        plan = FaultPlan.from_dict({"faults": [fault]})
+        with pytest.raises(PlanError, match="a grad_spike fault needs replicas of one rank") as e:
+            validate_plan(plan, replicas=3, steps=5, ranks_per_replica=2)
+        assert "\n" not in str(e.value)
+    validate_plan(FaultPlan.from_dict({"faults": [{**fault, "rank": 0}]}), replicas=3, steps=5)

@@ -137,3 +137,33 @@ def test_stalled_non_leader_ranks_take_their_replicas_out_by_the_progress_rule(t
     assert all("no progress for" in e["fault"] for e in recoveries), recoveries
     for m, ref in zip(metrics, failure_free_3x2):
         assert m["loss"] == pytest.approx(ref, rel=1e-5)
+
+
+def test_a_bit_flipped_in_a_followers_shard_gets_its_replica_fenced_by_the_vote_digest(tmp_path, out_dir,
+                                                                                      failure_free_3x2):
+    # Silent data corruption at rank 1 (not the leader) of replica 1, after step 1's optimizer step.
+    # The vote's fingerprint sums every rank's shard, so replica 1's step-2 vote is off the majority:
+    # it is fenced there, its ids redone, and the run stays on the failure-free trajectory.
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "bitflip", "replica": 1, "rank": 1, "step": 1, "phase": "optimizer_step"}]}))
+    _train(out_dir, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6", "--steps", "5",
+           "--faults", str(plan))
+    [fired] = assert_every_planned_fault_fired(out_dir)
+    pids = json.loads((out_dir / "pids.json").read_text())["replicas"]
+    assert fired["pid"] == pids["1"][1]  # the follower itself flipped it
+    assert "bitflip (fault 0) at step 1: bit 22" in (out_dir / "logs" / "replica1_rank1.log").read_text()
+    _, metrics, summary = load_run(out_dir)
+    assert [m["step"] for m in metrics] == list(range(5))
+    assert all(reported_ids(m) == iteration_ids(m["step"], 6) for m in metrics)  # the ledgers, each id once
+    assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 2]] * 3
+    events = read_jsonl(out_dir / "events.jsonl")
+    [fenced] = [e for e in events if e["kind"] == "fenced"]
+    assert (fenced["replica"], fenced["step"]) == (1, 2), fenced
+    assert fenced["weights_digest"] != fenced["majority_digest"]
+    [rec] = [e for e in events if e["kind"] == "recovery"]
+    assert rec["step"] == 2 and "replica 1 lost: fenced: weights digest" in rec["fault"] and rec["redone"], rec
+    exits = {e["pid"]: e for e in summary["processes"] if e["role"] == "worker"}
+    assert exits[pids["1"][0]]["returncode"] == 3  # its leader was told: fenced
+    for m, ref in zip(metrics, failure_free_3x2):
+        assert m["loss"] == pytest.approx(ref, rel=1e-5)

@@ -13,6 +13,8 @@ Contract:
   last fold), `in_ledger(ledger)` the ids of the current ledger whose loss was not
   finite, as id ranges. Ids that left the ledger (a step committed, a discard, a
   rejoin) drop out by themselves, so nothing has to be told of every clear.
+  `held(ledger)` is the same as a set of ids; `mark(ids)` records ids another rank
+  of the replica folded with a non-finite loss part (its leader names them).
 - `vote_fields(loss_sum, ledger, losses)` is what a vote carries of this: the
   loss sum (None when not finite) and, when any, `nonfinite`.
 - `ON_NONFINITE` are the choices of `--on-nonfinite`: "stop" (the default) ends the
@@ -58,9 +60,18 @@ class NonfiniteLosses:
         """The ids of `ledger` folded with a non-finite loss, as id ranges ([] in the common case)."""
         if not self._ids:
             return []
-        held = set(ledger)
-        self._ids &= held  # ids that left the ledger are gone for good (a new step has new ids)
-        return idranges.from_ids(sorted(self._ids))
+        return idranges.from_ids(sorted(self.held(ledger)))
+
+    def held(self, ledger: Sequence[int]) -> set[int]:
+        """The ids of `ledger` folded with a non-finite loss, as a set (empty in the common case)."""
+        if not self._ids:
+            return set()
+        self._ids &= set(ledger)  # ids that left the ledger are gone for good (a new step has new ids)
+        return set(self._ids)
+
+    def mark(self, ids: Sequence[int]) -> None:
+        """Ids folded with a non-finite loss elsewhere in this replica (another rank's rows)."""
+        self._ids.update(ids)
 
 
 def vote_fields(loss_sum: float, ledger: Sequence[int], losses: NonfiniteLosses) -> dict[str, Any]:

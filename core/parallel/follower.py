@@ -21,12 +21,21 @@ Contract:
   is the link's (the coordinator's abort, published by any leader). A failed
   all-reduce never touches the accumulator (it reduces a copy), so after a
   recovery this rank keeps its folded shard exactly as the leader keeps its ledger.
+- The vote's two replica-wide parts come from every rank through the link's
+  `combine`: on a step whose vote carries the weights fingerprint (the leader's
+  "reduce" says "digest") this rank adds its shard's weight bit sums, so a bit
+  flipped here moves the replica's fingerprint; and when the replica's loss sum is
+  not finite it names the ids its own rows made non-finite (`nonfinite_ids`), so
+  the leader's vote names them as if they were its own.
+- The hooks get this rank's weights (`attach_weights`, as the leader's do): a
+  bitflip fault planned at this rank flips a bit of its shard.
 - The run ending for the leader (stop, fenced, the coordinator gone) ends it here
   with `core.worker.replica.RunEnded` (the leader's reason and exit code); a leader that dies takes this process with it (the launcher
   kills a replica's ranks together).
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 import torch
@@ -35,6 +44,7 @@ from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.launch.hooks import WorkerHooks
 from recover.core.worker.recipe import CommittedStep, LRSchedule
 from recover.core.contract import worker_exit
+from recover.core.contract.nonfinite import NonfiniteLosses
 from recover.core.worker.replica import RunEnded
 from recover.core.parallel.replica_link import ReplicaLink
 
@@ -58,6 +68,8 @@ class ReplicaFollower:
         self.backend = backend
         self.timeout = collective_timeout
         self.hooks = hooks or WorkerHooks()
+        self.hooks.attach_weights(acc)  # a bitflip planned at this rank corrupts its shard
+        self._nonfinite = NonfiniteLosses()  # the ids this rank folded with a non-finite loss part
         self.stepper = CommittedStep(optimizer, acc.params, lr_schedule, grad_clip)
         self.healed = False  # a replica of many ranks is never admitted into a running job (yet)
         self.comm: Communicator | None = None
@@ -105,6 +117,7 @@ class ReplicaFollower:
 
     def fold(self, mb_id: int, loss: float) -> None:
         self.acc.fold(mb_id, loss)
+        self._nonfinite.record(mb_id, loss)
 
     def commit(self) -> bool:
         msg = self._next("recover", "reduce")
@@ -125,7 +138,10 @@ class ReplicaFollower:
             self._abandon_comm()
             print(f"[replica {self.replica} rank {self.local_rank}] step {step}: {e}", flush=True)
             ok = False
-        self.link.combine(ok, float(buf[-1]))
+        digest = self.acc.weights_bit_sums() if msg.get("digest") else None  # the weights of this step's gradient
+        _, loss_sum, _ = self.link.combine(ok, float(buf[-1]), bit_sums=digest)
+        if not math.isfinite(loss_sum):  # every rank reads the same sum: all of them name their ids
+            self.link.nonfinite_ids(list(self.acc.ledger), self._nonfinite.held(self.acc.ledger))
         self.hooks.at(step, "vote")
         self.hooks.at(step, "commit")  # its part of the vote is with the leader; the commit is not known yet
         msg = self._next("recover", "commit")

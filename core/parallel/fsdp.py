@@ -24,6 +24,10 @@ Contract (the sharded form of core/worker/accumulator.py's, same interface):
   modules' to None: core/parallel/pp.py) into its view and points `.grad` back.
 - `weights_digest()`/`weights_fingerprint()` name this rank's local shards: equal
   for the ranks at one position of all replicas, not across positions.
+  `weights_bit_sums()` is the int64 vector the fingerprint hashes; a replica's
+  ranks add theirs (core/parallel/replica_link.py) so that its vote's fingerprint
+  covers every rank's shard. `flip_bit(bit)` corrupts one bit of this rank's
+  largest local weight (the bitflip fault kind, at any rank).
 - Tensor parallelism (core/parallel/tp.py; `mesh`, the replica's ("shard", "tp")
   grid, given): a parameter may be a DTensor on the 2-D grid (split by TP, and by
   FSDP2 when S > 1), a DTensor on the shard mesh only (FSDP2 over S, whole on each
@@ -56,7 +60,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from recover.core.worker.accumulator import FlatLedgerBuffer, Ledger, weights_digest, weights_fingerprint
+from recover.core.worker.accumulator import (FlatLedgerBuffer, Ledger, flip_largest_bit, weights_bit_sums,
+                                             weights_digest, weights_fingerprint)
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layers: Iterable[nn.Module] | None = None) -> nn.Module:
@@ -230,3 +235,12 @@ class ShardedAccumulator(FlatLedgerBuffer):
     def weights_fingerprint(self) -> str:
         """The cheap on-device digest of this rank's local shards (accumulator.weights_fingerprint)."""
         return weights_fingerprint([_local(p) for p in self.params])
+
+    def weights_bit_sums(self) -> torch.Tensor:
+        """The int64 bit sum of each of this rank's local shards, in `params` order (an empty shard: 0)."""
+        return weights_bit_sums([_local(p) for p in self.params])
+
+    def flip_bit(self, bit: int = 22) -> str:
+        """Flip bit `bit` of this rank's largest-magnitude local weight, in place; say which
+        (`core.worker.accumulator.flip_largest_bit`: silent data corruption in this rank's shard)."""
+        return flip_largest_bit([_local(p) for p in self.params], bit)

@@ -10,9 +10,20 @@ Contract:
 - `share(obj)`: the leader passes a JSON-able object, every other rank receives
   it (one broadcast of `HEAD_BYTES` over the link's own group, a second one only
   for a longer object).
-- `combine(ok, loss_part)`: after the cross-replica all-reduce of every position,
-  one all-reduce inside the replica says whether every rank's succeeded and sums
-  the ranks' parts of the loss (the vote carries the replica's whole loss sum).
+- `combine(ok, loss_part, bit_sums=None)`: after the cross-replica all-reduce of
+  every position, one all-reduce inside the replica says whether every rank's
+  succeeded and sums the ranks' parts of the loss (the vote carries the replica's
+  whole loss sum). On a step whose vote carries the weights fingerprint (the
+  leader's "reduce" message says "digest": every rank passes `bit_sums`, or none
+  does) the same all-reduce also sums the ranks' weight bit sums exactly
+  (`to_chunks`/`from_chunks`: each int64 as three 21/21/22-bit chunks in float64,
+  folded into `DIGEST_SLOTS` slots), so the leader's fingerprint covers every
+  rank's shard at no extra round trip (`from_chunks` says what it sees).
+- `nonfinite_ids(ledger, bad)`: called by every rank when the combined loss sum
+  is not finite (so all or none call it): one more all-reduce, over the ledger's
+  positions (the same ids, in the same order, on every rank), returns the ids
+  some rank folded with a non-finite loss part, so the leader names ids that only
+  a follower's rows made non-finite. A step whose losses are finite pays nothing.
   While it waits, `while_waiting` runs between short slices: the leader keeps
   watching its control connection there, so an abort reaches the ranks that are
   still stuck in their own all-reduce (below).
@@ -30,6 +41,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import timedelta
 from typing import Any, Callable
@@ -43,6 +55,60 @@ HEAD_BYTES = 4096  # the first broadcast of `share`: an int32 length, then the o
 ABORT_POLL_SECONDS = 0.01  # how often a non-leader rank's collective asks the store about an abort
 LINK_TIMEOUT = timedelta(days=1)  # see the contract: a replica's ranks live and die together
 WAIT_SLICE = timedelta(milliseconds=2)
+DIGEST_SLOTS = 64  # the replica fingerprint's int64 slots: tensor i of a rank adds into slot i % DIGEST_SLOTS
+CHUNK_BITS = (21, 21, 22)  # an int64 as three unsigned chunks, low first: each < 2^22, exact in float64
+_U64 = 1 << 64
+
+
+def to_chunks(sums: torch.Tensor) -> torch.Tensor:
+    """A rank's int64 bit sums as the float64 part of the combine: [DIGEST_SLOTS * 3].
+
+    Tensor i's sum goes to slot i % DIGEST_SLOTS, split into its unsigned 21/21/22-bit
+    chunks (low, middle, high). Every chunk is < 2^22, so float64 sums of them are exact
+    for up to 2^31 addends (tensors per slot times ranks): the all-reduce's sum of the
+    chunks, reassembled by `from_chunks`, is the int64 sum mod 2^64 of every rank's
+    vector folded the same way (`reference_slot_sums`, the plain version)."""
+    x = sums.to(torch.int64).reshape(-1)
+    lo_bits, mid_bits, hi_bits = CHUNK_BITS
+    parts = torch.stack([x & ((1 << lo_bits) - 1),
+                         (x >> lo_bits) & ((1 << mid_bits) - 1),
+                         (x >> (lo_bits + mid_bits)) & ((1 << hi_bits) - 1)], dim=1).to(torch.float64)
+    slots = torch.arange(x.numel()) % DIGEST_SLOTS
+    out = torch.zeros(DIGEST_SLOTS, 3, dtype=torch.float64)
+    out.index_add_(0, slots, parts)
+    return out.reshape(-1)
+
+
+def from_chunks(chunks: torch.Tensor) -> torch.Tensor:
+    """The int64 slot sums (mod 2^64, as signed int64) from summed chunks (`to_chunks`, all-reduced).
+
+    The leader's vote carries `fingerprint_of` this vector (core/worker/accumulator.py)
+    as the fingerprint of a replica of many ranks. Equal weights on every replica of
+    the same layout give equal vectors (each rank at one position holds the same
+    shard), so the coordinator's majority rule works as for one-rank replicas; one bit
+    b flipped in any rank's shard moves one slot by 2^b mod 2^64, never 0, so it is
+    always seen. Two flips can cancel: bit b set in one weight and cleared in another
+    whose tensors share a slot (the same tensor, the same parameter's shard on another
+    rank, or tensors DIGEST_SLOTS apart) leave the sums, and so the fingerprint,
+    unchanged, as the same two flips would a one-rank replica's per-tensor sums. The
+    value is not a one-rank replica's fingerprint (another vector is hashed): a run's
+    replicas all have one layout, and only they are compared."""
+    lo_bits, mid_bits, _ = CHUNK_BITS
+    out = []
+    for lo, mid, hi in chunks.reshape(DIGEST_SLOTS, 3).tolist():
+        v = (int(lo) + (int(mid) << lo_bits) + (int(hi) << (lo_bits + mid_bits))) % _U64
+        out.append(v - _U64 if v >= 1 << 63 else v)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def reference_slot_sums(vectors) -> list[int]:
+    """The plain version of `from_chunks` after an all-reduce of `to_chunks`: each rank's int64
+    vector folded into DIGEST_SLOTS slots, summed over ranks with Python integers, wrapped to int64."""
+    acc = [0] * DIGEST_SLOTS
+    for vec in vectors:
+        for i, v in enumerate(vec):
+            acc[i % DIGEST_SLOTS] += int(v)
+    return [(v % _U64) - _U64 if v % _U64 >= 1 << 63 else v % _U64 for v in acc]
 
 
 class ReplicaLink:
@@ -90,9 +156,18 @@ class ReplicaLink:
         if self.beats is not None:
             self.beats.stop()
 
-    def combine(self, ok: bool, loss_part: float, while_waiting: Callable[[], Any] | None = None) -> tuple[bool, float]:
-        """(every rank's all-reduce succeeded, the replica's loss sum), on every rank."""
-        t = torch.tensor([0.0 if ok else 1.0, loss_part], dtype=torch.float64)
+    def combine(self, ok: bool, loss_part: float, while_waiting: Callable[[], Any] | None = None,
+                bit_sums: torch.Tensor | None = None) -> tuple[bool, float, torch.Tensor | None]:
+        """(every rank's all-reduce succeeded, the replica's loss sum, the replica's slot sums), on every rank.
+
+        `bit_sums`: this rank's weight bit sums (`weights_bit_sums`) on a step whose vote
+        carries the fingerprint, given by every rank or by none; the third item is then their
+        exact sum over the replica's ranks, folded into DIGEST_SLOTS slots (`from_chunks`),
+        else None."""
+        head = [0.0 if ok else 1.0, loss_part]
+        t = torch.tensor(head, dtype=torch.float64)
+        if bit_sums is not None:
+            t = torch.cat([t, to_chunks(bit_sums)])
         work = dist.all_reduce(t, group=self.group, async_op=True)
         while True:
             try:
@@ -104,7 +179,20 @@ class ReplicaLink:
                     break
             if while_waiting is not None:
                 while_waiting()
-        return float(t[0]) == 0.0, float(t[1])
+        slots = from_chunks(t[2:]) if bit_sums is not None else None
+        return float(t[0]) == 0.0, float(t[1]), slots
+
+    def nonfinite_ids(self, ledger: list[int], bad: set[int]) -> list[int]:
+        """The ids of `ledger` that any rank folded with a non-finite loss part (`bad`: this rank's).
+
+        Every rank calls it, or none: the call follows a combined loss sum that is not
+        finite, which every rank reads alike. The ledger is the replica's (the same ids in
+        the same order on every rank), so one flag per position says it."""
+        if not ledger:
+            return []
+        flags = torch.tensor([1.0 if i in bad else 0.0 for i in ledger], dtype=torch.float64)
+        dist.all_reduce(flags, group=self.group)
+        return [i for i, f in zip(ledger, flags.tolist()) if f > 0 or math.isnan(f)]
 
     # ---- aborts inside a collective ----------------------------------------------------------------
     def _key(self, gen: int) -> str:

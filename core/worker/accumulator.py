@@ -48,8 +48,29 @@ def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def weights_bit_sums(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Per tensor, the sum of its raw bits read as signed integers, exactly, in int64 (on the host).
+
+    What `weights_fingerprint` hashes, as a vector of one int64 per tensor (an empty
+    tensor sums to 0). Integer sums are exact and order-free, and the sum of several
+    tensors' sums (wrapping mod 2^64) is the sum over all their elements: so a
+    replica of many ranks adds its ranks' vectors (core/parallel/replica_link.py) and
+    gets the sums of the whole parameters, whatever their split.
+    """
+    with torch.no_grad():
+        sums = [_bits(t.detach()).sum(dtype=torch.int64) for t in tensors]
+    if not sums:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.stack(sums).cpu()
+
+
+def fingerprint_of(sums: torch.Tensor) -> str:
+    """sha256 of an int64 vector of bit sums (`weights_bit_sums`, or a replica's sum of its ranks')."""
+    return hashlib.sha256(sums.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
 def weights_fingerprint(tensors: Iterable[torch.Tensor]) -> str:
-    """A digest of the tensors computed where they live.
+    """A digest of the tensors computed where they live: `fingerprint_of(weights_bit_sums(tensors))`.
 
     Per tensor, the sum of its raw bits read as integers (int16/int32 for 16/32-bit
     floats), accumulated exactly in int64; then sha256 over those few sums. Integer
@@ -61,9 +82,34 @@ def weights_fingerprint(tensors: Iterable[torch.Tensor]) -> str:
     moves a few bytes per tensor. Used on a replica's parameters (GradAccumulator)
     and on a rank's local shards (core/parallel's ShardedAccumulator).
     """
+    return fingerprint_of(weights_bit_sums(tensors))
+
+
+def flip_largest_bit(tensors: list[torch.Tensor], bit: int = 22) -> str:
+    """Flip bit `bit` of the largest-magnitude element among `tensors`, in place; say which.
+
+    The default, bit 22 of an fp32 weight, is the top mantissa bit: the weight
+    moves by up to half its value, never to inf or NaN, so nothing fails and the
+    loss only drifts; a weight of the largest magnitude (a norm's gain, typically)
+    is used by every token, so the drift is real. Only a digest of the weights sees it.
+    Empty tensors (a rank's empty shard of a small parameter) are passed over."""
     with torch.no_grad():
-        sums = torch.stack([_bits(t.detach()).sum(dtype=torch.int64) for t in tensors])
-    return hashlib.sha256(sums.cpu().numpy().tobytes()).hexdigest()
+        where, best = -1, -1.0
+        for i, p in enumerate(tensors):
+            m = float(p.detach().abs().max()) if p.numel() else -1.0
+            if m > best:
+                where, best = i, m
+        if where < 0:
+            raise ValueError("no weight to flip: every tensor is empty")
+        p = tensors[where]
+        width = p.element_size() * 8
+        if not 0 <= bit < width - 1:  # the top bit of a signed int view has no positive mask
+            raise ValueError(f"bit must be in [0, {width - 1}) for a {p.dtype} weight, got {bit}")
+        k = int(p.detach().abs().reshape(-1).argmax())
+        before = float(p.detach().reshape(-1)[k])
+        _bits(p.data.view(-1))[k : k + 1].bitwise_xor_(1 << bit)  # view(-1): in place, never a copy
+        after = float(p.detach().reshape(-1)[k])
+    return f"bit {bit} of element {k} of parameter {where} (shape {tuple(p.shape)}): {before:g} -> {after:g}"
 
 
 class Ledger(list):
@@ -199,28 +245,14 @@ class GradAccumulator(FlatLedgerBuffer):
         (`weights_fingerprint(tensors)`, below)."""
         return weights_fingerprint(self.params)
 
-    def flip_bit(self, bit: int = 22) -> str:
-        """Flip bit `bit` of the model's largest-magnitude weight, in place; say which.
+    def weights_bit_sums(self) -> torch.Tensor:
+        """The int64 bit sum of each parameter (`weights_bit_sums`): what the fingerprint hashes."""
+        return weights_bit_sums(self.params)
 
-        The default, bit 22 of an fp32 weight, is the top mantissa bit: the weight
-        moves by up to half its value, never to inf or NaN, so nothing fails and the
-        loss only drifts; a weight of the largest magnitude (a norm's gain, typically)
-        is used by every token, so the drift is real. Only a digest of the weights sees it."""
-        with torch.no_grad():
-            where, best = 0, -1.0
-            for i, p in enumerate(self.params):
-                m = float(p.detach().abs().max()) if p.numel() else -1.0
-                if m > best:
-                    where, best = i, m
-            p = self.params[where]
-            width = p.element_size() * 8
-            if not 0 <= bit < width - 1:  # the top bit of a signed int view has no positive mask
-                raise ValueError(f"bit must be in [0, {width - 1}) for a {p.dtype} weight, got {bit}")
-            k = int(p.detach().abs().reshape(-1).argmax())
-            before = float(p.detach().reshape(-1)[k])
-            _bits(p.data.view(-1))[k : k + 1].bitwise_xor_(1 << bit)  # view(-1): in place, never a copy
-            after = float(p.detach().reshape(-1)[k])
-        return f"bit {bit} of element {k} of parameter {where} (shape {tuple(p.shape)}): {before:g} -> {after:g}"
+    def flip_bit(self, bit: int = 22) -> str:
+        """Flip bit `bit` of the model's largest-magnitude weight, in place; say which
+        (`flip_largest_bit`: the bitflip fault kind's silent data corruption)."""
+        return flip_largest_bit(self.params, bit)
 
     def reattach(self) -> None:
         """Re-point each .grad at the flat buffer (after code that replaced .grad)."""

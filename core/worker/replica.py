@@ -90,7 +90,10 @@ Contract:
   reduce or recover, the commit, the run's end) is relayed to the other ranks,
   which run `core.parallel.follower.ReplicaFollower` in the same loop. The
   all-reduce runs per position ("pos<i>/" communicators), the vote carries the
-  replica's whole loss sum and goes only if every rank's all-reduce succeeded. Such
+  replica's whole loss sum and goes only if every rank's all-reduce succeeded; its
+  weights fingerprint is of every rank's shard (the ranks' bit sums, added in the
+  same all-reduce), and its `nonfinite` ids include those a follower's rows made
+  non-finite (`ReplicaLink.nonfinite_ids`). Such
   a replica does not rejoin once declared dead (it exits, fenced) and is never a
   donor or a newcomer: healing a sharded replica is not built yet.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
@@ -113,6 +116,7 @@ Contract:
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -123,7 +127,7 @@ import torch
 import torch.distributed as dist
 
 from recover.core.contract import idranges, worker_exit
-from recover.core.worker.accumulator import Accumulator, GradAccumulator
+from recover.core.worker.accumulator import Accumulator, GradAccumulator, fingerprint_of
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.worker.control import ControlClient
 from recover.core.worker.progress import ProgressMeter
@@ -408,7 +412,12 @@ class Replica:
             self._relay({"t": "recover"})
             return self._recover(go)
         rank = self.members.index(self.replica)
-        self._relay({"t": "reduce", "gen": g, "rank": rank, "size": len(self.members)})
+        # the weights this step's gradient came from: a replica off the majority is corrupt
+        # (and after an admission: the newcomer's weights are the members')
+        digest = bool(self.digest_every and step % self.digest_every == 0) or self._digest_next_vote
+        # every rank adds its shard's bit sums to the combine below when the vote carries the digest
+        self._relay({"t": "reduce", "gen": g, "rank": rank, "size": len(self.members),
+                     **({"digest": True} if digest else {})})
         buf = self.acc.pack()
         wide = None  # an exact accumulator's wide sums, when the step has a spike
         failure: CollectiveError | None = None
@@ -429,9 +438,20 @@ class Replica:
             self._log(f"step {step}: {e}")
             failure = e
         loss_sum = self.acc.reduced_loss_sum(buf)
+        fingerprint = None
         if self.link is not None:
-            # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss
-            ok, loss_sum = self.link.combine(failure is None, loss_sum, while_waiting=lambda: self._abort_reason(g))
+            # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss, and
+            # its fingerprint is of every rank's shard (the ranks' bit sums, added in the same all-reduce)
+            ok, loss_sum, slots = self.link.combine(failure is None, loss_sum,
+                                                    while_waiting=lambda: self._abort_reason(g),
+                                                    bit_sums=self.acc.weights_bit_sums() if digest else None)
+            if slots is not None:
+                fingerprint = fingerprint_of(slots)  # core/parallel/replica_link.py from_chunks
+            if not math.isfinite(loss_sum):
+                # a loss part of another rank's rows may be the one that is not finite: the vote names
+                # its ids as this rank's own (every rank reads this sum, so all of them take part)
+                self._nonfinite.mark(self.link.nonfinite_ids(list(self.acc.ledger),
+                                                             self._nonfinite.held(self.acc.ledger)))
             if ok is False and failure is None:
                 failure = CollectiveError(g, "the all-reduce of another rank of this replica failed")
         if failure is not None:
@@ -450,10 +470,8 @@ class Replica:
         }
         if "nonfinite" in vote:
             self._log(f"step {step}: non-finite loss at microbatch(es) {idranges.to_ids(vote['nonfinite'])}")
-        if (self.digest_every and step % self.digest_every == 0) or self._digest_next_vote:
-            # the weights this step's gradient came from: a replica off the majority is corrupt
-            # (and after an admission: the newcomer's weights are the members')
-            vote["weights_fingerprint"] = self.acc.weights_fingerprint()
+        if digest:
+            vote["weights_fingerprint"] = fingerprint if fingerprint is not None else self.acc.weights_fingerprint()
             self._digest_next_vote = False
         self._last_vote = {"gen": g, "step": step, "ledger": vote["ledger"], "loss_sum": vote["loss_sum"],
                            "lr": vote["lr"]}
