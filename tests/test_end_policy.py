@@ -151,3 +151,63 @@ def test_replacements_that_die_at_once_are_capped(tmp_path, capfd):
     assert len({e.pid for e in ones}) == len(ones)  # a new process each time
     assert "replica 1: not replaced again" in capfd.readouterr().err
     assert _all_gone(procs)
+
+
+# A stand-in coordinator that takes the launcher's connection and, ending, names its members.
+_NAMING_COORDINATOR = """
+import json, socket, sys, time
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+print(json.dumps({"host": "127.0.0.1", "store_port": 1, "control_port": srv.getsockname()[1],
+                  "accepts_exits": True}), flush=True)
+conn, _ = srv.accept()
+time.sleep(float(sys.argv[1]))
+conn.sendall((json.dumps({"t": "ended", "members": json.loads(sys.argv[2])}) + "\\n").encode())
+sys.exit(0)
+"""
+
+
+@pytest.mark.procs
+def test_the_launcher_waits_for_the_members_the_coordinator_names_and_stops_the_others(tmp_path, capfd):
+    # Replica 1 is no member at the end (a replica fenced for a stall that never ends): it
+    # would exit 0 by itself within the grace, but it is stopped at once; member 0 exits on its own.
+    workers = {0: (1.5, 0), 1: (20.0, 0)}
+    launcher = Launcher(
+        tmp_path,
+        [sys.executable, "-c", _NAMING_COORDINATOR, "0.5", "[0]"],
+        lambda r: [sys.executable, "-c", _WORKER, *map(str, workers[r])],
+        sorted(workers),
+        grace_seconds=30.0,
+    )
+    result = launcher.run()
+    assert result.returncode == 0, result
+    how = {e.replica: e.returncode for e in result.exits}
+    assert how == {-1: 0, 0: 0, 1: -signal.SIGTERM}, result.exits
+    assert "without replica(s) [1] as members: stopping their processes" in capfd.readouterr().err
+    assert _all_gone([launcher.coordinator, *launcher.workers.values()])
+
+
+def test_the_members_named_at_the_end_are_read_from_lines_in_pieces():
+    import socket
+    import time
+
+    from recover.core.launch.exit_notices import ExitNotices
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    notices = ExitNotices("127.0.0.1", srv.getsockname()[1], "token")
+    conn, _ = srv.accept()
+    try:
+        assert notices.members_at_end() is None
+        conn.sendall(b'{"t":"hb"}\n{"t":"ended","memb')
+        assert notices.members_at_end() is None  # half a line names nobody yet
+        conn.sendall(b'ers":[0,2]}\n')
+        conn.close()
+        for _ in range(100):  # the bytes cross a local socket: read until they are in
+            if notices.members_at_end() is not None:
+                break
+            time.sleep(0.01)
+        assert notices.members_at_end() == [0, 2]
+    finally:
+        notices.close()
+        srv.close()

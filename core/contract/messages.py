@@ -87,6 +87,8 @@ MESSAGES: tuple[Message, ...] = (
     Message("refused", "service", "(before closing) this hello is refused: exit", (Field("reason", STR, "why"),)),
     Message("rebuilt", "service", "(a restarted coordinator) answer to a hello: the report is taken", (
         _opt("heartbeat_interval", NUM, "beat every this many seconds"),)),
+    Message("ended", "service", "(to the launcher, as it exits) the run is over", (
+        Field("members", OBJ, "list of the replicas still members: the launcher stops any other worker"),)),
     # ---- worker -> coordinator ----
     Message("hello", "worker", "first message; generation 0's join; later a newcomer's request for admission", (
         Field("replica", INT, "the replica's slot"), Field("token", STR, "the run's join token"),

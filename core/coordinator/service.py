@@ -57,6 +57,9 @@ Contract:
   0 are logged and recorded in events.jsonl as {"kind": "startup", ...}.
 - It beats every connection (workers and the launcher's) it has sent nothing to
   for `beat_interval` seconds, so a frozen coordinator is noticed (control.py).
+- Ending, it tells the launcher who is still a member ({"t": "ended", "members"}):
+  those see the end and exit by themselves; any other worker still running (a
+  replica fenced for a stall that never ends) is stopped by the launcher at once.
 - Restarted (`rebuild=True`, on the same ports, by the launcher after the old one
   died): it first collects one hello per worker, each with a report of where that
   worker stands, answers each with {"t": "rebuilt"}, and once every expected
@@ -369,6 +372,10 @@ class CoordinatorService:
                                           "max_heartbeat_gap": self.max_gap, "refused": self.refused,
                                           "heartbeat_interval": self.heartbeat_interval,
                                           "heartbeat_timeout": self.heartbeat_timeout})
+            if self.launcher is not None:
+                # who is still a member: the launcher waits for those to see the end and exit, and
+                # stops the others at once (a replica fenced for stalling for good never exits)
+                self._send(self.launcher, {"t": "ended", "members": sorted(self.proto.members)})
             lost = [(w, w.held) for w in (self.metrics, self.events) if not w.close()]
             for conn in list(self.by_replica.values()) + list(self.strangers):
                 conn.sock.close()

@@ -13,6 +13,9 @@ Contract:
 - The coordinator beats on this connection too; `silent_for()` says how long it
   has been silent (0 until its first beat), which is how the launcher tells a
   frozen coordinator (alive to the kernel, so no exit to reap) from a busy one.
+- Ending, the coordinator says who is still a member ({"t": "ended", "members"});
+  `members_at_end()` reads it (None when it never came: an older coordinator, a
+  crash), so the launcher waits only for the workers that will see the end.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ class ExitNotices:
         self.sock: socket.socket | None = None
         self._beating = False  # a beat arrived: silence from now on means something
         self._last_heard = time.monotonic()
+        self._buf = b""  # bytes of a line not yet complete
+        self._members_at_end: list[int] | None = None
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -46,14 +51,33 @@ class ExitNotices:
             return 0.0
         try:
             while select.select([self.sock], [], [], 0)[0]:
-                if not self.sock.recv(65536):
+                data = self.sock.recv(65536)
+                if not data:
                     self.close()  # it exited: the launcher's reaper sees that
                     return 0.0
                 self._beating, self._last_heard = True, time.monotonic()
+                self._take(data)
         except OSError:
             self.close()
             return 0.0
         return time.monotonic() - self._last_heard if self._beating else 0.0
+
+    def members_at_end(self) -> list[int] | None:
+        """The members the coordinator named as it ended (reads what arrived); None if it named none."""
+        self.silent_for()
+        return self._members_at_end
+
+    def _take(self, data: bytes) -> None:
+        """Keep the `ended` line; beats and anything else only count as signs of life."""
+        *lines, self._buf = (self._buf + data).split(b"\n")
+        for line in lines:
+            if b'"ended"' not in line:
+                continue
+            try:
+                msg = json.loads(line)
+                self._members_at_end = [int(r) for r in msg["members"]]
+            except (ValueError, KeyError, TypeError):
+                pass  # best effort, as every notice here
 
     def close(self) -> None:
         if self.sock is not None:

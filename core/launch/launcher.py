@@ -339,10 +339,13 @@ class Launcher:
             verdict = self.end.decide(JobView(live, tuple(self.exits)))
             if verdict is not None:
                 if verdict.wait_for_workers:
-                    # Give the workers a moment to see the end and exit by themselves.
+                    # Give the workers a moment to see the end and exit by themselves: those the
+                    # coordinator still counted as members. Any other (a replica fenced for a
+                    # stall that never ends) would not: it is stopped at once, by `_cleanup`.
+                    waiting = self._members_to_wait_for(live, t0)
                     end = time.monotonic() + self.grace_seconds
-                    while live and time.monotonic() < end:
-                        self._reap(live, t0)
+                    while waiting and time.monotonic() < end:
+                        self._reap(waiting, t0)
                         for h in self.hooks:  # e.g. a timed hang ends and its process leaves
                             h.on_tick(time.monotonic() - t0)
                         time.sleep(self.tick_seconds)
@@ -353,6 +356,17 @@ class Launcher:
             for h in self.hooks:
                 h.on_tick(time.monotonic() - t0)
             time.sleep(self.tick_seconds)
+
+    def _members_to_wait_for(self, live: dict[int, subprocess.Popen], t0: float) -> dict[int, subprocess.Popen]:
+        """The live workers the ending coordinator named members (all of them if it named none)."""
+        members = self._notices.members_at_end() if self._notices is not None else None
+        if members is None:
+            return dict(live)
+        others = sorted(set(live) - set(members))
+        if others:
+            print(f"[launcher {time.monotonic() - t0:8.3f}s] the run ended without replica(s) {others} as members: "
+                  f"stopping their processes", file=sys.stderr, flush=True)
+        return {r: p for r, p in live.items() if r in members}
 
     def _reap(self, live: dict[int, subprocess.Popen], t0: float) -> None:
         """Record every worker that exited since the last look, and the coordinator once.
