@@ -29,6 +29,13 @@ Contract:
   the leader's vote names them as if they were its own.
 - The hooks get this rank's weights (`attach_weights`, as the leader's do): a
   bitflip fault planned at this rank flips a bit of its shard.
+- `after_step` (None, or a callable the loop sets) is called with this handle right
+  after each committed step's optimizer step (or skip), at the point where the
+  leader calls its own, so collectives there (a checkpoint's) meet the leader's.
+  `committed_members` (the generation that committed the last step) and `members`
+  come from the leader's commit and end messages, and `RunEnded.committed` from its
+  end: the leader's checkpoint rule (`core/training/resilient.py`) reads the same
+  values on every rank.
 - The run ending for the leader (stop, fenced, the coordinator gone) ends it here
   with `core.worker.replica.RunEnded` (the leader's reason and exit code); a leader that dies takes this process with it (the launcher
   kills a replica's ranks together).
@@ -78,13 +85,19 @@ class ReplicaFollower:
         self.step = 0
         self.steps = 0
         self.microbatches = 0
+        self.members: list[int] = []  # as the leader last said (a commit, or the end)
+        self.committed_members: list[int] = []  # the generation that committed the last step
+        self.after_step = None  # called with this handle right after each step (see the contract)
         self._take(self._next("start"))  # the leader's generation 0
 
     # ---- the relay ----------------------------------------------------------------------------------
     def _next(self, *kinds: str) -> dict:
         msg = self.link.share()
         if msg.get("t") == "end":
-            raise RunEnded(msg.get("reason", "the run ended"), bool(msg.get("fenced")), msg.get("code"))
+            if msg.get("members") is not None:
+                self.members = list(msg["members"])
+            raise RunEnded(msg.get("reason", "the run ended"), bool(msg.get("fenced")), msg.get("code"),
+                           msg.get("committed"))
         if msg.get("t") not in kinds:
             # ranks of one replica run the same loop: anything else is a bug, never a fault
             raise RuntimeError(f"replica {self.replica} rank {self.local_rank}: the leader said {msg} "
@@ -155,6 +168,11 @@ class ReplicaFollower:
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1
+        if msg.get("members") is not None:
+            self.members = list(msg["members"])
+            self.committed_members = list(msg["members"])
+        if self.after_step is not None:
+            self.after_step(self)
         return True
 
     def _recover(self) -> bool:

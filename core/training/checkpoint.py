@@ -21,7 +21,10 @@ Contract:
   here with torch 2.13's DCP on CPU). A rename is atomic, so a save killed at any point leaves at most a
   stray .tmp dir, and the previous complete checkpoint stays the latest.
 - Two ways to write, one path: collectively over a process group (`group` given:
-  every rank of the group calls `save`/`poll` at the same points; rank 0 renames),
+  every rank of the group calls `save`/`poll`/`wait` at the same points; rank 0
+  renames, and every rank learns whether its rename succeeded, so all of them
+  report the same outcome of each save; a replica of many ranks writes this way,
+  each rank its own shards of the model and optimizer state),
   or by a single writer holding the whole state (`group=None`: recover's replicas
   hold identical weights after a commit, so one of them writes, with DCP's
   `no_dist`, and no other replica waits for it).
@@ -43,8 +46,9 @@ Contract:
   written and before the checkpoint is complete, i.e. truly mid-save.
 - A group's DCP collectives run on a process group of their own: an async save's
   background thread uses it while the training thread all-reduces on the training
-  group, and two threads issuing collectives on one gloo group could interleave
-  differently on different ranks.
+  group (`poll_group`: the default group unless given; a gloo group when the default
+  one cannot all-reduce a CPU tensor, e.g. NCCL), and two threads issuing
+  collectives on one gloo group could interleave differently on different ranks.
 """
 from __future__ import annotations
 
@@ -182,8 +186,9 @@ class CheckpointSaver:
 
     def __init__(self, ckpts: CheckpointDir, state: TrainingState, group, rank: int, use_async: bool, keep: int,
                  on_mid_save: Callable[[int], None] = lambda step: None,
-                 on_complete: Callable[[int], None] = lambda step: None):
+                 on_complete: Callable[[int], None] = lambda step: None, poll_group=None):
         self.ckpts = ckpts
+        self.poll_group = poll_group  # with a group: where the training thread asks "all written?"
         self.state = state
         self.group = group  # None: a single writer (no collectives, no barriers)
         self.rank = rank
@@ -200,11 +205,11 @@ class CheckpointSaver:
         """Checkpoint the state before iteration `step` (`fault_step`: the iteration just committed).
 
         False if a complete checkpoint of `step` is already there (never written over)."""
-        if self.ckpts.path(step).exists():
+        self.wait()  # first: with a group, its background collectives must be over before ours below
+        if self._agreed(self.ckpts.path(step).exists()):
             # A replayed iteration reached a step that is already checkpointed:
             # the checkpoint there is complete; never write over it.
             return False
-        self.wait()
         started = time.perf_counter()
         tmp = self.ckpts.tmp_path(step)
         if self.rank == 0:
@@ -222,6 +227,15 @@ class CheckpointSaver:
             self._discard(step)
             raise
         return True
+
+    def _agreed(self, flag: bool) -> bool:
+        """True on every rank of the group if `flag` is on any (alone: `flag`): the ranks must never
+        part ways on a shared directory that another writer may change between their looks."""
+        if self.group is None:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
 
     def _start(self, step: int, sd: dict, writer: "_MidSaveWriter", dist_kw: dict, started: float) -> None:
         with warnings.catch_warnings():
@@ -249,7 +263,7 @@ class CheckpointSaver:
         if self.group is not None:
             # On the training group: the checkpoint group may still be busy in the
             # background save's own collectives, and must not see ours interleaved.
-            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.poll_group)
         if int(done.item()):
             self._finish_pending()
 
@@ -300,13 +314,24 @@ class CheckpointSaver:
     def _complete(self, step: int) -> None:
         if self.group is not None:
             dist.barrier(group=self.group)  # every rank's part is written
+        failed: BaseException | None = None
         if self.rank == 0:
-            os.rename(self.ckpts.tmp_path(step), self.ckpts.path(step))
-            fd = os.open(self.ckpts.root, os.O_RDONLY)
             try:
-                os.fsync(fd)  # the rename itself must survive a crash
-            finally:
-                os.close(fd)
+                os.rename(self.ckpts.tmp_path(step), self.ckpts.path(step))
+                fd = os.open(self.ckpts.root, os.O_RDONLY)
+                try:
+                    os.fsync(fd)  # the rename itself must survive a crash
+                finally:
+                    os.close(fd)
+            except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
+                failed = e
+        # Every rank raises if rank 0's rename failed: the ranks count failures in a row alike,
+        # so all of them stop the run together (core/training/resilient.py).
+        if self._agreed(failed is not None) and failed is None:
+            raise OSError(f"rank 0 of the group could not rename the checkpoint of step {step} into place")
+        if failed is not None:
+            raise failed
+        if self.rank == 0:
             self.ckpts.prune(self.keep)
         self.completed.append(step)
         self.on_complete(step)

@@ -104,8 +104,10 @@ def _describe(e: BaseException) -> str:
 class _Checkpointer:
     """This replica's checkpoint writer: it writes only while it is the lowest member."""
 
-    def __init__(self, cfg, state: TrainingState, hooks, replica_id: int):
+    def __init__(self, cfg, state: TrainingState, hooks, replica_id: int, group=None, rank: int = 0,
+                 poll_group=None):
         self.replica_id = replica_id
+        self.leader = rank == 0  # the leader alone writes checkpoints.jsonl (the record is the replica's)
         self.every = cfg.checkpoint_every
         self.steps = cfg.steps
         self.max_failures = cfg.checkpoint_failures
@@ -113,10 +115,10 @@ class _Checkpointer:
         self.last_error = ""
         self.log = Path(cfg.out) / "checkpoints.jsonl"
         self.started: dict[int, tuple[float, float]] = {}  # step -> (perf_counter at save, its stall)
-        self.saver = CheckpointSaver(CheckpointDir(cfg.checkpoint_root()), state, None, 0, use_async=True,
+        self.saver = CheckpointSaver(CheckpointDir(cfg.checkpoint_root()), state, group, rank, use_async=True,
                                      keep=cfg.checkpoint_keep,
                                      on_mid_save=lambda step: hooks.at(step, "checkpoint_save"),
-                                     on_complete=self._record)
+                                     on_complete=self._record, poll_group=poll_group)
 
     def after_step(self, replica: Replica) -> None:
         """Right after this replica's optimizer step (`Replica.after_step`): write if due."""
@@ -145,7 +147,7 @@ class _Checkpointer:
         loss): the lowest member writes it as step `committed`'s checkpoint, and waits for it."""
         self._wait()  # a save in flight first (its step is older)
         if committed is None or committed != replica.step or committed >= self.steps or committed <= 0 \
-                or replica.generation < 0 or replica.replica != min(replica.members):
+                or replica.generation < 0 or not replica.members or replica.replica != min(replica.members):
             return
         if self._save(committed):
             self._wait()
@@ -189,6 +191,8 @@ class _Checkpointer:
                "in_a_row": self.failures}
         if self.failures >= self.max_failures:  # check() ends the run: the launcher's summary takes this reason
             rec.update(stops_run=True, reason=self._stop_reason())
+        if not self.leader:
+            return
         log = JsonlWriter(self.log)
         log.write(rec)
         log.close()
@@ -197,6 +201,8 @@ class _Checkpointer:
         """checkpoints.jsonl: one line per checkpoint renamed into place (the background thread's)."""
         self.failures = 0
         t, _ = self.started.pop(step, (time.perf_counter(), 0.0))
+        if not self.leader:
+            return
         log = JsonlWriter(self.log)
         log.write({"step": step, "path": str(self.saver.ckpts.path(step)), "writer": self.replica_id,
                    # async_save returns after staging: the stall is set before its write can end
@@ -215,10 +221,19 @@ def main(argv: list[str] | None = None) -> int:
         from recover.core.parallel.join import ReplicaContext
         rctx = ReplicaContext.from_env(cfg.collective_timeout, cfg.heartbeat_interval, cfg.heartbeat_timeout,
                                        tp=cfg.tp, pp=cfg.pp, pp_schedule=cfg.pp_schedule)
+    ckpt_group = None
+    if rctx is not None and cfg.checkpoint_every:
+        # the replica's collective saves: a gloo group of their own, which the async save's
+        # background thread uses while the training thread runs the link's and FSDP2's; it waits as
+        # long as the link (a slow rank's write is no fault; a dead rank ends the replica anyway)
+        import torch.distributed as dist
+        from recover.core.parallel.replica_link import LINK_TIMEOUT
+        ckpt_group = dist.new_group(backend="gloo", timeout=LINK_TIMEOUT)
     work = Workload(cfg, cfg.resolved_device(), ctx=None if rctx is None else rctx.parallel)
     if cfg.resume_from:
-        # before the hello: its weights digest must be the checkpoint's on every replica
-        load_checkpoint(TrainingState.of(work), Path(cfg.resume_from))
+        # before the hello: its weights digest must be the checkpoint's on every replica;
+        # a replica of many ranks loads collectively, each rank its shards (the link is idle yet)
+        load_checkpoint(TrainingState.of(work), Path(cfg.resume_from), None if rctx is None else rctx.link.group)
     kw = dict(backend=cfg.resolved_backend(), collective_timeout=cfg.collective_timeout,
               heartbeat_interval=cfg.heartbeat_interval, grad_clip=cfg.grad_clip, lr_schedule=work.schedule,
               tokens_per_microbatch=work.tokens_per_microbatch, hooks=hooks, digest_every=cfg.digest_every,
@@ -232,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     who = f"replica {args.replica}" + ("" if leader else f" rank {local_rank}")
     if not replica.healed:  # a newcomer already holds its donor's committed count, newer than any checkpoint
         replica.adopt_committed_count(work.stepper.state_dict())  # the committed count the checkpoint holds
-    saver = _Checkpointer(cfg, TrainingState.of(work, replica.stepper), hooks, args.replica) if cfg.checkpoint_every else None
+    saver = None
+    if cfg.checkpoint_every:
+        saver = _Checkpointer(cfg, TrainingState.of(work, replica.stepper), hooks, args.replica, group=ckpt_group,
+                              rank=local_rank if rctx is not None else 0,
+                              poll_group=None if rctx is None else rctx.link.group)
     if saver is not None:
         replica.after_step = saver.after_step  # decided from the generation that committed the step
     try:
@@ -256,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
             write_final(cfg.out, args.replica, replica.step, checksum,
                         digest=work.acc.weights_digest() if rctx is None else None)
     except CheckpointsFailing as e:
-        replica.stop_run(e.reason)  # before the exit closes the connection: a stop, not a lost replica
+        # every rank of the replica counted the same failures (core/training/checkpoint.py): all are here
+        if leader:
+            replica.stop_run(e.reason)  # before the exit closes the connection: a stop, not a lost replica
+        if rctx is not None:
+            import torch.distributed as dist
+            dist.barrier(group=rctx.link.group)  # no rank exits (and so kills the replica) before the stop is sent
         print(worker_exit.line_of(who, e), file=sys.stderr, flush=True)
         return e.code
     except RunEnded as e:

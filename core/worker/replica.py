@@ -88,7 +88,9 @@ Contract:
   this object runs on the replica's leader rank (local rank 0), the only one
   that talks to the coordinator; each of its decisions (the ids of `quota()`,
   reduce or recover, the commit, the run's end) is relayed to the other ranks,
-  which run `core.parallel.follower.ReplicaFollower` in the same loop. The
+  which run `core.parallel.follower.ReplicaFollower` in the same loop; the
+  commit and the end carry the generation's members (and the end the committed
+  count of a stop), so a checkpoint writer decides alike on every rank. The
   all-reduce runs per position ("pos<i>/" communicators), the vote carries the
   replica's whole loss sum and goes only if every rank's all-reduce succeeded; its
   weights fingerprint is of every rank's shard (the ranks' bit sums, added in the
@@ -337,7 +339,8 @@ class Replica:
     def _relay_end(self, e: "RunEnded") -> None:
         if self.link is not None:
             try:
-                self.link.share({"t": "end", "reason": e.reason, "fenced": e.fenced, "code": e.code})
+                self.link.share({"t": "end", "reason": e.reason, "fenced": e.fenced, "code": e.code,
+                                 "committed": e.committed, "members": list(self.members)})
             except Exception:  # noqa: BLE001 - a rank already gone: the launcher ends the replica anyway
                 pass
 
@@ -481,7 +484,8 @@ class Replica:
         if msg["t"] == "abort":
             self._relay({"t": "recover"})
             return self._recover(msg)
-        self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(msg.get("skipped"))})
+        self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(msg.get("skipped")),
+                     "members": list(self.members)})  # generation g's: the checkpoint writer's rule
         self._committed_vote = self._last_vote
         self.hooks.at(step, "optimizer_step")
         if msg.get("skipped"):  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
