@@ -2,18 +2,21 @@
 
 HSDP: FSDP2 shards the model over a replica's S ranks, the replicas all-reduce per
 position. A rank killed by its PID takes its whole replica out; the other replicas
-redo its ids. Evidence from the workers' own reports: the ledgers in metrics.jsonl,
-the faults each process recorded, the launcher's exits.
+redo its ids. A checkpoint of such a replica holds every rank's shards, and `--resume`
+from it continues the failure-free trajectory. Evidence from the workers' own reports:
+the ledgers in metrics.jsonl, the faults each process recorded, the launcher's exits.
 """
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, pid_alive, run_recover
 
 from recover.core.components.data import iteration_ids
+from recover.core.storage.checkpoint_dir import CheckpointDir
 from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
@@ -45,11 +48,41 @@ def test_hsdp_failure_free_equals_plain_data_parallel(tmp_path, replicas):
 
 
 @pytest.fixture(scope="module")
-def failure_free_3x2(tmp_path_factory):
+def failure_free_3x2_run(tmp_path_factory):
+    """The failure-free 3 x S2 run (its directory, its metrics); it checkpoints at step 3, which
+    changes nothing of its trajectory (a checkpoint reads the state, never writes it)."""
     out = tmp_path_factory.mktemp("ff") / "run"
     _, metrics = _train(out, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6",
-                        "--steps", "5")
-    return [m["loss"] for m in metrics]
+                        "--steps", "5", "--checkpoint-every", "3")
+    return out, metrics
+
+
+@pytest.fixture(scope="module")
+def failure_free_3x2(failure_free_3x2_run):
+    return [m["loss"] for m in failure_free_3x2_run[1]]
+
+
+@pytest.mark.timeout(200)
+def test_a_sharded_replicas_checkpoint_resumes_to_the_failure_free_trajectory(tmp_path, failure_free_3x2_run):
+    # Step 3's checkpoint: the lowest member's two ranks each wrote their FSDP2 shards (model
+    # and AdamW) with DCP, one file per rank, and .metadata once both were durable. Resuming
+    # from it (the run's last complete one) redoes steps 3 and 4: step 3's loss needs the
+    # weights back, step 4's also AdamW's moments and the LR schedule.
+    src, reference = failure_free_3x2_run
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    ckpts = CheckpointDir(out / "checkpoints")
+    assert ckpts.complete_steps() == [3]
+    assert sorted(p.name for p in ckpts.path(3).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert [(r["step"], r["writer"]) for r in read_jsonl(out / "checkpoints.jsonl")] == [(3, 0)]
+    run_recover("train", "--resume", str(out), "--no-progress", check=True, timeout=150)
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(5))
+    for m, ref in zip(metrics, reference):
+        assert reported_ids(m) == reported_ids(ref) == iteration_ids(m["step"], 6)
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5), m["step"]
+    [resume] = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "resume"]
+    assert resume["from_step"] == 3
 
 
 def test_a_rank_killed_mid_step_takes_its_replica_and_the_others_redo_its_ids(tmp_path, out_dir, failure_free_3x2):
