@@ -54,11 +54,8 @@ def test_train_config_refuses_a_tp_that_does_not_fit_naming_the_flag():
         TrainConfig(system="recover", replicas=2, microbatches=2, tp=0).validate()
     with pytest.raises(ConfigError, match="--tp: only the recover system"):
         TrainConfig(system="plain", replicas=2, microbatches=2, tp=2).validate()
-    with pytest.raises(ConfigError, match="--tp: checkpoints"):
-        TrainConfig(system="recover", replicas=2, microbatches=2, tp=2, checkpoint_every=2).validate()
-    with pytest.raises(ConfigError, match="--tp: checkpoints of a replica split by --tp are not written or resumed"):
-        TrainConfig(system="recover", replicas=2, microbatches=2, tp=2, resume_from="ckpts/step-00000002").validate()
-    # --shard alone is built: its ranks write and load their shards
+    # --shard and --tp are built: their ranks write and load their shards
+    TrainConfig(system="recover", replicas=2, microbatches=2, tp=2, checkpoint_every=2).validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, shard=2, checkpoint_every=2).validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, tp=2).validate()
     TrainConfig(system="recover", model="small", replicas=2, microbatches=2, tp=4).validate()

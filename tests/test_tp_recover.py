@@ -5,17 +5,21 @@ over the "tp" ranks (core/parallel/tp.py), FSDP2 shards over "shard" when S > 1,
 the ranks at one position of every replica all-reduce their local parts. A rank
 SIGKILLed mid-step takes its whole replica out; the survivors redo its ids. Evidence
 from the workers' own reports: metrics.jsonl (losses, ledgers), faults.jsonl, pids.json.
+A checkpoint of a TP replica holds both tp ranks' parts, and `--resume` from it continues
+the failure-free trajectory.
 """
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from conftest import assert_every_planned_fault_fired, load_run, train_metrics
+from conftest import assert_every_planned_fault_fired, load_run, run_recover, train_metrics
 
 from recover.core.components.data import iteration_ids
-from recover.core.storage.results import read_jsonl, reported_ids
+from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -35,8 +39,27 @@ def plain_2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tp_2x2(tmp_path_factory):
+    """2 x TP2, failure-free; its checkpoint at step 3 reads the state only (the trajectory is unchanged)."""
     out = tmp_path_factory.mktemp("tp") / "run"
-    return out, _train(out, "--system", "recover", "--replicas", "2", "--tp", "2")
+    return out, _train(out, "--system", "recover", "--replicas", "2", "--tp", "2", "--checkpoint-every", "3")
+
+
+@pytest.mark.timeout(200)
+def test_a_tp_replicas_checkpoint_resumes_to_the_failure_free_trajectory(tmp_path, tp_2x2):
+    # both tp ranks of the writer saved their halves of each block (weights and AdamW) with DCP;
+    # resuming from step 3 redoes steps 3 and 4 (step 4 needs the moments and the schedule too)
+    src, reference = tp_2x2
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    ckpts = CheckpointDir(out / "checkpoints")
+    assert ckpts.complete_steps() == [3]
+    assert sorted(p.name for p in ckpts.path(3).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    run_recover("train", "--resume", str(out), "--no-progress", check=True, timeout=150)
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, reference):
+        assert reported_ids(m) == reported_ids(ref) == iteration_ids(m["step"], M)
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5), m["step"]
 
 
 def test_two_replicas_of_tp2_equal_plain_data_parallel(tp_2x2, plain_2):

@@ -267,11 +267,11 @@ class TrainConfig:
             if self.replace_after >= 0:
                 raise ConfigError(flag, "a replica of many ranks is not healed yet: run it without "
                                         "--replace-after (a lost replica stays lost)")
-            if (self.checkpoint_every or self.resume_from) and (self.tp > 1 or self.pp > 1):
-                # --shard S alone is built (sharded DCP over the replica's ranks); TP/PP layouts untested
-                split = "--tp" if self.tp > 1 else "--pp"
-                raise ConfigError(split, f"checkpoints of a replica split by {split} are not written or resumed "
-                                         f"yet (only --shard S is): leave --checkpoint-every at 0, and no --resume")
+            if (self.checkpoint_every or self.resume_from) and self.pp > 1:
+                # --shard and --tp checkpoint with sharded DCP; a pipeline stage's resume was measured
+                # off the uninterrupted trajectory, so stages refuse until that is found
+                raise ConfigError("--pp", "checkpoints of a replica split by --pp are not written or resumed yet "
+                                          "(--shard and --tp are): leave --checkpoint-every at 0, and no --resume")
         if self.shard > 1:
             if self.batch_size < self.shard:
                 raise ConfigError("--shard", f"each rank takes rows of a microbatch: --batch-size {self.batch_size} "
