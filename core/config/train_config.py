@@ -268,8 +268,9 @@ class TrainConfig:
                 raise ConfigError(flag, "a replica of many ranks is not healed yet: run it without "
                                         "--replace-after (a lost replica stays lost)")
             if (self.checkpoint_every or self.resume_from) and self.pp > 1:
-                # --shard and --tp checkpoint with sharded DCP; a pipeline stage's resume was measured
-                # off the uninterrupted trajectory, so stages refuse until that is found
+                # --shard and --tp checkpoint with sharded DCP. Pipeline stages would not: each stage
+                # numbers its own blocks from 0 (core/parallel/pp.py GPTStage), so stage 1's
+                # "blocks.0" (the model's layer 1) collides with stage 0's and DCP keeps one of them
                 raise ConfigError("--pp", "checkpoints of a replica split by --pp are not written or resumed yet "
                                           "(--shard and --tp are): leave --checkpoint-every at 0, and no --resume")
         if self.shard > 1:
