@@ -87,13 +87,18 @@ def test_a_non_leader_stage_killed_mid_step_takes_its_replica_and_the_survivor_r
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
 
 
-def test_a_stage_stalled_for_good_after_its_vote_takes_its_replica_out_by_the_progress_rule(
-        tmp_path, out_dir, pp_2x2):
-    # rank 1 (the last stage, not the leader) of replica 1 blocks for good after its vote of
-    # step 2, its heartbeats on: its leader waits on it in the replica's relay and stops
-    # progressing; that, and nothing else, tells the coordinator.
+@pytest.mark.parametrize("phase", ["backward", "vote", "commit", "optimizer_step"])
+def test_a_stage_stalled_for_good_at_any_phase_takes_its_replica_out_by_the_progress_rule(
+        tmp_path, out_dir, pp_2x2, phase):
+    # rank 1 (the last stage, not the leader) of replica 1 blocks for good in step 2, its
+    # heartbeats on: its leader waits on it (in the schedule's sends, in the replica's relay, or,
+    # after an optimizer step, in the next step's schedule) and stops progressing; that, and
+    # nothing else, tells the coordinator.
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"faults": [{"kind": "stall", "replica": 1, "rank": 1, "step": 2, "phase": "commit"}]}))
+    fault = {"kind": "stall", "replica": 1, "rank": 1, "step": 2, "phase": phase}
+    if phase == "backward":
+        fault["microbatch"] = 0
+    plan.write_text(json.dumps({"faults": [fault]}))
     _train(out_dir, "--system", "recover", "--replicas", "2", "--pp", "2", "--collective-timeout", "2",
            "--faults", str(plan))
     assert_every_planned_fault_fired(out_dir)
