@@ -710,7 +710,8 @@ class Replica:
             comm = Communicator.build(self._open_store, g, group.index(self.replica), len(group), self.backend,
                                       self.timeout, should_abort, namespace="heal/")
             try:
-                stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort)
+                stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort,
+                                       progress=self.meter.tick)
             finally:
                 self.graveyard.bury(comm)
         except (RunEnded, _Fenced):
