@@ -20,11 +20,13 @@ Contract:
   Slurm nodes and the fault plan's ranks count them all. A scale has one
   (`Scale.shard/tp/pp`, `--shard/--tp/--pp` of `recover experiment`; a P > 1 run
   also carries the scale's `pp_schedule` as a TrainConfig override). A run asking
-  a system for a layout it does not run (`System.layout`) fails validation naming
-  the system, before anything starts. The failure-free reference runs each
-  dimension of the grid's layout that `plain` runs and 1 for the others
-  (`reference_layout`; a note says so): it trains the same microbatch ids on the
-  same data, so its loss is the same trajectory up to summation order. With more
+  a system for a layout it does not run (`System.layout`, core/config/layouts.py's
+  table) fails validation with one line naming the system and the layout, before
+  anything starts. The failure-free reference runs each dimension of the grid's
+  layout that `plain` runs and 1 for the others (`reference_layout`; a note says
+  so), which today is the grid's whole layout: it trains the same microbatch ids on
+  the same data, cut into the same partition and schedule, so its loss is the same
+  trajectory up to summation order. With more
   than one rank per replica a sampled per-GPU failure rate counts every rank's GPU,
   and the recovery experiment's fault strikes the last rank of the last replica.
   A spec.json written before tp and pp existed reads as T = P = 1.
@@ -153,7 +155,7 @@ class RunSpec:
     def validate(self) -> None:
         """Raise ConfigError / PlanError for the first bad value of this run."""
         if self.system in SYSTEMS:
-            check_layout(self.system, self.layout())  # names the system; before TrainConfig's own check
+            check_layout(self.system, self.layout(), self.replicas)  # the table's line, before TrainConfig's other checks
         cfg = self.train_config("results")
         cfg.faults = ""  # the file is written at launch; its content is checked here
         cfg.validate(tuple(SYSTEMS))

@@ -3,8 +3,10 @@
 Contract: each `System` names the worker module the launcher starts once per
 replica, the coordinator's mode, and whether one worker's failure ends the job.
 `layout` names the dimensions of a replica's layout (experiments/layout.py) the
-system runs above 1; `check_layout(system, layout)` refuses any other, naming the
-system, so a grid finds it before any job starts.
+system runs above 1, as core/config/layouts.py's table (the one place that says it,
+and which TrainConfig.validate asks too) holds them; `check_layout(system, layout,
+replicas)` refuses any other with that table's one line naming the system and the
+layout, so a grid or a bench finds it before any job starts.
 Baselines register here too, which is why the registry lives in experiments/
 (it may import everything; core/ imports none of it).
 """
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from recover.baselines.settings import BaselineConfig
-from recover.core.config.train_config import ConfigError
+from recover.core.config.layouts import SYSTEM_LAYOUTS, refusal, runs
 
 from .layout import ReplicaLayout
 
@@ -34,13 +36,17 @@ class System:
     # and returning a LaunchResult); '' = the plain Launcher.
     supervisor: str = ""
     settings: type | None = None  # dataclass of the system's own settings: CLI flags, config.json "baseline"
-    layout: tuple[str, ...] = ()  # ReplicaLayout dimensions it runs above 1 (() = replicas of one rank only)
     # How `--executor slurm` runs it (experiments/launch_submitit.py): "tasks", one task per rank
     # in one job, task 0 hosting the coordinator (recover's, a bare store, or torchft's lighthouse);
     # "requeue", the same, and a failure requeues the job, which resumes from its last complete
     # checkpoint; "agents", one torchrun agent per task (a node) around task 0's store (elastic);
     # "" not launched on Slurm yet (its supervisor starts local processes).
     on_slurm: str = "tasks"
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """ReplicaLayout dimensions it runs above 1 (() = replicas of one rank only): core/config/layouts.py."""
+        return SYSTEM_LAYOUTS.get(self.name, ())
 
     def load_supervisor(self) -> Callable | None:
         if not self.supervisor:
@@ -53,10 +59,9 @@ SYSTEMS: dict[str, System] = {
     s.name: s
     for s in [
         System("plain", "recover.core.training.plain", "store", True,
-               "plain data parallel: the failure-free reference; any fault ends the job", layout=("shard",)),
+               "plain data parallel: the failure-free reference; any fault ends the job"),
         System("recover", "recover.core.training.resilient", "recover", False,
-               "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept",
-               layout=("shard", "tp", "pp")),
+               "ReCoVer: fault-tolerant collectives, in-step recovery, quota redistribution; M kept"),
         System("ckpt-restart", "recover.baselines.ckpt_worker", "store", True,
                "checkpoint-and-restart: DCP checkpoints every K steps; any fault restarts the whole job "
                "from the last complete one", supervisor="recover.baselines.ckpt_restart:supervise",
@@ -75,15 +80,10 @@ SYSTEMS: dict[str, System] = {
 
 def runs_layout(system: str, layout: ReplicaLayout) -> bool:
     """Whether `system` runs replicas of `layout`."""
-    return set(layout.non_trivial()) <= set(SYSTEMS[system].layout)
+    return runs(system, layout.shard, layout.tp, layout.pp)
 
 
-def check_layout(system: str, layout: ReplicaLayout) -> None:
-    """ConfigError, naming the system and the flag, unless `system` runs replicas of `layout`."""
-    for dim, value in layout.non_trivial().items():
-        if dim not in SYSTEMS[system].layout:
-            able = [name for name, s in SYSTEMS.items() if dim in s.layout]
-            who = (f"only {' and '.join(able)} {'does' if len(able) == 1 else 'do'}" if able
-                   else "no system does yet")
-            raise ConfigError(f"--{dim}", f"system {system!r} does not run replicas with {dim} {value} "
-                              f"({layout.describe()}): {who}")
+def check_layout(system: str, layout: ReplicaLayout, replicas: int) -> None:
+    """ConfigError, one line naming the system and the layout, unless `system` runs `replicas` x `layout`."""
+    if (refused := refusal(system, replicas, layout.shard, layout.tp, layout.pp)) is not None:
+        raise refused

@@ -5,7 +5,7 @@ import json
 
 from conftest import run_recover  # noqa: F401 - the suite's helpers (sys.path)
 
-from recover.experiments.benches.iteration import _iteration_seconds, _shim
+from recover.experiments.benches.iteration import _iteration_seconds, _shim, over_plain
 from recover.experiments.cli import main
 
 
@@ -14,6 +14,16 @@ def test_a_runs_iteration_is_the_median_gap_after_the_first_two_steps(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "wall_time": w}) + "\n"
                                                     for i, w in enumerate(walls)))
     assert abs(_iteration_seconds(tmp_path / "metrics.jsonl") - 0.1) < 1e-9  # gaps 0.1, 0.2, 0.1
+
+
+def test_a_systems_cost_over_plain_is_the_median_of_its_rounds_ratios_with_their_spread():
+    # round 2 ran on a loaded machine: both systems slow; the per-round ratio stays put
+    rec = over_plain([1.10, 2.30, 1.05], [1.00, 2.00, 1.00])
+    assert rec["per_round"] == [1.10 / 1.00, 2.30 / 2.00, 1.05 / 1.00]
+    assert rec["over_plain"] == rec["recover_over_plain"] == 1.10
+    assert (rec["over_plain_min"], rec["over_plain_max"]) == (1.05, 2.30 / 2.00)
+    ft = over_plain([1.3, 1.2], [1.0, 1.0], "torchft")
+    assert "recover_over_plain" not in ft and abs(ft["over_plain"] - 1.25) < 1e-12
 
 
 def test_the_baseline_shim_maps_every_folder_onto_the_other_tree(tmp_path):

@@ -76,14 +76,14 @@ def test_a_shard_2_cell_of_another_system_is_refused_naming_it(system):
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"])
     spec = next(r for r in grid.runs if r.system == "recover")
     spec.system, spec.settings, spec.shard = system, {}, 2
-    with pytest.raises(ConfigError, match=rf"--shard: system '{system}' does not run replicas with shard 2 "
-                                          r"\(shard 2\): only plain and recover do"):
+    with pytest.raises(ConfigError, match=rf"^--system: {system} runs one rank per replica; "
+                                          rf"{spec.replicas} x S2 needs recover or plain$"):
         spec.validate()
 
 
 def test_a_grid_asking_baselines_for_shard_2_fails_before_anything_starts():
-    with pytest.raises(ValueError, match=r"trajectory/\S+: --shard: system '(elastic|torchft|ckpt-restart)' "
-                                         r"does not run replicas with shard 2"):
+    with pytest.raises(ValueError, match=r"trajectory/\S+: --system: (elastic|torchft|ckpt-restart) "
+                                         r"runs one rank per replica; \d+ x S2 needs recover or plain"):
         E.build_grid("trajectory", seeds=[0], shard=2)
     with pytest.raises(ValueError, match="layout shard: must be an integer >= 1"):
         E.build_grid("trajectory", seeds=[0], systems=["recover"], shard=0)
@@ -92,12 +92,12 @@ def test_a_grid_asking_baselines_for_shard_2_fails_before_anything_starts():
 def test_the_registry_says_which_system_runs_which_layout():
     assert SYSTEMS["recover"].layout == ("shard", "tp", "pp")
     assert runs_layout("recover", ReplicaLayout(shard=4)) and runs_layout("recover", ReplicaLayout(shard=2, tp=2))
-    assert runs_layout("recover", ReplicaLayout(tp=2, pp=2)) and not runs_layout("plain", ReplicaLayout(pp=2))
+    assert runs_layout("recover", ReplicaLayout(tp=2, pp=2)) and runs_layout("plain", ReplicaLayout(pp=2))
+    assert SYSTEMS["plain"].layout == SYSTEMS["recover"].layout  # the reference runs every layout recover runs
     assert all(runs_layout(s, ReplicaLayout()) for s in SYSTEMS)
-    with pytest.raises(ConfigError, match="--pp: system 'plain' does not run replicas with pp 2 .*only recover does"):
-        check_layout("plain", ReplicaLayout(pp=2))
-    with pytest.raises(ConfigError, match="--tp: system 'plain' does not run replicas with tp 2 .*only recover does"):
-        check_layout("plain", ReplicaLayout(tp=2))
+    check_layout("plain", ReplicaLayout(tp=2, pp=2), 2)
+    with pytest.raises(ConfigError, match="^--system: torchft runs one rank per replica; 2 x PP2 needs recover or plain$"):
+        check_layout("torchft", ReplicaLayout(pp=2), 2)
 
 
 def test_slurm_skips_replicas_of_many_ranks_with_a_reason(tmp_path):
@@ -157,7 +157,8 @@ def _bench_args(**kw) -> Namespace:
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"system": "torchft"}, "recover: error: --shard: system 'torchft' does not run replicas with shard 2"),
+    ({"system": "torchft"}, "recover: error: --system: torchft runs one rank per replica; 2 x S2 needs recover "
+                            "or plain"),
     ({"shard": 0}, "recover: error: --shard: must be >= 1, got 0"),
     ({"shard": 8}, "recover: error: --shard: each rank takes rows of a microbatch"),
 ])

@@ -149,15 +149,21 @@ def test_replica_loss_takes_every_rank_of_the_replica(tmp_path, out_dir, failure
         assert m["loss"] == pytest.approx(ref, rel=1e-5)
 
 
-def test_stalled_non_leader_ranks_take_their_replicas_out_by_the_progress_rule(tmp_path, out_dir, failure_free_3x2):
-    # Rank 1 (not the leader) of replica 1 blocks for good in a backward, and rank 1 of replica 2
-    # after its vote (heartbeats and its beats to its leader on, its training thread stuck): each
-    # leader then waits on its rank in a collective of the replica and never says ready. Nothing
-    # but the leader's own stalled progress tells the coordinator.
+@pytest.mark.parametrize("first,second", [("backward", "vote"), ("commit", "optimizer_step")])
+def test_stalled_non_leader_ranks_take_their_replicas_out_by_the_progress_rule(tmp_path, out_dir, failure_free_3x2,
+                                                                              first, second):
+    # Rank 1 (not the leader) of replica 1 blocks for good at one phase of step 1, and rank 1 of
+    # replica 2 at another of step 3 (heartbeats and its beats to its leader on, its training
+    # thread stuck): each leader then waits on its rank in a collective of the replica (the
+    # relay, or the next step's all-gathers) and never says ready. Nothing but the leader's own
+    # stalled progress tells the coordinator.
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"faults": [
-        {"kind": "stall", "replica": 1, "rank": 1, "step": 1, "phase": "backward", "microbatch": 0},
-        {"kind": "stall", "replica": 2, "rank": 1, "step": 3, "phase": "vote"}]}))
+    faults = [{"kind": "stall", "replica": 1, "rank": 1, "step": 1, "phase": first},
+              {"kind": "stall", "replica": 2, "rank": 1, "step": 3, "phase": second}]
+    for f in faults:
+        if f["phase"] in ("forward", "backward"):
+            f["microbatch"] = 0
+    plan.write_text(json.dumps({"faults": faults}))
     _train(out_dir, "--system", "recover", "--replicas", "3", "--shard", "2", "--microbatches", "6", "--steps", "5",
            "--collective-timeout", "2", "--faults", str(plan))
     _, metrics, _ = load_run(out_dir)

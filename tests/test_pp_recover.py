@@ -16,7 +16,7 @@ import pytest
 from conftest import assert_every_planned_fault_fired, load_run, train_metrics
 
 from recover.core.components.data import iteration_ids
-from recover.core.storage.results import read_jsonl, reported_ids
+from recover.core.storage.results import read_jsonl, reported_ids, step_ids
 
 pytestmark = pytest.mark.procs
 
@@ -87,13 +87,18 @@ def test_a_non_leader_stage_killed_mid_step_takes_its_replica_and_the_survivor_r
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5)
 
 
-def test_a_stage_stalled_for_good_after_its_vote_takes_its_replica_out_by_the_progress_rule(
-        tmp_path, out_dir, pp_2x2):
-    # rank 1 (the last stage, not the leader) of replica 1 blocks for good after its vote of
-    # step 2, its heartbeats on: its leader waits on it in the replica's relay and stops
-    # progressing; that, and nothing else, tells the coordinator.
+@pytest.mark.parametrize("phase", ["backward", "vote", "commit", "optimizer_step"])
+def test_a_stage_stalled_for_good_at_any_phase_takes_its_replica_out_by_the_progress_rule(
+        tmp_path, out_dir, pp_2x2, phase):
+    # rank 1 (the last stage, not the leader) of replica 1 blocks for good in step 2, its
+    # heartbeats on: its leader waits on it (in the schedule's sends, in the replica's relay, or,
+    # after an optimizer step, in the next step's schedule) and stops progressing; that, and
+    # nothing else, tells the coordinator.
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"faults": [{"kind": "stall", "replica": 1, "rank": 1, "step": 2, "phase": "commit"}]}))
+    fault = {"kind": "stall", "replica": 1, "rank": 1, "step": 2, "phase": phase}
+    if phase == "backward":
+        fault["microbatch"] = 0
+    plan.write_text(json.dumps({"faults": [fault]}))
     _train(out_dir, "--system", "recover", "--replicas", "2", "--pp", "2", "--collective-timeout", "2",
            "--faults", str(plan))
     assert_every_planned_fault_fired(out_dir)
@@ -197,3 +202,19 @@ def _ref_3x_pp2(tmp_path, steps: int, m: int) -> list[dict]:
     """The same layout failure-free (no pace: pacing changes the time, not the numbers)."""
     return train_metrics(tmp_path / "ref", "--system", "recover", "--replicas", "3", "--pp", "2",
                          steps=steps, microbatches=m)
+
+
+def test_plain_at_2_x_pp2_is_recovers_failure_free_trajectory(tmp_path, pp_2x2):
+    # plain builds the same PP2 partition (1f1b, the default schedule) from core/parallel/ and deals each replica the same
+    # ids, so it is recover's failure-free reference at this very layout, not at one rank per replica
+    out = tmp_path / "run"
+    metrics = _train(out, "--system", "plain", "--replicas", "2", "--pp", "2")
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, pp_2x2[1]):
+        assert step_ids(m) == reported_ids(ref) == iteration_ids(m["step"], M)  # (plain reports no ledgers)
+        assert m["loss"] == pytest.approx(ref["loss"], abs=1e-5)
+    assert all(len(p) == 2 for p in json.loads((out / "pids.json").read_text())["replicas"].values())
+    ref = json.loads((pp_2x2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
+    for r in range(2):
+        final = json.loads((out / "final" / f"replica{r}.json").read_text())
+        assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)

@@ -140,3 +140,32 @@ def test_members_that_keep_progressing_stay_and_one_that_stops_is_lost_within_it
         bound = proto.stall_bound(stalled)
         # EPS: the machine sees `now - last > bound` where the sum `last + bound`, rounded, can equal `now`
         assert last + bound - EPS < lost_at[stalled] <= last + bound + STALL_SCAN_SECONDS + 0.1, (last, bound, lost_at)
+
+
+def test_a_wait_for_newcomers_is_owed_by_nobody_and_the_admitted_step_is_owed_from_admission():
+    # min_replicas 2: after replica 1 is lost, step 2 waits for a replacement, which takes 100 s
+    # to start (a loaded node). The member waits on the coordinator meanwhile: it owes nothing,
+    # and the step it then runs is owed from the admission, not from the commit before the wait.
+    proto = ProtocolStateMachine(2, 4, 10, join_timeout=TIMEOUT, now=0.0, heartbeat_interval=BEAT, min_replicas=2,
+                                 startup_timeout=1e4)
+    quotas = {a.replica: as_read(a.msg, a.replica)["quota"]
+              for r in range(2) for a in proto.on_hello(r, {"tokens_per_mb": 1, "can_heal": True, "pid": 10 + r}, 0.0)
+              if a.kind == "send" and a.msg["t"] == "gen"}
+    for r in range(2):
+        proto.on_ready(r, {"t": "ready", "gen": 0, "step": 0}, 0.5)
+    for r in range(2):
+        proto.on_vote(r, {"t": "vote", "gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
+                          "progress_gap": 0.1}, 1.0)
+    assert proto.step == 1
+    proto.on_lost(1, "control connection closed (process gone)", 1.1)
+    proto.on_join(0, {"t": "join", "gen": 1, "step": 1, "ledger": []}, 1.2)
+    proto.on_ready(0, {"t": "ready", "gen": 1, "step": 1}, 1.3)
+    proto.on_vote(0, {"t": "vote", "gen": 1, "step": 1, "ok": True, "ledger": [[4, 8]], "loss_sum": 1.0,
+                      "progress_gap": 0.1}, 1.4)
+    assert proto.step == 2 and proto.state == "waiting"
+    for k in range(1, 400):  # 100 s of waiting, the member silent but for its beats
+        assert closed(proto.on_tick(1.4 + 0.25 * k)) == []
+    proto.on_hello(1, {"tokens_per_mb": 1, "can_heal": True, "pid": 99}, 101.5)
+    assert proto.state == "running" and proto.members == [0, 1]
+    assert closed(proto.on_tick(101.5 + STALL_SCAN_SECONDS + 0.01)) == []  # owed from 101.5, not from 1.4
+    assert proto.members == [0, 1]

@@ -19,7 +19,7 @@ from conftest import assert_every_planned_fault_fired, load_run, run_recover, tr
 
 from recover.core.components.data import iteration_ids
 from recover.core.storage.checkpoint_dir import CheckpointDir
-from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids, step_ids
 
 pytestmark = pytest.mark.procs
 
@@ -107,3 +107,19 @@ def test_two_replicas_of_shard2_x_tp2_equal_plain_data_parallel(tmp_path, plain_
     for m, ref in zip(metrics, plain_2[1]):
         assert m["loss"] == pytest.approx(ref["loss"], rel=1e-4)
         assert reported_ids(m) == iteration_ids(m["step"], M)
+
+
+def test_plain_at_2_x_tp2_is_recovers_failure_free_trajectory(tmp_path, tp_2x2):
+    # plain builds the same TP2 partition from core/parallel/ and deals each replica the same
+    # ids, so it is recover's failure-free reference at this very layout, not at one rank per replica
+    out = tmp_path / "run"
+    metrics = _train(out, "--system", "plain", "--replicas", "2", "--tp", "2")
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, tp_2x2[1]):
+        assert step_ids(m) == reported_ids(ref) == iteration_ids(m["step"], M)  # (plain reports no ledgers)
+        assert m["loss"] == pytest.approx(ref["loss"], abs=1e-5)
+    assert all(len(p) == 2 for p in json.loads((out / "pids.json").read_text())["replicas"].values())
+    ref = json.loads((tp_2x2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
+    for r in range(2):
+        final = json.loads((out / "final" / f"replica{r}.json").read_text())
+        assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)

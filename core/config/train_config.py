@@ -22,22 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.config.errors import ConfigError
 from recover.core.config.fields import doc_field as _f
+from recover.core.config.layouts import refusal as layout_refusal
 from recover.core.contract.nonfinite import ON_NONFINITE
 from recover.core.config.schedule import WarmupCosine
 from recover.core.config.shapes import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
 
 DTYPES = ("fp32", "bf16")
 EXACT_SYSTEMS = ("plain", "recover", "ckpt-restart")  # the trainers that build their accumulator from the Workload
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; `flag` names the CLI flag to fix."""
-
-    def __init__(self, flag: str, message: str):
-        super().__init__(f"{flag}: {message}")
-        self.flag = flag
-        self.message = message
 
 
 def _torch_is_a_gpu_build() -> bool:
@@ -71,9 +64,9 @@ class TrainConfig:
                        "recover and plain only; R x S worker processes in all. A replica of many ranks that is declared "
                        "dead exits (it does not rejoin yet)")
     tp: int = _f(1, "tensor-parallel ranks T per replica: each block's heads and MLP width split over them (recover "
-                    "only; must divide the heads and 4 x n_embd); a replica is --pp x --shard x --tp ranks, tp innermost")
+                    "and plain; must divide the heads and 4 x n_embd); a replica is --pp x --shard x --tp ranks, tp innermost")
     pp: int = _f(1, "pipeline stages P per replica: the model's blocks cut into P consecutive stages, one rank each "
-                    "(recover only; at most the model's layers); the rank grid is (pp, shard, tp), pp outermost")
+                    "(recover and plain; at most the model's layers); the rank grid is (pp, shard, tp), pp outermost")
     pp_schedule: str = _f("1f1b", "pipeline schedule with --pp > 1: afab (all forwards, then all backwards: GPipe) "
                                   "or 1f1b (nanotron's names)")
     microbatches: int = _f(8, "microbatches M per iteration (the global batch), M >= R")
@@ -233,12 +226,12 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
-        if self.shard < 1:
-            raise ConfigError("--shard", f"must be >= 1, got {self.shard}")
-        if self.tp < 1:
-            raise ConfigError("--tp", f"must be >= 1, got {self.tp}")
-        if self.tp > 1 and self.system != "recover":
-            raise ConfigError("--tp", f"only the recover system runs tensor-parallel replicas, not {self.system!r}")
+        for name in ("shard", "tp", "pp"):
+            if getattr(self, name) < 1:
+                raise ConfigError(flag_name(name), f"must be >= 1, got {getattr(self, name)}")
+        # which system runs which layout: one table (core/config/layouts.py), one line per refusal
+        if (refused := layout_refusal(self.system, self.replicas, self.shard, self.tp, self.pp)) is not None:
+            raise refused
         if self.tp > 1 and not own_model:
             g = self.gpt_config()  # (the model name is checked above)
             if g.n_head % self.tp:
@@ -247,13 +240,9 @@ class TrainConfig:
             if (4 * g.n_embd) % self.tp:
                 raise ConfigError("--tp", f"{self.tp} does not divide the model's MLP width {4 * g.n_embd} "
                                           f"(--model {self.model})")
-        if self.pp < 1:
-            raise ConfigError("--pp", f"must be >= 1, got {self.pp}")
         if self.pp_schedule not in ("afab", "1f1b"):
             raise ConfigError("--pp-schedule", f"{self.pp_schedule!r} is not one of afab, 1f1b")
         if self.pp > 1:
-            if self.system != "recover":
-                raise ConfigError("--pp", f"only the recover system runs pipeline-parallel replicas, not {self.system!r}")
             layers = self.gpt_config().n_layer
             if self.pp > layers and not own_model:
                 raise ConfigError("--pp", f"{self.pp} stages, but the model has {layers} layers (--model {self.model}); "
@@ -261,9 +250,6 @@ class TrainConfig:
         if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
             flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")
-            if self.system not in ("recover", "plain"):
-                raise ConfigError(flag, f"only recover (and plain, its failure-free reference) run replicas of "
-                                        f"many ranks, not {self.system!r}")
             if self.replace_after >= 0:
                 raise ConfigError(flag, "a replica of many ranks is not healed yet: run it without "
                                         "--replace-after (a lost replica stays lost)")

@@ -31,6 +31,9 @@ HEARTBEAT_INTERVAL = "RECOVER_HEARTBEAT_INTERVAL"  # seconds (--heartbeat-interv
 HEARTBEAT_TIMEOUT = "RECOVER_HEARTBEAT_TIMEOUT"  # seconds (--heartbeat-timeout)
 COORDINATOR_TIMEOUT = "RECOVER_COORDINATOR_TIMEOUT"  # seconds of coordinator silence that make it gone
 RECONNECT_TIMEOUT = "RECOVER_RECONNECT_TIMEOUT"  # seconds a worker keeps reaching a restarted coordinator
+# "1": a launcher that restarts a dead coordinator supervises this worker, and ends the job (this
+# process with it) once it restarts none: the worker keeps reaching the coordinator, with no bound of its own
+COORDINATOR_SUPERVISED = "RECOVER_COORDINATOR_SUPERVISED"
 REJOIN = "RECOVER_REJOIN"  # "0": a fenced replica exits instead of rejoining
 
 # ---- the checkpoint-restart baseline's incarnations -------------------------------------------

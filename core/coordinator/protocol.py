@@ -1087,6 +1087,9 @@ class ProtocolStateMachine:
         generation, so a newcomer never sees a half-done iteration."""
         old, joining = list(self.members), sorted(self.newcomers)
         donor = max(old, key=lambda r: (self.speeds.get(r, 0.0), -r))
+        # the members owe the step's work from now: the wait for newcomers (state "waiting") owed
+        # nothing, however long a replacement took to start (the progress rule, `_stalled`)
+        self.owed_since = now
         self.state = "running"
         self.gen += 1
         self.next_gen = self.gen

@@ -35,7 +35,9 @@ Contract:
 - A coordinator that dies by a signal while workers run (SIGKILL, a crash) is
   restarted, up to `coordinator_restarts` times, on the same host and ports with
   `--rebuild --expect <running replicas>`: the workers reconnect and it rebuilds
-  the run from their reports (core/coordinator/service.py). One that stops beating on the
+  the run from their reports (core/coordinator/service.py). Such workers are told
+  so (RECOVER_COORDINATOR_SUPERVISED=1): they keep reconnecting for as long as
+  it takes, since the launcher either restarts the coordinator or ends the job. One that stops beating on the
   exit-notice connection for `coordinator_timeout` seconds (frozen) is SIGKILLed
   by its PID first. pids.json and the hooks' `on_start` then name the new one.
   A restarted coordinator's exit is recorded with `restarted` set: it is not the
@@ -270,6 +272,10 @@ class Launcher:
         # A fresh random join token per run: the coordinator requires it in every
         # hello, so only the workers started here (their environment) can join.
         self.env[JOIN_TOKEN_ENV] = new_join_token()
+        if self.coordinator_restarts > 0:
+            # a dead coordinator comes back, or the job ends and its workers with it: a worker's
+            # reconnect needs no fixed bound of its own, however long a restart takes under load
+            self.env[env_names.COORDINATOR_SUPERVISED] = "1"
         try:
             info = self._coordinator_info = self._start_coordinator()
             if info.get("accepts_exits"):

@@ -12,11 +12,18 @@ Contract:
   fail-fast). Replica 0 writes metrics.jsonl.
 - It is run as one process per replica: `python -m recover.core.training.plain --config
   DIR/config.json --replica r`, with RECOVER_STORE_ADDR naming the store.
-- With `--shard S` (HSDP, the failure-free reference of recover's replicas of many
-  ranks) a replica is S processes (RECOVER_LOCAL_RANK): FSDP2 shards the model over
-  them (core/parallel/), each folds its rows of every microbatch, and the ranks at
-  one position of every replica all-reduce their shards ("plain/pos<i>/"). Rank 0
-  of replica 0 writes metrics.jsonl.
+- With `--shard S`, `--tp T` and `--pp P` (the failure-free reference of recover's
+  replicas of many ranks) a replica is P x S x T processes (RECOVER_LOCAL_RANK),
+  partitioned exactly as recover partitions its replicas, from the same building
+  blocks (core/parallel/: ParallelContext's rank grid, TP's split heads and MLP,
+  PP's stages and schedule, FSDP2's shards; none of recover's relay, beats or
+  votes): each rank folds its part of every microbatch of its replica's quota
+  (with P > 1 the quota's ids run through one run of the schedule, as
+  `fold_pipelined` runs recover's), and the ranks at one position of every replica
+  all-reduce their local parts ("plain/pos<i>/"). So at the same R x (S, T, P)
+  plain's losses are recover's failure-free ones up to float summation order: the
+  same ids per replica (the quota policy at equal speeds), the same partition, the
+  same schedule. Rank 0 of replica 0 writes metrics.jsonl.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ from pathlib import Path
 from recover.core.worker.comm import Communicator
 from recover.core.components.data import iteration_ids
 from recover.core.worker.exact import ExactRangeError
-from recover.core.worker.fold import fold_quota
+from recover.core.worker.fold import fold_pipelined, fold_quota
 from recover.core.contract.policy import assign_quotas
 from recover.core.storage.results import JsonlWriter, metric_record, write_final
 from recover.core.launch.startup import begin, connect_store, run_start_time, worker_args
@@ -42,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = run_start_time()
     replica, R, M = args.replica, cfg.replicas, cfg.microbatches
     ctx = None
-    if cfg.shard > 1:  # HSDP: the replica's ranks and the mesh FSDP2 shards over
+    if cfg.ranks_per_replica > 1:  # the replica's rank grid: the same ParallelContext recover's replicas build
         from recover.core.parallel.args import ParallelismArgs
         from recover.core.parallel.context import ParallelContext
-        ctx = ParallelContext(connect_store(), replica, local, ParallelismArgs(R, cfg.shard),
-                              backend="gloo", timeout=cfg.collective_timeout)
+        layout = ParallelismArgs(R, cfg.shard, cfg.tp, cfg.pp, cfg.pp_schedule)
+        ctx = ParallelContext(connect_store(), replica, local, layout, backend="gloo", timeout=cfg.collective_timeout)
     work = Workload(cfg, cfg.resolved_device(), ctx=ctx)
     hooks.attach_weights(work.acc)  # a bitflip fault corrupts these (and nothing here notices)
     comm = Communicator.build(connect_store, 0, replica, R, cfg.resolved_backend(), cfg.collective_timeout,
@@ -55,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     members = list(range(R))
     for step in range(cfg.steps):
         quota = assign_quotas(iteration_ids(step, M), members)[replica]
-        fold_quota(step, quota, work.fold, hooks)
+        if work.pipeline is None:
+            fold_quota(step, quota, work.fold, hooks)
+        else:  # --pp: the quota's ids through one run of the schedule, as recover's replicas run them
+            fold_pipelined(step, quota, work.fold_many, hooks)
         buf = work.pack()
         comm.allreduce(buf, cfg.collective_timeout, while_in_flight=lambda: hooks.at(step, "allreduce"))
         if (wide := work.wide_after(buf)) is not None:  # --exact, a spike in the step: every replica reads it

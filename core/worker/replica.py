@@ -73,7 +73,9 @@ Contract:
   `quota()` then ends early and `commit()` returns False, so the loop asks for the
   new step's quota. Without rejoin it raises `RunEnded(fenced=True)`.
 - The coordinator can die and come back. A closed connection is not taken as a
-  verdict: the replica reconnects (for up to `reconnect_timeout` seconds) and
+  verdict: the replica reconnects (for up to `reconnect_timeout` seconds; for as
+  long as it takes under a launcher that restarts the coordinator, which brings
+  it back or ends the job, RECOVER_COORDINATOR_SUPERVISED) and
   says hello with a report of where it stands (`_report`: step, generation,
   ledger, what it waits for, its last vote), keeping its weights, optimizer state
   and what it folded. A restarted coordinator answers "rebuilt" and the wait goes
@@ -235,6 +237,9 @@ class Replica:
             if coordinator_timeout is None else coordinator_timeout
         self.reconnect_timeout = float(os.environ.get(RECONNECT_TIMEOUT_ENV, 60.0)) \
             if reconnect_timeout is None else reconnect_timeout
+        # a launcher that restarts the coordinator supervises this process: it brings the coordinator
+        # back or ends the job (and this process), so the reconnect is bounded by the launcher's liveness
+        self.supervised = os.environ.get(env_names.COORDINATOR_SUPERVISED) == "1"
         self._waiting: tuple[frozenset, int] | None = None  # what `_wait_for` waits for (a report says it)
         self._last_vote: dict | None = None  # the last vote sent (a report carries it)
         # the vote of the last step committed: a coordinator that died after sending that commit
@@ -551,7 +556,7 @@ class Replica:
 
     def _connect_at_start(self) -> ControlClient:
         """The first connection; a coordinator being restarted refuses it for a moment, so retry."""
-        deadline = time.monotonic() + self.reconnect_timeout
+        deadline = float("inf") if self.supervised else time.monotonic() + self.reconnect_timeout
         while True:
             try:
                 return self._connect(connect_timeout=max(0.1, min(60.0, deadline - time.monotonic())))
@@ -583,10 +588,11 @@ class Replica:
         (a live one that declared it dead: rejoin), "refused", or done/stop. A connection
         closed without an answer is a coordinator dying again: the next try goes on."""
         self.control.close()
-        deadline = time.monotonic() + self.reconnect_timeout
+        deadline = float("inf") if self.supervised else time.monotonic() + self.reconnect_timeout
         delay = 0.05
-        self._log(f"step {self.step}: the connection to the coordinator closed; reconnecting (for up to "
-                  f"{self.reconnect_timeout:g}s) with a report of where this replica stands")
+        self._log(f"step {self.step}: the connection to the coordinator closed; reconnecting ("
+                  + ("until the launcher restarts it or ends the job" if self.supervised
+                     else f"for up to {self.reconnect_timeout:g}s") + ") with a report of where this replica stands")
         while True:
             try:
                 client = self._connect(connect_timeout=max(0.1, min(5.0, deadline - time.monotonic())))
@@ -708,7 +714,8 @@ class Replica:
             comm = Communicator.build(self._open_store, g, group.index(self.replica), len(group), self.backend,
                                       self.timeout, should_abort, namespace="heal/")
             try:
-                stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort)
+                stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort,
+                                       progress=self.meter.tick)
             finally:
                 self.graveyard.bury(comm)
         except (RunEnded, _Fenced):

@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -144,12 +144,14 @@ def _groups_shape(optimizer: torch.optim.Optimizer) -> list[int]:
 
 def transfer_state(comm: Communicator, root: int, acc: GradAccumulator, optimizer: torch.optim.Optimizer,
                    stepper: CommittedStep, timeout: float, should_abort: AbortCheck | None = None,
-                   direct_bytes: int = DIRECT_BYTES) -> TransferStats:
+                   direct_bytes: int = DIRECT_BYTES, progress: Callable[[], None] | None = None) -> TransferStats:
     """Make every member of `comm` hold rank `root`'s training state (see the module docstring).
 
     `direct_bytes`: on the donor, a tensor of at least this many bytes goes as a broadcast of
-    its own, straight from its storage; smaller ones share the one buffer."""
-    wire = _Wire(comm, root, timeout, should_abort)
+    its own, straight from its storage; smaller ones share the one buffer. `progress`: called
+    after each broadcast completes (work done: the coordinator's progress rule sees a long
+    transfer move, while each broadcast keeps its own timeout)."""
+    wire = _Wire(comm, root, timeout, should_abort, progress)
     if comm.rank == root:
         return _send(wire, acc, optimizer, stepper, direct_bytes)
     return _receive(wire, acc, optimizer, stepper)
@@ -158,8 +160,10 @@ def transfer_state(comm: Communicator, root: int, acc: GradAccumulator, optimize
 class _Wire:
     """One transfer's broadcasts from `root`, timed: `seconds` is the time spent in them."""
 
-    def __init__(self, comm: Communicator, root: int, timeout: float, should_abort: AbortCheck | None):
+    def __init__(self, comm: Communicator, root: int, timeout: float, should_abort: AbortCheck | None,
+                 progress: Callable[[], None] | None = None):
         self.comm, self.root, self.timeout, self.should_abort = comm, root, timeout, should_abort
+        self.progress = progress
         self.start = time.perf_counter()
         self.seconds = 0.0
         self.bytes = 0
@@ -169,6 +173,8 @@ class _Wire:
         self.comm.broadcast_many(tensors, self.root, self.timeout, self.should_abort, while_in_flight)
         self.seconds += time.perf_counter() - t
         self.bytes += sum(x.numel() * x.element_size() for x in tensors)
+        if self.progress is not None:
+            self.progress()
 
     def stats(self, fingerprint: str) -> TransferStats:
         return TransferStats(self.bytes, time.perf_counter() - self.start, self.seconds, fingerprint)

@@ -18,8 +18,9 @@ Contract:
 - In the same invocation it runs the system and `--system plain` failure-free,
   interleaved, and reports the failure-free iteration-time overhead as a ratio
   measured side by side (these machines are noisy: only same-run ratios count).
-  plain runs the same layout where it can (`System.layout`), else one rank per
-  replica; the summary's `plain_shard` says which.
+  plain runs the same layout where it runs it (core/config/layouts.py: today every
+  layout recover runs), else one rank per replica; the summary's `plain_shard`,
+  `plain_tp` and `plain_pp` say which (a summary without the last two: 1).
 - Writes results/bench/recovery_<system>.json (summary) and
   recovery_<system>_kills.csv (one row per kill), and prints a table; with S > 1
   the names end in _s<S> (recovery_recover_s2.json), beside the S = 1 figures. Nothing here
@@ -164,9 +165,11 @@ def bench_recovery(args: argparse.Namespace) -> int:
     tp, pp, schedule = getattr(args, "tp", 1), getattr(args, "pp", 1), getattr(args, "pp_schedule", "1f1b")
     base = dict(replicas=args.replicas, microbatches=args.microbatches, seed=args.seed, progress=False,
                 heartbeat_timeout=args.heartbeat_timeout)
-    inner = dict(tp=tp, pp=pp, pp_schedule=schedule)  # the system's own layout beyond S (plain runs S only)
-    # plain is the failure-free reference: at the same layout where it runs it
-    shards = {args.system: shard, "plain": shard if runs_layout("plain", ReplicaLayout(shard=shard)) else 1}
+    inner = dict(tp=tp, pp=pp, pp_schedule=schedule)  # the system's layout beyond S
+    # plain is the failure-free reference: at the same layout where it runs it, else one rank per replica
+    same = runs_layout("plain", ReplicaLayout(shard=shard, tp=tp, pp=pp))
+    shards = {args.system: shard, "plain": shard if same else 1}
+    inners = {args.system: inner, "plain": inner if same else {}}
     per_run = min(args.replicas - 1, args.kills)
     gap = KILL_WINDOW
     placement = getattr(args, "kill_placement", "random")
@@ -190,7 +193,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
     for rep in range(args.repeats):
         for system in (args.system, "plain"):
             cfg = TrainConfig(system=system, steps=args.clean_steps, out=str(work / f"clean_{system}{rep}"),
-                              shard=shards[system], **(inner if system == args.system else {}), **base)
+                              shard=shards[system], **inners[system], **base)
             clean[system] += measure_run(_train(cfg, None))["clean_iterations"]
     med = {s: statistics.median(v) for s, v in clean.items()}
 
@@ -201,6 +204,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
     summary = {
         "system": args.system, "replicas": args.replicas, "shard": shard, "tp": tp, "pp": pp,
         **({"pp_schedule": schedule} if pp > 1 else {}), "plain_shard": shards["plain"],
+        "plain_tp": tp if same else 1, "plain_pp": pp if same else 1,
         "microbatches": args.microbatches, "seed": args.seed,
         "kills": len(kills), "runs": runs,
         "kill_placement": f"{placement}: one kill per {gap}-step window from step 4"
@@ -212,8 +216,8 @@ def bench_recovery(args: argparse.Namespace) -> int:
         "detection_s": stat("detection_s"),
         "work_lost_microbatches": stat("work_lost_microbatches"),
         "failure_free_iteration_s": med,
-        # (with tp or pp the plain run is another layout: no overhead to speak of)
-        "failure_free_overhead_vs_plain": None if tp > 1 or pp > 1 else med[args.system] / med["plain"] - 1.0,
+        # (plain at another layout: no overhead to speak of)
+        "failure_free_overhead_vs_plain": med[args.system] / med["plain"] - 1.0 if same else None,
         # kill -> next commit as a multiple of the same layout's failure-free iteration
         "kill_to_next_commit_over_iteration": (percentile([k["kill_to_next_commit_s"] for k in kills
                                                            if k["kill_to_next_commit_s"] is not None], 0.5)
@@ -249,7 +253,8 @@ def print_table(s: dict) -> None:
     print(row("detection", s["detection_s"]))
     print(row("work lost (microbatches)", s["work_lost_microbatches"], ""))
     ff = s["failure_free_iteration_s"]
-    inner = s.get("tp", 1) > 1 or s.get("pp", 1) > 1  # plain runs none of it: a different layout
+    # plain ran another layout (a summary from before plain ran tp and pp: no plain_tp, plain_pp)
+    inner = (s.get("tp", 1), s.get("pp", 1)) != (s.get("plain_tp", 1), s.get("plain_pp", 1))
     plain = "plain" + (f" (shard {s['plain_shard']}{', no tp or pp' if inner else ''})"
                        if inner or s.get("plain_shard", 1) != s.get("shard", 1) else "")
     versus = ("(a different layout: not an overhead)" if inner

@@ -49,10 +49,10 @@ def add_parser(sub) -> None:
     r.add_argument("--replicas", type=int, default=4, help="replicas per run (default: 4)")
     r.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
     r.add_argument("--shard", type=int, default=1,
-                   help="ranks per replica S (HSDP; recover only): a kill strikes one rank and takes its replica; "
-                        "the failure-free comparison runs plain at S where plain runs it, else at 1 (default: 1)")
-    r.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica T (recover only; default: 1)")
-    r.add_argument("--pp", type=int, default=1, help="pipeline stages per replica P (recover only; default: 1)")
+                   help="ranks per replica S (HSDP; recover, or plain: core/config/layouts.py): a kill strikes one rank "
+                        "and takes its replica; the failure-free comparison runs plain at the same layout (default: 1)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica T (recover or plain; default: 1)")
+    r.add_argument("--pp", type=int, default=1, help="pipeline stages per replica P (recover or plain; default: 1)")
     r.add_argument("--pp-schedule", default="1f1b", help="afab or 1f1b, with --pp > 1 (default: 1f1b)")
     r.add_argument("--seed", type=int, default=0, help="seed of the kill schedule and the runs (default: 0)")
     r.add_argument("--kill-placement", choices=("random", "fixed"), default="random",
@@ -238,7 +238,7 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
 
     try:
         tp, pp, schedule = getattr(args, "tp", 1), getattr(args, "pp", 1), getattr(args, "pp_schedule", "1f1b")
-        check_layout(args.system, ReplicaLayout(shard=args.shard, tp=tp, pp=pp))
+        check_layout(args.system, ReplicaLayout(shard=args.shard, tp=tp, pp=pp), args.replicas)
         TrainConfig(system=args.system, replicas=args.replicas, microbatches=args.microbatches,
                     shard=args.shard, tp=tp, pp=pp, pp_schedule=schedule, seed=args.seed,
                     heartbeat_timeout=args.heartbeat_timeout).validate(tuple(SYSTEMS))

@@ -1,0 +1,59 @@
+"""Which training system runs which replica layout: the one table, and its one-line refusal.
+
+Contract:
+- `SYSTEM_LAYOUTS[system]` names the dimensions of a replica's rank grid ("shard":
+  FSDP2 over S ranks, "tp": tensor parallel T, "pp": pipeline stages P) that the
+  system runs above 1. A system not in the table runs one rank per replica.
+- `refusal(system, replicas, shard, tp, pp)` is None when the system runs that
+  layout, else the `ConfigError` to raise: flag "--system", and one line naming the
+  system, the layout and who runs it ("torchft runs one rank per replica;
+  3 x S2 needs recover or plain").
+- Everything that takes a system and a layout asks this table: TrainConfig.validate
+  (`recover train`, `recover launch`), experiments.systems (`System.layout`,
+  `check_layout`: the grids of `recover experiment` and `recover bench recovery`),
+  so a system learns a layout by one edit here.
+Pure: no torch, no processes.
+"""
+from __future__ import annotations
+
+from recover.core.config.errors import ConfigError
+
+LAYOUT_DIMENSIONS = ("shard", "tp", "pp")
+_SHORT = {"shard": "S", "tp": "TP", "pp": "PP"}
+
+SYSTEM_LAYOUTS: dict[str, tuple[str, ...]] = {
+    # recover's replicas of many ranks are core/parallel/'s grid; plain, its failure-free
+    # reference, builds the same grid from the same blocks (core/training/plain.py).
+    "recover": LAYOUT_DIMENSIONS,
+    "plain": LAYOUT_DIMENSIONS,
+    # The baselines wrap one process per replica (DCP restart, torchrun agents, torchft's
+    # Manager): none of them runs a replica of many ranks yet.
+    "ckpt-restart": (),
+    "torchft": (),
+    "elastic": (),
+}
+
+
+def runs(system: str, shard: int = 1, tp: int = 1, pp: int = 1) -> bool:
+    """Whether `system` runs replicas of shard x tp x pp ranks."""
+    able = SYSTEM_LAYOUTS.get(system, ())
+    return all(dim in able for dim, v in zip(LAYOUT_DIMENSIONS, (shard, tp, pp)) if v > 1)
+
+
+def layout_words(replicas: int, shard: int = 1, tp: int = 1, pp: int = 1) -> str:
+    """The job's layout, compactly: '3 x S2', '2 x TP2 x PP2', '4 x 1 rank'."""
+    parts = [f"{_SHORT[d]}{v}" for d, v in zip(LAYOUT_DIMENSIONS, (shard, tp, pp)) if v > 1]
+    return f"{replicas} x " + (" x ".join(parts) if parts else "1 rank")
+
+
+def refusal(system: str, replicas: int, shard: int = 1, tp: int = 1, pp: int = 1) -> ConfigError | None:
+    """None if `system` runs `replicas` x (shard, tp, pp); else the ConfigError saying so in one line."""
+    if runs(system, shard, tp, pp):
+        return None
+    dims = (shard, tp, pp)
+    own = SYSTEM_LAYOUTS.get(system, ())
+    what = ("runs one rank per replica" if not own else
+            f"runs replicas split by {' and '.join(_SHORT[d] for d in own)} only")
+    able = [s for s in SYSTEM_LAYOUTS if runs(s, *dims)]
+    who = f"needs {' or '.join(able)}" if able else "is run by no system yet"
+    return ConfigError("--system", f"{system} {what}; {layout_words(replicas, *dims)} {who}")
