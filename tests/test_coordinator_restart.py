@@ -277,5 +277,10 @@ def test_a_restart_during_work_slower_than_the_collective_timeout_waits_for_the_
     assert metrics[-1]["members"] == [0, 1, 2]  # nobody lost: the restart cost no replica
     rebuilt = [e for e in read_jsonl(out / "events.jsonl") if e.get("kind") == "rebuilt"]
     assert rebuilt, "the coordinator was not restarted"
+    # each report came from the worker's heartbeat thread, mid-microbatch, not from its training
+    # thread at the end of the 4 s microbatch
+    for x in range(r):
+        log = (out / "logs" / f"replica{x}.log").read_text()
+        assert "its restart took this replica's report from the heartbeat thread" in log, log
     for x, y in zip(metrics, read_metrics(ref / "metrics.jsonl")):
         assert x["loss"] == pytest.approx(y["loss"], rel=LOSS_RTOL)

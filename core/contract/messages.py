@@ -96,7 +96,9 @@ MESSAGES: tuple[Message, ...] = (
         _opt("weights_sha256", STR, "sha256 of the weights: generation 0 forms only if every replica's agree"),
         _opt("can_heal", BOOL, "it can be admitted into a running job (healed from a donor)"),
         _opt("rejoin", BOOL, "a woken replica"), _opt("started_at", NUM, "its process's start"),
-        _opt("report", REPORT, "where it stands, for a restarted coordinator's rebuild"))),
+        _opt("report", REPORT, "where it stands, for a restarted coordinator's rebuild"),
+        _opt("standby", BOOL, "from the heartbeat thread after a lost connection: only a rebuilding coordinator "
+                              "takes it; a live one closes it without a word"))),
     Message("join", "worker", "rejoin after an abort", (
         Field("gen", INT, "the generation joined"), Field("step", INT, "its step"),
         Field("ledger", IDS, "the ids of step it holds folded"),

@@ -1128,7 +1128,8 @@ class ProtocolStateMachine:
             self.slow_streak = {slow: self.slow_streak.get(slow, 0) + 1} if slow is not None else {}
 
     # ---- a restarted coordinator ---------------------------------------------------------------
-    def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int | None = None) -> list[Out]:
+    def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int | None = None,
+                progress_gap: float = 0.0) -> list[Out]:
         """Members, step and generation of a run whose coordinator restarted, from its workers.
 
         `hellos`: replica -> the hello it sent the new coordinator (a member reporting a step
@@ -1142,7 +1143,11 @@ class ProtocolStateMachine:
         (None: not known, as in a test of the machine alone); a commit the old
         coordinator sent but did not record (it sends, then records: a kill between the
         two loses the line, whether some members missed the commit or none did) is
-        recorded here, from the votes the workers report, marked "rebuilt".
+        recorded here, from the votes the workers report, marked "rebuilt". `progress_gap`:
+        the longest gap between units of work a member had measured, as the last metrics
+        line recorded it (0: none); each member is judged by it (the progress rule) until
+        its own next vote, so a member whose report came from its heartbeat thread in the
+        middle of a long microbatch is waited for, not removed at the forming deadline.
 
         Why this is safe: a commit goes out only after every member's vote, so if any
         member reached step T, every member still at T-1 that voted holds the same
@@ -1182,6 +1187,8 @@ class ProtocolStateMachine:
         self.newcomers, self.joining, self.unhealed = {}, {}, set()
         self.dealt = None  # what the old coordinator dealt is not known
         self.deadline = now + self.join_timeout
+        if progress_gap > 0:
+            self.progress_gap.update({r: progress_gap for r in self.members})
         self.digest_next_gen = True
         reason = (f"coordinator restarted: rebuilt step {top} from {len(plan.members)} member report(s)"
                   + (f"; {len(behind)} member(s) still waiting for the commit of step {top - 1}" if behind else ""))

@@ -62,7 +62,9 @@ Contract:
   replica fenced for a stall that never ends) is stopped by the launcher at once.
 - Restarted (`rebuild=True`, on the same ports, by the launcher after the old one
   died): it first collects one hello per worker, each with a report of where that
-  worker stands, answers each with {"t": "rebuilt"}, and once every expected
+  worker stands (sent by the worker's heartbeat thread while its training thread
+  works inside a quota, a hello marked `standby`, or else by the training thread
+  at its next unit of work), answers each with {"t": "rebuilt"}, and once every expected
   replica reported (or its exit was told by the launcher, or the wait passed: the
   collective timeout plus four times the longest gap between units of work a member
   had measured, which the last metrics line records, since a worker's training
@@ -417,7 +419,7 @@ class CoordinatorService:
             for r, hello in sorted(self.rebuild_hellos.items()):
                 self._apply(self.proto.on_hello(r, hello, now), self.by_replica.get(r))
         else:
-            self._apply(self.proto.rebuild(self.rebuild_hellos, now, self.recorded_step))
+            self._apply(self.proto.rebuild(self.rebuild_hellos, now, self.recorded_step, self.rebuild_gap))
         for r in sorted(self.rebuild_exited):
             self._apply(self.proto.on_exit(r, "exited", now))
 
@@ -683,6 +685,10 @@ class CoordinatorService:
             if not self._token_ok(msg):
                 return self._refuse(conn, f"hello as replica {msg.get('replica')} with a wrong join token", now,
                                     close=True)
+            if msg.get("standby") and not self.rebuilding:
+                # a worker's heartbeat thread, after a connection this coordinator closed on purpose
+                # (it said why on that one, which the training thread reads): nothing to take here
+                return self._drop(conn)
             old = self.by_replica.get(msg["replica"])
             if old is not None and msg.get("report") is not None and self.proto.same_process(msg["replica"],
                                                                                              msg.get("pid")):

@@ -22,6 +22,11 @@ Contract:
   whether the coordinator has aborted generation `gen`: a collective polls it so
   a survivor stuck waiting on a dead peer gets out as soon as the coordinator
   knows, not at the deadline.
+- `on_lost(client)`, when given, is called from the heartbeat thread once the
+  connection is lost (a failed send, an end of stream, a silent coordinator), and
+  never after `close()`: that thread is not the training thread, so a worker can
+  reach a restarted coordinator while its training thread is in the middle of a
+  microbatch (core/worker/replica.py `_report_from_heartbeat`).
 - The heartbeat carries the training thread's progress count (`p`, a
   `ProgressMeter`'s, core/worker/progress.py) when the client is given one: the
   coordinator tells a replica whose work has stopped from one that is slow.
@@ -41,7 +46,7 @@ import select
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from recover.core.worker.progress import ProgressMeter
@@ -51,7 +56,8 @@ class ControlClient:
     """A worker's connection to the coordinator's membership service."""
 
     def __init__(self, host: str, port: int, heartbeat_interval: float = 0.1, connect_timeout: float = 60.0,
-                 silence_limit: float = 10.0, progress: "ProgressMeter | None" = None):
+                 silence_limit: float = 10.0, progress: "ProgressMeter | None" = None,
+                 on_lost: "Callable[[ControlClient], None] | None" = None):
         self.sock = socket.create_connection((host, port), timeout=connect_timeout)
         self.silence_limit = silence_limit
         self._beating = False  # the coordinator beats (a heartbeat arrived): its silence can be judged
@@ -65,6 +71,8 @@ class ControlClient:
         self._send_lock = threading.Lock()
         self.heartbeat_interval = heartbeat_interval
         self.progress = progress  # its count rides on each heartbeat
+        self.on_lost = on_lost
+        self._closed_here = False  # close() was called: the loss is this worker's own doing
         self._last_sent = time.monotonic()
         threading.Thread(target=self._heartbeat_loop, name="control-heartbeat", daemon=True).start()
 
@@ -113,6 +121,7 @@ class ControlClient:
         return None
 
     def close(self) -> None:
+        self._closed_here = True
         self.closed.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -171,3 +180,5 @@ class ControlClient:
         while not self.closed.wait(self.heartbeat_interval):
             if time.monotonic() - self._last_sent >= self.heartbeat_interval:  # else that message was the beat
                 self.send({"t": "hb"} if self.progress is None else {"t": "hb", "p": self.progress.count})
+        if self.on_lost is not None and not self._closed_here:
+            self.on_lost(self)

@@ -78,7 +78,10 @@ Contract:
   it back or ends the job, RECOVER_COORDINATOR_SUPERVISED) and
   says hello with a report of where it stands (`_report`: step, generation,
   ledger, what it waits for, its last vote), keeping its weights, optimizer state
-  and what it folded. A restarted coordinator answers "rebuilt" and the wait goes
+  and what it folded. Inside a quota the heartbeat thread makes that report the
+  moment the connection is lost, without waiting for the microbatch in flight
+  (`_report_from_heartbeat`); the training thread adopts its connection when it
+  next looks. A restarted coordinator answers "rebuilt" and the wait goes
   on where it was (the commit it missed, an abort, the next generation, or, for
   a newcomer, its admission: the restarted coordinator admits it); a live
   one that had declared it dead answers "pending", and it rejoins as above. A
@@ -123,6 +126,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Iterable, Iterator
@@ -272,6 +276,12 @@ class Replica:
         self.healed = False  # this replica joined a running job and holds a donor's state (core/worker/state_transfer.py)
         self._digest_next_vote = False  # the first vote of an admitting generation carries the digest
         self._rejoined = False  # quota() rejoined after a fence: the next commit() only returns False
+        # A lost coordinator, reported from the heartbeat thread (`_report_from_heartbeat`): the lock
+        # orders that thread's report against the training thread's own reconnect and against
+        # `_working` flipping; `_standby` holds a connection a restarted coordinator took a report on.
+        self._reconnect_lock = threading.Lock()
+        self._working = False  # inside a quota (between quota() and commit()): step, generation, wait fixed
+        self._standby: tuple[ControlClient, dict] | None = None
         self._work_started = time.perf_counter()
         self._work_seconds = 0.0
         try:
@@ -312,6 +322,7 @@ class Replica:
         gen = self.generation
         first = True
         self._relay({"t": "quota", **self._where()})
+        self._set_working(True)
         for i in self._quota:
             if self.acc.has(i):
                 continue
@@ -389,6 +400,7 @@ class Replica:
 
     def commit(self) -> bool:
         """Reduce, vote, and step the optimizer; False if recovery needs more work."""
+        self._set_working(False)
         if self._rejoined:
             self._rejoined = False
             return False
@@ -549,10 +561,56 @@ class Replica:
                            "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at,
                            **({"report": report} if report is not None else {})})
 
+    def _set_working(self, working: bool) -> None:
+        with self._reconnect_lock:
+            self._working = working
+
+    def _report_from_heartbeat(self, lost: ControlClient) -> None:
+        """The heartbeat thread of a connection that was lost: report to a restarted coordinator now.
+
+        A worker's training thread sees a lost coordinator only at its next unit of work; a
+        restarted coordinator then waits for its report as long as that unit may take. This
+        thread reports at once instead, while the training thread works inside a quota, where
+        what a report says (member, step, generation, its last votes, waiting for nothing) does
+        not change until `commit()`, which takes the lock first. The hello says `standby`: a
+        coordinator that did not die (it closed the connection on purpose, saying why on it)
+        closes this one without a word, and the training thread reads why on the old one. A
+        restarted one takes the report and answers "rebuilt"; the connection waits in
+        `_standby` until the training thread, noticing the loss itself, adopts it in
+        `_reconnect`. The training thread reconnecting by itself (outside a quota, or first)
+        holds the lock, and this thread then leaves it to that."""
+        deadline = float("inf") if self.supervised else time.monotonic() + self.reconnect_timeout
+        delay = 0.05
+        while time.monotonic() < deadline and self.control is lost and self._standby is None:
+            if self._working and self._reconnect_lock.acquire(blocking=False):
+                try:
+                    if not self._working or self.control is not lost or self._standby is not None:
+                        return
+                    try:
+                        client = self._connect(connect_timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                    except OSError:
+                        client = None
+                    if client is not None:
+                        client.send({"t": "hello", "replica": self.replica, "pid": os.getpid(),
+                                     "tokens_per_mb": self.tokens_per_microbatch, "token": self.join_token,
+                                     "can_heal": True, "rejoin": True, "standby": True,
+                                     "started_at": time.time() - run_start_time(), "report": self._report()})
+                        answer = client.recv(RECONNECT_ANSWER_SECONDS)
+                        if answer is not None and answer["t"] == "rebuilt":
+                            self._standby = (client, answer)
+                            self._log(f"step {self.step}: the coordinator was lost; its restart took this "
+                                      f"replica's report from the heartbeat thread, mid-quota")
+                            return
+                        client.close()  # not restarted yet (or never died): try again, or leave it
+                finally:
+                    self._reconnect_lock.release()
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
     def _connect(self, connect_timeout: float = 60.0) -> ControlClient:
         return ControlClient(*self.control_addr, heartbeat_interval=self.heartbeat_interval,
                              connect_timeout=connect_timeout, silence_limit=self.coordinator_timeout,
-                             progress=self.meter)
+                             progress=self.meter, on_lost=self._report_from_heartbeat)
 
     def _connect_at_start(self) -> ControlClient:
         """The first connection; a coordinator being restarted refuses it for a moment, so retry."""
@@ -586,8 +644,21 @@ class Replica:
         None when no coordinator answered within `reconnect_timeout`. The answer is
         "rebuilt" (a restarted coordinator: go on where this replica was), "pending"
         (a live one that declared it dead: rejoin), "refused", or done/stop. A connection
-        closed without an answer is a coordinator dying again: the next try goes on."""
+        closed without an answer is a coordinator dying again: the next try goes on. A report
+        the heartbeat thread already made (`_report_from_heartbeat`) is adopted: its connection
+        and its answer."""
+        with self._reconnect_lock:
+            return self._reconnect_locked()
+
+    def _reconnect_locked(self) -> dict | None:
         self.control.close()
+        if self._standby is not None:
+            client, answer = self._standby
+            self._standby = None
+            if not client.closed.is_set():
+                self.control = client
+                return answer
+            client.close()
         deadline = float("inf") if self.supervised else time.monotonic() + self.reconnect_timeout
         delay = 0.05
         self._log(f"step {self.step}: the connection to the coordinator closed; reconnecting ("
