@@ -12,6 +12,8 @@ fold() and the commit's pre-check read are set.
 """
 from __future__ import annotations
 
+import threading
+
 import time
 
 import pytest
@@ -53,6 +55,7 @@ def _replica(quota: range) -> Replica:
     r.acc, r.link, r._nonfinite, r.control = _acc(), None, NonfiniteLosses(), _Control()
     r.generation, r.step, r.steps, r.microbatches, r._abort = 0, 0, 1, len(quota), None
     r.replica, r.meter = 0, ProgressMeter()
+    r._reconnect_lock = threading.Lock()  # quota() marks the replica working under it
     r._set_quota([[quota.start, quota.stop]])
     return r
 
