@@ -121,14 +121,15 @@ from recover.core.storage.results import pack_members
 # Act, Out and ProtocolError are the machine's vocabulary (core/coordinator/actions.py), and
 # RebuildPlan/classify_reports the rebuild's pure part: all re-exported here, where callers import them.
 from recover.core.coordinator.actions import Act, Out, ProtocolError
+from recover.core.coordinator.readiness import STALL_SCAN_SECONDS, Readiness, ReadinessMixin
 from recover.core.coordinator.rebuild import RebuildMixin, RebuildPlan, classify_reports
 from recover.core.coordinator.speeds import SpeedTable, measure, slowest_of
 from recover.core.coordinator.vote_tally import VoteTally
 
-__all__ = ["Act", "Out", "ProtocolError", "ProtocolStateMachine", "RebuildPlan", "classify_reports"]
+__all__ = ["Act", "Out", "ProtocolError", "ProtocolStateMachine", "RebuildPlan", "STALL_SCAN_SECONDS",
+           "classify_reports"]
 
 
-STALL_SCAN_SECONDS = 0.25  # how often the progress rule looks at the members (O(R) a look)
 SPEED_SMOOTHING = 0.2  # weight of the newest measurement in a replica's speed estimate
 SPEED_TOLERANCE = 0.5  # speeds within 50% of each other are balanced as equal
 # A replica counts as slow only after it was the slowest, by more than the tolerance,
@@ -138,10 +139,12 @@ SPEED_TOLERANCE = 0.5  # speeds within 50% of each other are balanced as equal
 SPEED_WINDOW = 4
 
 
-class ProtocolStateMachine(RebuildMixin):
+class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
     """Generations, rejoin, the commit vote and the recovery records of one run.
 
-    Concerns with a module of their own: the rebuild after a coordinator restart
+    Concerns with a module of their own: readiness and the progress rule
+    (core/coordinator/readiness.py: `Readiness`, held as `self.readiness`, and
+    `ReadinessMixin`), and the rebuild after a coordinator restart
     (core/coordinator/rebuild.py, `RebuildMixin`)."""
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
@@ -185,16 +188,10 @@ class ProtocolStateMachine(RebuildMixin):
         self.deadline = now + (max(join_timeout, 300.0) if startup_timeout is None else startup_timeout)
         self.keys = [str(r) for r in range(replicas)]  # replica -> its key in a metrics line (made once, not per step)
         self.speeds = SpeedTable(replicas, SPEED_SMOOTHING)  # smoothed microbatches/s, per replica
+        # the ready/go round and each replica's progress (core/coordinator/readiness.py)
+        self.readiness = Readiness(owed_since=now, next_stall_scan=now)
         self.votes = self._tally(now)  # the ok votes of (gen, step), summed as they arrive
-        self.ready: set[int] = set()  # members ready for (gen, step)'s all-reduce ("go" went out once all are)
-        self.go_at: float | None = None  # when "go" went out for (gen, step); None: not yet
-        self.vote_deadline: float | None = None  # the last member's vote is due by then (all others voted)
         self.slowest_microbatch = 0.0  # seconds, the slowest microbatch of the last commit (a rejoin waits one out)
-        self.owed_since = now  # when the members last owed new work (set with each new tally)
-        self.progress_at: dict[int, float] = {}  # replica -> when it last showed progress (on_progress)
-        self.progress_gap: dict[int, float] = {}  # replica -> the longest gap between units of work it measured
-        self.longest_gap: float | None = None  # the largest of them (kept as they arrive: no pass over R a commit)
-        self.next_stall_scan = now  # the progress rule looks at the members at most every STALL_SCAN_SECONDS
         self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
         self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
         self.tokens_per_mb = 0
@@ -215,10 +212,7 @@ class ProtocolStateMachine(RebuildMixin):
     def _tally(self, now: float) -> VoteTally:
         """An empty tally for the votes of a new (generation, step); readiness starts over with it,
         and every member owes work again from `now` (the progress rule, `_stalled`)."""
-        self.owed_since = now
-        self.ready = set()
-        self.go_at = None
-        self.vote_deadline = None
+        self.readiness.new_round(now)
         self.loss_not_finite = False  # a vote of (gen, step) said its loss sum is not finite
         self.nonfinite_named: dict[int, idranges.Ranges] = {}  # replica -> its ids whose loss was not finite
         return VoteTally(self.keys)
@@ -340,60 +334,6 @@ class ProtocolStateMachine(RebuildMixin):
                     reason=reason),
                 Out(Act.CLOSE, r, {"t": "refused"}, reason=reason)]
 
-    def on_progress(self, r: int, now: float) -> None:
-        """Replica r showed progress (its heartbeat's count moved, or it sent a message). O(1)."""
-        self.progress_at[r] = now
-
-    def stall_bound(self, r: int) -> float | None:
-        """Seconds without progress after which member r, owing work, is declared dead (None:
-        not measured yet, before its first vote)."""
-        gap = self.progress_gap.get(r)
-        if gap is None:
-            return None
-        return self.join_timeout + 4 * gap + 2 * (self.heartbeat_interval or 0.0)
-
-    def _owes_work(self, r: int) -> bool:
-        if self.state == "running":
-            return self.go_at is None and r not in self.ready and r in self.member_set
-        if self.state == "forming":
-            return r in self.expected and r not in self.joins and self.next_gen > 0
-        return False
-
-    def _stalled(self, now: float) -> list[Out]:
-        """Members that owe work and showed no progress for longer than their bound: lost.
-        O(members), at most every STALL_SCAN_SECONDS."""
-        self.next_stall_scan = now + STALL_SCAN_SECONDS
-        who = self.members if self.state == "running" else sorted(self.expected)
-        out: list[Out] = []
-        for r in who:
-            bound = self.stall_bound(r)
-            if bound is None or r not in self.alive or not self._owes_work(r):
-                continue
-            since = max(self.progress_at.get(r, self.owed_since), self.owed_since)
-            if now - since > bound:
-                owed = "its rejoin" if self.state == "forming" else f"its work of step {self.step}"
-                out += self.on_lost(r, (
-                    f"no progress for {now - since:.1f}s on {owed} (bound {bound:.1f}s: the collective timeout "
-                    f"plus 4 x {self.progress_gap[r]:.2f}s, its longest measured gap); alive but stuck"), now)
-                if self.state not in ("running", "forming"):
-                    break
-        return out
-
-    def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
-        """Member r folded its quota of (gen, step); once every member has, all hear `go`.
-
-        O(1) per message, and one message object for all members (the service encodes it once)."""
-        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set or self.go_at is not None:
-            return []  # stale, fenced, or a repeat after go
-        if msg.get("step") != self.step:
-            return self.on_bad(r, f"it is ready for step {msg.get('step')}, the run is at {self.step}", now)
-        self.ready.add(r)
-        if len(self.ready) < len(self.members):
-            return []
-        self.go_at = now
-        go = {"t": "go", "gen": self.gen, "step": self.step}
-        return [Out(Act.SEND, m, go) for m in self.members]
-
     def on_stop_run(self, r: int, msg: dict, now: float) -> list[Out]:
         """Replica r ends the run for a reason of its own (its storage is failing).
 
@@ -431,10 +371,7 @@ class ProtocolStateMachine(RebuildMixin):
             held = self.votes.add(r, msg)
         except ValueError as e:
             return self.on_bad(r, f"its vote's ledger is malformed: {e}", now)
-        gap = msg.get("progress_gap")
-        if type(gap) in (int, float) and 0 <= gap < float("inf"):
-            self.progress_gap[r] = max(gap, self.progress_gap.get(r, 0.0))  # the bound only loosens
-            self.longest_gap = max(gap, self.longest_gap or 0.0)
+        self.readiness.note_gap(r, msg.get("progress_gap"))  # the stall bound only loosens
         self.unhealed.discard(r)  # it votes only with the state (core/worker/replica.py)
         if msg.get("loss_sum") is None or "nonfinite" in msg:
             self._note_nonfinite(r, msg)
@@ -447,8 +384,7 @@ class ProtocolStateMachine(RebuildMixin):
             return self._commit(now)
         if held == len(self.members) - 1:
             # the others' all-reduce completed, so the last member's did too: its vote is bounded
-            took = now - self.go_at if self.go_at is not None else 0.0
-            self.vote_deadline = now + self.join_timeout + 4 * took
+            self.readiness.bound_last_vote(now, self.join_timeout)
         return []
 
     @staticmethod
@@ -616,12 +552,13 @@ class ProtocolStateMachine(RebuildMixin):
                    reason=f"replicas connected {connected}/{len(self.expected)}")
 
     def on_tick(self, now: float) -> list[Out]:
-        if self.state in ("running", "forming") and now >= self.next_stall_scan and self.progress_gap:
+        rd = self.readiness
+        if self.state in ("running", "forming") and now >= rd.next_stall_scan and rd.progress_gap:
             if out := self._stalled(now):
                 return out
         if self.state == "waiting" and now >= self.deadline:
             return self._admit(now)  # waited long enough: go on with whoever is there
-        if self.state == "running" and self.vote_deadline is not None and now >= self.vote_deadline:
+        if self.state == "running" and rd.vote_deadline is not None and now >= rd.vote_deadline:
             return self._vote_overdue(now)
         if self.state != "forming" or now < self.deadline:
             return []
@@ -638,17 +575,6 @@ class ProtocolStateMachine(RebuildMixin):
                 out.append(Out(Act.EVENT, msg={"kind": "startup", "never_connected": r, "at": now},
                                reason=f"replica {r} did not connect within the start-up timeout"))
         return out + self._maybe_publish(now)
-
-    def _vote_overdue(self, now: float) -> list[Out]:
-        """Every member but one voted, and the last one's vote is past its deadline: it is lost."""
-        self.vote_deadline = None
-        late = [m for m in self.members if m not in self.votes.votes]
-        out: list[Out] = []
-        for r in late:  # exactly one (the deadline is set when all others voted)
-            why = (f"did not vote for step {self.step} within {now - self.go_at if self.go_at else 0.0:.1f}s of go "
-                   f"while every other member had (its training thread is stuck; its heartbeat is not proof of work)")
-            out += self.on_lost(r, why, now)
-        return out
 
     def balancing_speeds(self) -> dict[int, float] | None:
         """The members' speeds for the quota policy, or None (equal) while they are close.
@@ -992,7 +918,7 @@ class ProtocolStateMachine(RebuildMixin):
         donor = max(old, key=lambda r: (self.speeds.get(r, 0.0), -r))
         # the members owe the step's work from now: the wait for newcomers (state "waiting") owed
         # nothing, however long a replacement took to start (the progress rule, `_stalled`)
-        self.owed_since = now
+        self.readiness.owed_since = now
         self.state = "running"
         self.gen += 1
         self.next_gen = self.gen
@@ -1045,7 +971,7 @@ class ProtocolStateMachine(RebuildMixin):
             "generation": generation, "recoveries": recoveries,
             # the longest gap between units of work any member measured: a restarted coordinator
             # waits for the members' reports in proportion to it (core/coordinator/service.py)
-            **({"progress_gap": self.longest_gap} if self.longest_gap is not None else {}),
+            **({"progress_gap": gap} if (gap := self.readiness.longest_gap) is not None else {}),
             **({"lr": lr} if lr is not None else {}), **extra})
 
     # ---- attribution and fencing (persistent faults) ---------------------------------------
