@@ -121,31 +121,24 @@ from recover.core.storage.results import pack_members
 # Act, Out and ProtocolError are the machine's vocabulary (core/coordinator/actions.py), and
 # RebuildPlan/classify_reports the rebuild's pure part: all re-exported here, where callers import them.
 from recover.core.coordinator.actions import Act, Out, ProtocolError
+from recover.core.coordinator.balancing import SPEED_SMOOTHING, SPEED_TOLERANCE, SPEED_WINDOW, Balancing
 from recover.core.coordinator.readiness import STALL_SCAN_SECONDS, Readiness, ReadinessMixin
 from recover.core.coordinator.rebuild import RebuildMixin, RebuildPlan, classify_reports
-from recover.core.coordinator.speeds import SpeedTable, measure, slowest_of
+from recover.core.coordinator.speeds import SpeedTable, measure
 from recover.core.coordinator.vote_tally import VoteTally
 
-__all__ = ["Act", "Out", "ProtocolError", "ProtocolStateMachine", "RebuildPlan", "STALL_SCAN_SECONDS",
-           "classify_reports"]
-
-
-SPEED_SMOOTHING = 0.2  # weight of the newest measurement in a replica's speed estimate
-SPEED_TOLERANCE = 0.5  # speeds within 50% of each other are balanced as equal
-# A replica counts as slow only after it was the slowest, by more than the tolerance,
-# in this many consecutive committed steps: on a loaded machine one or two noisy
-# steps often read 2x apart, and a quota moved by noise would also move the
-# microbatches a fault plan names (a plan's "microbatch k" must exist to fire).
-SPEED_WINDOW = 4
+__all__ = ["Act", "Out", "ProtocolError", "ProtocolStateMachine", "RebuildPlan", "SPEED_SMOOTHING", "SPEED_TOLERANCE",
+           "SPEED_WINDOW", "STALL_SCAN_SECONDS", "classify_reports"]
 
 
 class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
     """Generations, rejoin, the commit vote and the recovery records of one run.
 
-    Concerns with a module of their own: readiness and the progress rule
-    (core/coordinator/readiness.py: `Readiness`, held as `self.readiness`, and
-    `ReadinessMixin`), and the rebuild after a coordinator restart
-    (core/coordinator/rebuild.py, `RebuildMixin`)."""
+    Concerns with a module of their own:
+    - when quotas follow the speeds: core/coordinator/balancing.py (`Balancing`, held as `self.balancer`);
+    - readiness and the progress rule: core/coordinator/readiness.py (`Readiness`, held as
+      `self.readiness`, and `ReadinessMixin`);
+    - the rebuild after a coordinator restart: core/coordinator/rebuild.py (`RebuildMixin`)."""
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
@@ -188,12 +181,12 @@ class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
         self.deadline = now + (max(join_timeout, 300.0) if startup_timeout is None else startup_timeout)
         self.keys = [str(r) for r in range(replicas)]  # replica -> its key in a metrics line (made once, not per step)
         self.speeds = SpeedTable(replicas, SPEED_SMOOTHING)  # smoothed microbatches/s, per replica
+        # whether quotas follow those speeds (core/coordinator/balancing.py; it updates the table)
+        self.balancer = Balancing(self.speeds)
         # the ready/go round and each replica's progress (core/coordinator/readiness.py)
         self.readiness = Readiness(owed_since=now, next_stall_scan=now)
         self.votes = self._tally(now)  # the ok votes of (gen, step), summed as they arrive
         self.slowest_microbatch = 0.0  # seconds, the slowest microbatch of the last commit (a rejoin waits one out)
-        self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
-        self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
         self.tokens_per_mb = 0
         self.digests: dict[int, str] = {}  # replica -> digest of its initial weights (from its hello)
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
@@ -208,6 +201,18 @@ class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
         # ledger must be its join ledger plus its quota of `ids`. Read only when ledgers do not add up
         # (`_expected`); None after a rebuild (the old coordinator dealt it).
         self.dealt: tuple[dict[int, idranges.Ranges], idranges.Ranges, idranges.Ranges, Any] | None = None
+
+    @property
+    def slow_streak(self) -> dict[int, int]:
+        return self.balancer.slow_streak
+
+    @property
+    def balancing(self) -> bool:
+        return self.balancer.balancing
+
+    def balancing_speeds(self) -> dict[int, float] | None:
+        """The members' speeds for the quota policy, or None (equal): `Balancing.speeds_for`."""
+        return self.balancer.speeds_for(self.members)
 
     def _tally(self, now: float) -> VoteTally:
         """An empty tally for the votes of a new (generation, step); readiness starts over with it,
@@ -576,43 +581,6 @@ class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
                                reason=f"replica {r} did not connect within the start-up timeout"))
         return out + self._maybe_publish(now)
 
-    def balancing_speeds(self) -> dict[int, float] | None:
-        """The members' speeds for the quota policy, or None (equal) while they are close.
-
-        Measured speeds carry scheduling noise (seen here: 2x swings between equal
-        replicas on a loaded machine); an uneven split only pays off when a replica
-        is really slower, so speeds within SPEED_TOLERANCE of each other count as equal,
-        and so do any speeds until one member has been the slowest beyond that tolerance
-        in SPEED_WINDOW consecutive steps (a sustained difference, not noise). Once
-        started, balancing goes on until the smoothed speeds are within the tolerance
-        again (`_update_balancing`): one noisy step does not undo it.
-        """
-        if not self.balancing:  # first: the common case costs O(1), not a pass over the members
-            return None
-        known_all, lo, hi = self.speeds.spread(self.members)
-        if not known_all or hi <= (1 + SPEED_TOLERANCE) * lo:
-            return None
-        return self.speeds.of(self.members)
-
-    def _update_balancing(self) -> None:
-        """After a commit: start balancing on a sustained difference, stop when the
-        smoothed speeds come back within the tolerance.
-
-        The window is needed to start, not to keep going: beside `stress-ng` one noisy
-        step in which a fast replica read slowest ended a 4x straggler's streak, and its
-        quota went back to equal for the next several steps (seen: steps 6-9 balanced,
-        10-16 equal again). Hysteresis keeps the decision until the speeds themselves,
-        smoothed, say the straggler caught up."""
-        # slow_streak names at most one replica: this is O(1)
-        streak = max((n for r, n in self.slow_streak.items() if r in self.member_set), default=0)
-        if not self.balancing and streak < SPEED_WINDOW:
-            return  # not balancing and no reason to start: the pass over the speeds below could only say so
-        known_all, lo, hi = self.speeds.spread(self.members)
-        if not known_all or hi <= (1 + SPEED_TOLERANCE) * lo:
-            self.balancing = False
-        elif streak >= SPEED_WINDOW:
-            self.balancing = True
-
     # ---- transitions ---------------------------------------------------------------------
     def _record_failure(self, reason: str, now: float) -> None:
         """One record per recovery (per generation formed): failures seen while the
@@ -701,7 +669,7 @@ class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
         (`split`): each member takes its `policy.equal_share`, so the service encodes
         one line, not R, and the step costs no per-member quota here. While quotas
         follow the speeds, each member gets its own (`quota`)."""
-        speeds = self.balancing_speeds()
+        speeds = self.balancer.speeds_for(self.members)
         joins = joins or {}  # the ledgers the members hold already (a re-formed generation's survivors)
         if speeds is None:
             self.dealt = (joins, ids, self.member_ranges, None)
@@ -780,11 +748,9 @@ class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
         who, measured, slowest = measure(votes.seconds)  # vectorized: O(R) in C, not R dict operations
         if self.step == 0:  # step 0 pays one-time costs (first calls, allocations): not a speed
             who, measured = who[:0], measured[:0]
-        self.speeds.update(who, measured)  # smoothed: one noisy step must not reshuffle quotas
         if slowest:
             self.slowest_microbatch = slowest  # what the next rejoin waits out (the deadline of `_fail`)
-        self._count_slow_streak(who, measured)
-        self._update_balancing()
+        self.balancer.after_commit(who, measured, self.members, self.member_set)  # speeds, streak, balancing
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
         records = [self._commit_line(self.step, loss, got, ledgers, self.gen, list(self.members),
                                      len(self.pending), lr,
@@ -939,22 +905,6 @@ class ProtocolStateMachine(ReadinessMixin, RebuildMixin):
         return out + self._deal({"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
                                  "microbatches": self.M, "steps": self.S, **({"heal": heal} if heal else {})},
                                 [list(iteration_range(self.step, self.M))])
-
-    def _count_slow_streak(self, who: Any, measured: Any) -> None:
-        """One committed step's speeds: extend the slowest member's streak if it was
-        slower than the fastest by more than SPEED_TOLERANCE; every other streak ends.
-        A streak holder that folded nothing this step keeps its streak: otherwise a
-        straggler given no work would read as cured and get its full quota back."""
-        # (`who`, `measured`: core.coordinator.speeds.measure's arrays; slow_streak names at most one replica)
-        if any(r in self.member_set and not (who == r).any() for r in self.slow_streak):
-            return  # the slow one folded nothing this step (the policy gave it none): no new evidence
-        slow = None
-        if who.size >= 2:
-            r, low, high = slowest_of(who, measured)  # ties: the lowest id
-            if high > (1 + SPEED_TOLERANCE) * low:
-                slow = r
-        if who.size:  # a step without measurements (step 0) neither extends nor ends a streak
-            self.slow_streak = {slow: self.slow_streak.get(slow, 0) + 1} if slow is not None else {}
 
     def _commit_line(self, step: int, loss: float, got: idranges.Ranges, ledgers: dict[str, list], generation: Any,
                      members: list[int], recoveries: int, lr: Any, **extra: Any) -> Out:
