@@ -337,7 +337,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         one_rank_only="it needs --exact, which a replica of many ranks does not take yet",
     ),
     FaultKind(
-        # A persistent fault: recover must exclude the replica (core.coordinator.protocol's fencing),
+        # A persistent fault: recover must exclude the replica (core.coordinator.fencing),
         # since re-forming the same members fails the same way every time.
         "broken_link", "every all-reduce of the target fails from then on, for `seconds` (for good without)",
         _break_link_for_good, accepts=("seconds",), at_phase="allreduce",

@@ -18,7 +18,7 @@ Contract:
   folds them (`between_microbatches` k is the gap before microbatch k, so k >= 1).
   A named microbatch always exists in a failure-free stretch: quotas stay equal
   (sizes within 1) until one replica has been measured the slowest beyond
-  tolerance for several consecutive steps (core.coordinator.protocol.SPEED_WINDOW), so load
+  tolerance for several consecutive steps (core.coordinator.balancing.SPEED_WINDOW), so load
   noise does not move them. Should a replica still fold fewer microbatches in
   that step than the trigger names (a sustained straggler, or no microbatch
   at all), the fault fires at that step's "commit" point, once this replica's

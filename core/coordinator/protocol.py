@@ -111,135 +111,39 @@ it as a table). Ids on the wire are `core.contract.idranges` range lists, [[star
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from recover.core.contract import idranges
 from recover.core.contract.iteration import iteration_range
 from recover.core.contract.nonfinite import ON_NONFINITE, describe
-from recover.core.contract.policy import assign_quota_ranges, equal_share
+from recover.core.contract.policy import assign_quota_ranges
 from recover.core.storage.results import pack_members
-from recover.core.coordinator.speeds import SpeedTable, measure, slowest_of
+# Act, Out and ProtocolError are the machine's vocabulary (core/coordinator/actions.py), and
+# RebuildPlan/classify_reports the rebuild's pure part: all re-exported here, where callers import them.
+from recover.core.coordinator.actions import Act, Out, ProtocolError
+from recover.core.coordinator.admission import AdmissionMixin
+from recover.core.coordinator.balancing import SPEED_SMOOTHING, SPEED_TOLERANCE, SPEED_WINDOW, Balancing
+from recover.core.coordinator.fencing import FencingMixin
+from recover.core.coordinator.readiness import STALL_SCAN_SECONDS, Readiness, ReadinessMixin
+from recover.core.coordinator.rebuild import RebuildMixin, RebuildPlan, classify_reports
+from recover.core.coordinator.speeds import SpeedTable, measure
 from recover.core.coordinator.vote_tally import VoteTally
 
-
-class Act(str, Enum):
-    """What the service does with an `Out` (core/coordinator/service.py has one handler per kind).
-
-    A str enum: `a.kind == "commit"` reads as it did when kinds were bare strings."""
-
-    SEND = "send"  # send `msg` to `replica` (a broadcast is one msg object to many: encoded once)
-    CLOSE = "close"  # close `replica`'s connection, saying why (fenced, or a refused hello)
-    COMMIT = "commit"  # record `msg`, a committed step's line, in metrics.jsonl
-    RECOVERY = "recovery"  # record `msg`, a recovery, in events.jsonl (and the log)
-    EVENT = "event"  # record `msg` in events.jsonl and `reason` in the log
-    FINISH = "finish"  # the run is over: exit `code`, for `reason`
+__all__ = ["Act", "Out", "ProtocolError", "ProtocolStateMachine", "RebuildPlan", "SPEED_SMOOTHING", "SPEED_TOLERANCE",
+           "SPEED_WINDOW", "STALL_SCAN_SECONDS", "classify_reports"]
 
 
-@dataclass(slots=True)  # one per message sent: R of them per step
-class Out:
-    """One action for the service to carry out."""
+class ProtocolStateMachine(AdmissionMixin, ReadinessMixin, FencingMixin, RebuildMixin):
+    """Generations, rejoin, the commit vote and the recovery records of one run.
 
-    kind: Act  # which handler carries it out
-    replica: int = -1  # for send/close
-    msg: dict[str, Any] = field(default_factory=dict)  # send: the message; commit/recovery/event: the record
-    code: int = 0  # finish: exit code
-    reason: str = ""  # close/finish; send/event: a line for the coordinator's log
-
-
-STALL_SCAN_SECONDS = 0.25  # how often the progress rule looks at the members (O(R) a look)
-SPEED_SMOOTHING = 0.2  # weight of the newest measurement in a replica's speed estimate
-SPEED_TOLERANCE = 0.5  # speeds within 50% of each other are balanced as equal
-# A replica counts as slow only after it was the slowest, by more than the tolerance,
-# in this many consecutive committed steps: on a loaded machine one or two noisy
-# steps often read 2x apart, and a quota moved by noise would also move the
-# microbatches a fault plan names (a plan's "microbatch k" must exist to fire).
-SPEED_WINDOW = 4
-
-
-class ProtocolError(RuntimeError):
-    """The protocol's own invariant was about to be broken (a bug, never a fault)."""
-
-
-def _ledger(r: int, msg: dict) -> idranges.Ranges:
-    """A vote's or join's ledger, checked to be a range list (O(pairs))."""
-    try:
-        return idranges.check(msg.get("ledger", []))
-    except ValueError as e:
-        raise ProtocolError(f"replica {r} sent a malformed ledger: {e}") from None
-
-
-def _int_or(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _committed_vote_of(rep: dict, step: int) -> list[dict]:
-    """[the vote with which a report's member committed `step`] if the report says so, else []."""
-    for vote in (rep.get("committed_vote"), rep.get("vote") if "committed_vote" not in rep else None):
-        if isinstance(vote, dict) and vote.get("step") == step:
-            return [vote]
-    return []
-
-
-@dataclass
-class RebuildPlan:
-    """What a restarted coordinator's reports say (`classify_reports`), before anything is decided."""
-
-    reports: dict[int, dict]  # replica -> the report of its hello (every replica that said hello)
-    members: dict[int, dict]  # the reports of members holding a committed state (stale steps set aside)
-    top: int  # the highest step a member reports (-1: no member)
-    ahead: dict[int, dict]  # members at `top`
-    behind: dict[int, dict]  # members at top-1 that voted for it and wait for its commit
-    waiting: list[int]  # newcomers waiting for admission (a replacement, a woken replica)
-    stale: list[int]  # everyone else: they rejoin as newcomers
-    recorded: int  # the last step metrics.jsonl holds (-1: none, or not known)
-
-
-def classify_reports(hellos: dict[int, dict], replicas: int, step: int, recorded_step: int | None) -> RebuildPlan:
-    """Sort a restarted coordinator's hellos into who is where (pure; `ProtocolStateMachine.rebuild` acts on it).
-
-    Why "behind" members only missed a message: a commit goes out only after every member's
-    vote, so if any member reached step T, every member still at T-1 that voted holds the same
-    reduced gradient. metrics.jsonl is the other witness: the old coordinator recorded every
-    commit but at most the last one it sent, so no member can be past recorded_step + 2; a report
-    beyond that (a worker's bug) would make every sound member look behind, so it is set aside."""
-    reports = {r: h.get("report") or {} for r, h in hellos.items() if 0 <= r < replicas}
-    limit = None if recorded_step is None else max(recorded_step, step - 1) + 2
-    members = {r: rep for r, rep in reports.items()
-               if rep.get("member") and isinstance(rep.get("step"), int) and (limit is None or rep["step"] <= limit)}
-    recorded = -1 if recorded_step is None else recorded_step
-    if not members:
-        return RebuildPlan(reports, members, -1, {}, {}, [], sorted(reports), recorded)
-    top = max(rep["step"] for rep in members.values())
-    ahead = {r: rep for r, rep in members.items() if rep["step"] == top}
-    # The generation that committed top-1, from the vote each member past it committed:
-    # `committed_vote`, not its last vote, which is of step top once it voted again (the
-    # filter would then be empty and admit any old vote of top-1: a member cut off after
-    # voting in a generation that never committed would be handed a commit it was not
-    # part of). The last vote stands in only for a report without `committed_vote`
-    # (an older worker), where it is the committed one if it is of top-1.
-    committed_in = {vote["gen"] for rep in ahead.values() for vote in _committed_vote_of(rep, top - 1)}
-
-    def missed_commit(rep: dict) -> bool:
-        vote = rep.get("vote") or {}
-        return (rep["step"] == top - 1 and rep.get("wait") == "commit" and vote.get("step") == top - 1
-                and (not committed_in or vote.get("gen") in committed_in))
-
-    # (with nobody past a step, nobody is "behind" at it: top is the highest step reported)
-    behind = {r: rep for r, rep in members.items() if r not in ahead and missed_commit(rep)}
-    # A process in no generation that can be healed (a replacement, or a woken replica that
-    # rejoined) was waiting for admission: it goes on waiting for the next commit. Closed, it
-    # would read the close as a verdict and exit.
-    waiting = sorted(r for r, rep in reports.items()
-                     if r not in members and hellos[r].get("can_heal") and not rep.get("member")
-                     and _int_or(rep.get("gen"), -1) < 0)
-    stale = sorted(set(reports) - set(ahead) - set(behind) - set(waiting))
-    return RebuildPlan(reports, members, top, ahead, behind, waiting, stale, recorded)
-
-
-class ProtocolStateMachine:
-    """Generations, rejoin, the commit vote and the recovery records of one run."""
+    Concerns with a module of their own:
+    - admission of newcomers (a replacement, a woken replica): core/coordinator/admission.py
+      (`AdmissionMixin`);
+    - when quotas follow the speeds: core/coordinator/balancing.py (`Balancing`, held as `self.balancer`);
+    - readiness and the progress rule: core/coordinator/readiness.py (`Readiness`, held as
+      `self.readiness`, and `ReadinessMixin`);
+    - exclusion, fencing on evidence: core/coordinator/fencing.py (`FencingMixin`);
+    - the rebuild after a coordinator restart: core/coordinator/rebuild.py (`RebuildMixin`)."""
 
     def __init__(self, replicas: int, microbatches: int, steps: int, join_timeout: float, now: float,
                  fence_after: int = 3, max_failed_generations: int = 10, startup_timeout: float | None = None,
@@ -282,18 +186,12 @@ class ProtocolStateMachine:
         self.deadline = now + (max(join_timeout, 300.0) if startup_timeout is None else startup_timeout)
         self.keys = [str(r) for r in range(replicas)]  # replica -> its key in a metrics line (made once, not per step)
         self.speeds = SpeedTable(replicas, SPEED_SMOOTHING)  # smoothed microbatches/s, per replica
+        # whether quotas follow those speeds (core/coordinator/balancing.py; it updates the table)
+        self.balancer = Balancing(self.speeds)
+        # the ready/go round and each replica's progress (core/coordinator/readiness.py)
+        self.readiness = Readiness(owed_since=now, next_stall_scan=now)
         self.votes = self._tally(now)  # the ok votes of (gen, step), summed as they arrive
-        self.ready: set[int] = set()  # members ready for (gen, step)'s all-reduce ("go" went out once all are)
-        self.go_at: float | None = None  # when "go" went out for (gen, step); None: not yet
-        self.vote_deadline: float | None = None  # the last member's vote is due by then (all others voted)
         self.slowest_microbatch = 0.0  # seconds, the slowest microbatch of the last commit (a rejoin waits one out)
-        self.owed_since = now  # when the members last owed new work (set with each new tally)
-        self.progress_at: dict[int, float] = {}  # replica -> when it last showed progress (on_progress)
-        self.progress_gap: dict[int, float] = {}  # replica -> the longest gap between units of work it measured
-        self.longest_gap: float | None = None  # the largest of them (kept as they arrive: no pass over R a commit)
-        self.next_stall_scan = now  # the progress rule looks at the members at most every STALL_SCAN_SECONDS
-        self.slow_streak: dict[int, int] = {}  # replica -> consecutive steps it was measured slowest
-        self.balancing = False  # quotas follow the speeds: set by a sustained difference, kept until it ends
         self.tokens_per_mb = 0
         self.digests: dict[int, str] = {}  # replica -> digest of its initial weights (from its hello)
         self.pending: list[dict[str, Any]] = []  # recoveries not yet followed by a commit
@@ -309,32 +207,29 @@ class ProtocolStateMachine:
         # (`_expected`); None after a rebuild (the old coordinator dealt it).
         self.dealt: tuple[dict[int, idranges.Ranges], idranges.Ranges, idranges.Ranges, Any] | None = None
 
+    @property
+    def slow_streak(self) -> dict[int, int]:
+        return self.balancer.slow_streak
+
+    @property
+    def balancing(self) -> bool:
+        return self.balancer.balancing
+
+    def balancing_speeds(self) -> dict[int, float] | None:
+        """The members' speeds for the quota policy, or None (equal): `Balancing.speeds_for`."""
+        return self.balancer.speeds_for(self.members)
+
     def _tally(self, now: float) -> VoteTally:
         """An empty tally for the votes of a new (generation, step); readiness starts over with it,
         and every member owes work again from `now` (the progress rule, `_stalled`)."""
-        self.owed_since = now
-        self.ready = set()
-        self.go_at = None
-        self.vote_deadline = None
+        self.readiness.new_round(now)
         self.loss_not_finite = False  # a vote of (gen, step) said its loss sum is not finite
         self.nonfinite_named: dict[int, idranges.Ranges] = {}  # replica -> its ids whose loss was not finite
         return VoteTally(self.keys)
 
     # ---- inputs --------------------------------------------------------------------
     # ---- what the service asks, and tells, outside the messages (it never reaches into the fields) ----
-    def note_pid(self, r: int, pid: Any) -> None:
-        """Replica r's process id, as its latest hello gave it (a restarted coordinator's reports)."""
-        self.pids[r] = pid
-
-    def same_process(self, r: int, pid: Any) -> bool:
-        """Whether `pid` is the process replica r last said hello from (a reconnect, not a newcomer)."""
-        return pid is not None and pid == self.pids.get(r)
-
-    def slot_open_to(self, r: int, can_heal: bool) -> bool:
-        """Whether a hello for slot r may take it: a slot declared dead takes only a newcomer that
-        can be healed (admission); any other slot takes its replica."""
-        return r not in self.dead or can_heal
-
+    # (and note_pid, same_process, slot_open_to: core/coordinator/admission.py)
     def current_step(self) -> int:
         """The step being worked on: every step before it is committed."""
         return self.step
@@ -356,37 +251,6 @@ class ProtocolStateMachine:
         self.dead.add(r)
         return [Out(Act.CLOSE, r, {"t": "refused"}, reason="arrived after the run started")]
 
-    def _newcomer(self, r: int, msg: dict, now: float) -> list[Out]:
-        """A hello for a dead replica's slot, from a process that can receive the state."""
-        pid = msg.get("pid")
-        if pid is not None and self.banned.get(r) == pid:
-            return [Out(Act.CLOSE, r, {"t": "refused"},
-                        reason=f"replica {r} (pid {pid}) was fenced on evidence and is not readmitted")]
-        self.dead.discard(r)
-        self.alive.add(r)
-        self.pids[r] = pid
-        why = "woken" if msg.get("rejoin") else "replacement"
-        self.newcomers[r] = {"replica": r, "pid": pid, "why": why, "hello_at": now,
-                             "started_at": float(msg.get("started_at", now)), "attempts": 0}
-        out = [Out(Act.SEND, r, {"t": "pending", "step": self.step},
-                   reason=f"replica {r} ({why}, pid {pid}) waits for admission at the next commit")]
-        if self.state == "waiting" and not self._short():
-            out += self._admit(now)
-        return out
-
-    def _short(self) -> bool:
-        """Fewer members and newcomers than `min_replicas`: the next step waits for more."""
-        return len(self.members) + len(self.newcomers) < self.min_replicas
-
-    def on_healed(self, r: int, msg: dict, now: float) -> list[Out]:
-        """A newcomer's state arrived from its donor: what moved goes into its join record."""
-        if msg.get("gen") != self.gen or r not in self.joining:
-            return []
-        self.unhealed.discard(r)
-        self.joining[r].update(healed_at=now, bytes=msg.get("bytes"), transfer_seconds=msg.get("seconds"),
-                               weights_digest=msg.get("weights_fingerprint"))
-        return []
-
     def on_join(self, r: int, msg: dict, now: float) -> list[Out]:
         if self.state != "forming" or msg.get("gen") != self.next_gen or r not in self.expected:
             return []  # stale or fenced
@@ -402,94 +266,6 @@ class ProtocolStateMachine:
             return self.on_bad(r, f"it rejoined with ledger {ledger}, which holds ids it was not dealt", now)
         self.unhealed.discard(r)
         return self._joined(r, ledger, now)
-
-    def _unhealed_join(self, r: int, now: float) -> list[Out]:
-        """A newcomer whose state transfer failed: it waits for the next commit again."""
-        if r not in self.unhealed:
-            return self.on_bad(r, "it rejoined saying it lacks the state, but it was a healed member", now)
-        self.unhealed.discard(r)
-        self.expected.discard(r)
-        rec = self.joining.pop(r)
-        rec["attempts"] += 1
-        failed = Out(Act.EVENT, msg={"kind": "join_failed", "replica": r, "generation": self.gen,
-                                   "attempts": rec["attempts"], "at": now},
-                     reason=f"replica {r}'s state transfer failed with generation {self.gen} "
-                            f"(attempt {rec['attempts']} of {self.max_heal_attempts})")
-        if rec["attempts"] >= self.max_heal_attempts:
-            return [failed] + self._refuse_newcomer(r, rec, now) + self._maybe_publish(now)
-        for key in ("generation", "donor", "admitted_at", "step"):
-            rec.pop(key, None)
-        self.newcomers[r] = rec
-        return [Out(Act.SEND, r, {"t": "pending", "step": self.step}), failed] + self._maybe_publish(now)
-
-    def _refuse_newcomer(self, r: int, rec: dict[str, Any], now: float) -> list[Out]:
-        """A newcomer that could not be healed `max_heal_attempts` times is refused, never admitted again
-        as this process: re-admitted at every commit, it would fail every generation that admits it
-        (a state the donors cannot send, a newcomer that cannot load it). Its slot is free: a new
-        process in it (the launcher's replacement) is a newcomer like any other."""
-        reason = (f"replica {r} (pid {rec.get('pid')}) refused: its state transfer failed {rec['attempts']} "
-                  f"time(s) (--max-heal-attempts {self.max_heal_attempts})")
-        self._ban(r)
-        self.alive.discard(r)
-        self.dead.add(r)
-        return [Out(Act.EVENT, msg={"kind": "join_refused", "replica": r, "pid": rec.get("pid"), "why": rec.get("why"),
-                                  "attempts": rec["attempts"], "step": self.step, "reason": reason, "at": now},
-                    reason=reason),
-                Out(Act.CLOSE, r, {"t": "refused"}, reason=reason)]
-
-    def on_progress(self, r: int, now: float) -> None:
-        """Replica r showed progress (its heartbeat's count moved, or it sent a message). O(1)."""
-        self.progress_at[r] = now
-
-    def stall_bound(self, r: int) -> float | None:
-        """Seconds without progress after which member r, owing work, is declared dead (None:
-        not measured yet, before its first vote)."""
-        gap = self.progress_gap.get(r)
-        if gap is None:
-            return None
-        return self.join_timeout + 4 * gap + 2 * (self.heartbeat_interval or 0.0)
-
-    def _owes_work(self, r: int) -> bool:
-        if self.state == "running":
-            return self.go_at is None and r not in self.ready and r in self.member_set
-        if self.state == "forming":
-            return r in self.expected and r not in self.joins and self.next_gen > 0
-        return False
-
-    def _stalled(self, now: float) -> list[Out]:
-        """Members that owe work and showed no progress for longer than their bound: lost.
-        O(members), at most every STALL_SCAN_SECONDS."""
-        self.next_stall_scan = now + STALL_SCAN_SECONDS
-        who = self.members if self.state == "running" else sorted(self.expected)
-        out: list[Out] = []
-        for r in who:
-            bound = self.stall_bound(r)
-            if bound is None or r not in self.alive or not self._owes_work(r):
-                continue
-            since = max(self.progress_at.get(r, self.owed_since), self.owed_since)
-            if now - since > bound:
-                owed = "its rejoin" if self.state == "forming" else f"its work of step {self.step}"
-                out += self.on_lost(r, (
-                    f"no progress for {now - since:.1f}s on {owed} (bound {bound:.1f}s: the collective timeout "
-                    f"plus 4 x {self.progress_gap[r]:.2f}s, its longest measured gap); alive but stuck"), now)
-                if self.state not in ("running", "forming"):
-                    break
-        return out
-
-    def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
-        """Member r folded its quota of (gen, step); once every member has, all hear `go`.
-
-        O(1) per message, and one message object for all members (the service encodes it once)."""
-        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set or self.go_at is not None:
-            return []  # stale, fenced, or a repeat after go
-        if msg.get("step") != self.step:
-            return self.on_bad(r, f"it is ready for step {msg.get('step')}, the run is at {self.step}", now)
-        self.ready.add(r)
-        if len(self.ready) < len(self.members):
-            return []
-        self.go_at = now
-        go = {"t": "go", "gen": self.gen, "step": self.step}
-        return [Out(Act.SEND, m, go) for m in self.members]
 
     def on_stop_run(self, r: int, msg: dict, now: float) -> list[Out]:
         """Replica r ends the run for a reason of its own (its storage is failing).
@@ -528,10 +304,7 @@ class ProtocolStateMachine:
             held = self.votes.add(r, msg)
         except ValueError as e:
             return self.on_bad(r, f"its vote's ledger is malformed: {e}", now)
-        gap = msg.get("progress_gap")
-        if type(gap) in (int, float) and 0 <= gap < float("inf"):
-            self.progress_gap[r] = max(gap, self.progress_gap.get(r, 0.0))  # the bound only loosens
-            self.longest_gap = max(gap, self.longest_gap or 0.0)
+        self.readiness.note_gap(r, msg.get("progress_gap"))  # the stall bound only loosens
         self.unhealed.discard(r)  # it votes only with the state (core/worker/replica.py)
         if msg.get("loss_sum") is None or "nonfinite" in msg:
             self._note_nonfinite(r, msg)
@@ -544,8 +317,7 @@ class ProtocolStateMachine:
             return self._commit(now)
         if held == len(self.members) - 1:
             # the others' all-reduce completed, so the last member's did too: its vote is bounded
-            took = now - self.go_at if self.go_at is not None else 0.0
-            self.vote_deadline = now + self.join_timeout + 4 * took
+            self.readiness.bound_last_vote(now, self.join_timeout)
         return []
 
     @staticmethod
@@ -573,52 +345,6 @@ class ProtocolStateMachine:
             self.loss_not_finite = True
         if msg.get("nonfinite"):
             self.nonfinite_named[r] = idranges.check(msg["nonfinite"])
-
-    def on_bad(self, r: int, what: str, now: float) -> list[Out]:
-        """Replica r sent what the protocol cannot take: a message of the wrong step, a ledger
-        that is not what it was dealt, a malformed field (the service refuses a line that
-        breaks core/contract/wire.py's tables and calls this for a member). Only a peer holding the
-        join token gets here, and no worker does this; it is fenced like a replica with
-        corrupt weights (a "fenced" record, never readmitted as this process), its ids
-        redone by the others. The run goes on: nothing a peer sends ends it."""
-        reason = f"replica {r} fenced: {what}"
-        if r not in self.alive:
-            return [Out(Act.CLOSE, r, reason=reason)]
-        self._ban(r)
-        return [self._fenced_record(r, reason, now, {"message": what})] + self.on_lost(r, f"fenced: {what}", now)
-
-    @staticmethod
-    def _within(ranges: idranges.Ranges, allowed: idranges.Ranges | None) -> bool:
-        """Whether every id of `ranges` is in `allowed` (None: unknown, so yes). O(pairs)."""
-        if allowed is None or not ranges:
-            return True
-        try:
-            merged = idranges.union_disjoint([allowed])
-        except ValueError:
-            return True
-        j = 0
-        for a, b in ranges:
-            while j < len(merged) and merged[j][1] <= a:
-                j += 1
-            if j == len(merged) or not (merged[j][0] <= a and b <= merged[j][1]):
-                return False
-        return True
-
-    def _expected(self, r: int) -> idranges.Ranges | None:
-        """The ledger member r must hold once it folded what the last gen/commit message dealt
-        it (its join ledger plus its quota); None: not known (after a rebuild, or not dealt).
-        Computed only on the rare paths (a rejoin, ledgers that do not add up)."""
-        if self.dealt is None:
-            return None
-        joins, ids, members, quotas = self.dealt
-        try:
-            if quotas is not None:
-                quota = quotas.get(r, [])
-            else:
-                quota = equal_share(ids, members, r) if ids else []
-            return idranges.union_disjoint([joins.get(r, []), quota])
-        except ValueError:  # r was not a member it dealt to
-            return None
 
     def _nonfinite(self, now: float) -> list[Out]:
         """Every member voted for the step and its loss is not finite: stop the run, or skip the step.
@@ -713,12 +439,13 @@ class ProtocolStateMachine:
                    reason=f"replicas connected {connected}/{len(self.expected)}")
 
     def on_tick(self, now: float) -> list[Out]:
-        if self.state in ("running", "forming") and now >= self.next_stall_scan and self.progress_gap:
+        rd = self.readiness
+        if self.state in ("running", "forming") and now >= rd.next_stall_scan and rd.progress_gap:
             if out := self._stalled(now):
                 return out
         if self.state == "waiting" and now >= self.deadline:
             return self._admit(now)  # waited long enough: go on with whoever is there
-        if self.state == "running" and self.vote_deadline is not None and now >= self.vote_deadline:
+        if self.state == "running" and rd.vote_deadline is not None and now >= rd.vote_deadline:
             return self._vote_overdue(now)
         if self.state != "forming" or now < self.deadline:
             return []
@@ -735,54 +462,6 @@ class ProtocolStateMachine:
                 out.append(Out(Act.EVENT, msg={"kind": "startup", "never_connected": r, "at": now},
                                reason=f"replica {r} did not connect within the start-up timeout"))
         return out + self._maybe_publish(now)
-
-    def _vote_overdue(self, now: float) -> list[Out]:
-        """Every member but one voted, and the last one's vote is past its deadline: it is lost."""
-        self.vote_deadline = None
-        late = [m for m in self.members if m not in self.votes.votes]
-        out: list[Out] = []
-        for r in late:  # exactly one (the deadline is set when all others voted)
-            why = (f"did not vote for step {self.step} within {now - self.go_at if self.go_at else 0.0:.1f}s of go "
-                   f"while every other member had (its training thread is stuck; its heartbeat is not proof of work)")
-            out += self.on_lost(r, why, now)
-        return out
-
-    def balancing_speeds(self) -> dict[int, float] | None:
-        """The members' speeds for the quota policy, or None (equal) while they are close.
-
-        Measured speeds carry scheduling noise (seen here: 2x swings between equal
-        replicas on a loaded machine); an uneven split only pays off when a replica
-        is really slower, so speeds within SPEED_TOLERANCE of each other count as equal,
-        and so do any speeds until one member has been the slowest beyond that tolerance
-        in SPEED_WINDOW consecutive steps (a sustained difference, not noise). Once
-        started, balancing goes on until the smoothed speeds are within the tolerance
-        again (`_update_balancing`): one noisy step does not undo it.
-        """
-        if not self.balancing:  # first: the common case costs O(1), not a pass over the members
-            return None
-        known_all, lo, hi = self.speeds.spread(self.members)
-        if not known_all or hi <= (1 + SPEED_TOLERANCE) * lo:
-            return None
-        return self.speeds.of(self.members)
-
-    def _update_balancing(self) -> None:
-        """After a commit: start balancing on a sustained difference, stop when the
-        smoothed speeds come back within the tolerance.
-
-        The window is needed to start, not to keep going: beside `stress-ng` one noisy
-        step in which a fast replica read slowest ended a 4x straggler's streak, and its
-        quota went back to equal for the next several steps (seen: steps 6-9 balanced,
-        10-16 equal again). Hysteresis keeps the decision until the speeds themselves,
-        smoothed, say the straggler caught up."""
-        # slow_streak names at most one replica: this is O(1)
-        streak = max((n for r, n in self.slow_streak.items() if r in self.member_set), default=0)
-        if not self.balancing and streak < SPEED_WINDOW:
-            return  # not balancing and no reason to start: the pass over the speeds below could only say so
-        known_all, lo, hi = self.speeds.spread(self.members)
-        if not known_all or hi <= (1 + SPEED_TOLERANCE) * lo:
-            self.balancing = False
-        elif streak >= SPEED_WINDOW:
-            self.balancing = True
 
     # ---- transitions ---------------------------------------------------------------------
     def _record_failure(self, reason: str, now: float) -> None:
@@ -872,7 +551,7 @@ class ProtocolStateMachine:
         (`split`): each member takes its `policy.equal_share`, so the service encodes
         one line, not R, and the step costs no per-member quota here. While quotas
         follow the speeds, each member gets its own (`quota`)."""
-        speeds = self.balancing_speeds()
+        speeds = self.balancer.speeds_for(self.members)
         joins = joins or {}  # the ledgers the members hold already (a re-formed generation's survivors)
         if speeds is None:
             self.dealt = (joins, ids, self.member_ranges, None)
@@ -881,57 +560,6 @@ class ProtocolStateMachine:
         quotas = assign_quota_ranges(ids, self.members, speeds)
         self.dealt = (joins, ids, self.member_ranges, quotas)
         return [Out(Act.SEND, r, {**msg, "quota": quotas[r]}) for r in self.members]
-
-    def _initial_weights_differ(self) -> str:
-        """Why generation 0 must not form ('' if the joined replicas' initial weights agree).
-
-        The replicas in the minority (ties: those not agreeing with the lowest
-        replica) are named: a per-replica seed or init is a user's bug, and training
-        from different weights would commit a gradient no failure-free run takes."""
-        digests = {r: self.digests[r] for r in sorted(self.joins) if r in self.digests}
-        if len(set(digests.values())) <= 1:
-            return ""
-        groups: dict[str, list[int]] = {}
-        for r, d in digests.items():
-            groups.setdefault(d, []).append(r)
-        ref = max(groups, key=lambda d: (len(groups[d]), -groups[d][0]))
-        odd = sorted(r for r, d in digests.items() if d != ref)
-        return (f"initial weights differ: replica(s) {odd} do not match replica(s) {groups[ref]} "
-                f"(weights digest {', '.join(f'{r}: {digests[r][:12]}' for r in digests)}); every replica "
-                "must start from the same weights (same seed, same initialisation)")
-
-    def _fence_corrupt_weights(self, now: float) -> list[Out] | None:
-        """None if the votes' weights digests agree (or none came); else fence the odd ones.
-
-        Members train the same weights with the same gradients, so their digests are
-        equal unless a replica's memory was silently corrupted (a flipped bit). The
-        members off the strict majority are declared dead, which aborts the step:
-        the survivors keep their ledgers and redo the corrupt replicas' share, so no
-        gradient computed from corrupt weights is ever committed. Without a strict
-        majority (two members, one each) nobody can tell which side is sound, and
-        the run stops saying so rather than guess. O(members), once per digested step.
-        """
-        groups: dict[str, list[int]] = {}
-        for r in self.members:
-            d = self.votes[r].get("weights_fingerprint")
-            if d is not None:
-                groups.setdefault(d, []).append(r)
-        if len(groups) <= 1:
-            return None
-        ref = max(groups, key=lambda d: len(groups[d]))
-        digested = sum(len(rs) for rs in groups.values())
-        seen = "; ".join(f"{d[:12]}: replica(s) {rs}" for d, rs in groups.items())
-        if 2 * len(groups[ref]) <= digested:
-            return self._finish(1, f"step {self.step}: the replicas' weights differ and no digest has a majority "
-                                   f"({seen}): cannot tell the corrupt replicas from the sound", now)
-        out: list[Out] = []
-        for r in sorted(r for d, rs in groups.items() if d != ref for r in rs):
-            why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
-            self._ban(r)
-            out.append(self._fenced_record(r, f"replica {r} fenced: {why}", now, {
-                "weights_digest": self.votes[r]["weights_fingerprint"], "majority_digest": ref}))
-            out += self.on_lost(r, f"fenced: {why}", now)
-        return out
 
     def _commit(self, now: float) -> list[Out]:
         lo, hi = iteration_range(self.step, self.M)
@@ -951,66 +579,15 @@ class ProtocolStateMachine:
         who, measured, slowest = measure(votes.seconds)  # vectorized: O(R) in C, not R dict operations
         if self.step == 0:  # step 0 pays one-time costs (first calls, allocations): not a speed
             who, measured = who[:0], measured[:0]
-        self.speeds.update(who, measured)  # smoothed: one noisy step must not reshuffle quotas
         if slowest:
             self.slowest_microbatch = slowest  # what the next rejoin waits out (the deadline of `_fail`)
-        self._count_slow_streak(who, measured)
-        self._update_balancing()
+        self.balancer.after_commit(who, measured, self.members, self.member_set)  # speeds, streak, balancing
         loss = self.votes[self.members[0]]["loss_sum"] / self.M
         records = [self._commit_line(self.step, loss, got, ledgers, self.gen, list(self.members),
                                      len(self.pending), lr,
                                      # the slowest microbatch a member reported (seconds): what a rejoin waits out
                                      slowest_microbatch_seconds=slowest)]
         return self._advance(now, loss, records)
-
-    def _fence_ledgers(self, ledgers: dict[int, idranges.Ranges], lo: int, hi: int, how: str,
-                       now: float) -> list[Out]:
-        """Ledgers that do not add up to [lo, hi), each id once: fence the members whose ledger
-        is not what they were dealt (a vote: exactly it; a rejoin: within it). Where that is
-        not known (after a rebuild), the members whose ledger strays outside [lo, hi) or overlaps
-        another's. With no one to blame (ids missing), the generation fails and its survivors
-        rejoin, so the missing ids are dealt again. Rare path: O(M) is fine here."""
-        bad = []
-        for r, ledger in sorted(ledgers.items()):
-            want = self._expected(r)
-            if want is None:
-                continue
-            try:
-                held = idranges.union_disjoint([ledger])
-            except ValueError:
-                held = None
-            if held is None or (held != want if how == "voted" else not self._within(held, want)):
-                bad.append(r)
-        if not bad:
-            seen: dict[int, int] = {}
-            for ledger in ledgers.values():
-                for i in idranges.to_ids(ledger):
-                    seen[i] = seen.get(i, 0) + 1
-            bad = sorted(r for r, ledger in ledgers.items()
-                         if any(not lo <= i < hi or seen[i] > 1 for i in idranges.to_ids(ledger)))
-        if not bad:
-            if self.state == "running":
-                return self._fail(f"step {self.step}: the members' ledgers are not exactly the ids [{lo}, {hi})", now)
-            return []
-        out: list[Out] = []
-        for r in bad:
-            out += self.on_bad(r, f"it {how} at step {self.step} with ledger {ledgers[r]}, not what it was dealt", now)
-        return out
-
-    def _fence_odd_lr(self, now: float) -> list[Out]:
-        """The votes name different learning rates (a schedule is a function of the step, so no
-        worker does): fence the members off the most common rate (ties: the lowest member's)."""
-        rates: dict[Any, list[int]] = {}
-        for r in self.members:
-            rates.setdefault(self.votes[r].get("lr"), []).append(r)
-        ref = max(rates, key=lambda lr: (len(rates[lr]), -rates[lr][0]))
-        out: list[Out] = []
-        for lr, rs in rates.items():
-            if lr != ref:
-                for r in rs:
-                    out += self.on_bad(r, f"its vote's learning rate {lr} at step {self.step} is not the "
-                                          f"members' {ref}", now)
-        return out
 
     def _advance(self, now: float, loss: float | None, records: list[Out], skipped: bool = False) -> list[Out]:
         """Step `self.step` is settled (committed, or skipped for a non-finite loss): the members hear
@@ -1059,213 +636,6 @@ class ProtocolStateMachine:
             return sends + records + self._finish(0, done, now)
         return sends + records
 
-    def _first_commits(self, now: float) -> list[Out]:
-        """The join records of the newcomers that took part in the step just committed.
-
-        Written at a newcomer's first commit, with the evidence that it was healed:
-        every member's weights digest as their votes carried it (the first vote of an
-        admitting generation always does), which the commit just found equal."""
-        out = []
-        for r in sorted(r for r in self.joining if r in self.member_set and "healed_at" in self.joining[r]):
-            rec = self.joining.pop(r)
-            rec.update(first_commit_at=now, first_commit_step=self.step,
-                       start_to_first_commit_seconds=now - rec["started_at"],
-                       member_digests={str(m): self.votes[m].get("weights_fingerprint") for m in self.members})
-            out.append(Out(Act.EVENT, msg={"kind": "join", **rec},
-                           reason=f"replica {r} ({rec['why']}) committed its first step {self.step}: "
-                                  f"{rec['bytes']} bytes in {rec['transfer_seconds']:.3f}s from replica "
-                                  f"{rec['donor']}, {rec['start_to_first_commit_seconds']:.1f}s after its start"))
-        return out
-
-    def _admit(self, now: float) -> list[Out]:
-        """At a boundary (the members heard a commit with `next`): generation gen+1 = the
-        members + the newcomers runs step `self.step`.
-
-        Its gen message goes to all of them; it names the donor, the fastest member
-        by the measured speeds (ties: the lowest id), which sends its state before
-        folding its own quota. This is the only place a replica enters a running
-        generation, so a newcomer never sees a half-done iteration."""
-        old, joining = list(self.members), sorted(self.newcomers)
-        donor = max(old, key=lambda r: (self.speeds.get(r, 0.0), -r))
-        # the members owe the step's work from now: the wait for newcomers (state "waiting") owed
-        # nothing, however long a replacement took to start (the progress rule, `_stalled`)
-        self.owed_since = now
-        self.state = "running"
-        self.gen += 1
-        self.next_gen = self.gen
-        self.members = sorted(old + joining)
-        self.member_set = set(self.members)
-        self.member_ranges = idranges.from_ids(self.members)
-        self.unhealed = set(joining)
-        self.gen_started = now
-        for r in joining:
-            rec = self.newcomers.pop(r)
-            rec.update(generation=self.gen, step=self.step, donor=donor, admitted_at=now)
-            self.joining[r] = rec
-        heal = {"donor": donor, "joining": idranges.from_ids(joining)} if joining else None
-        out = [Out(Act.EVENT, msg={"kind": "admitted", "replicas": joining, "generation": self.gen,
-                                 "step": self.step, "donor": donor, "members": list(self.members), "at": now},
-                   reason=f"generation {self.gen} admits replica(s) {joining} at step {self.step} "
-                          f"(state from replica {donor})")] if joining else []
-        return out + self._deal({"t": "gen", "gen": self.gen, "step": self.step, "members": self.member_ranges,
-                                 "microbatches": self.M, "steps": self.S, **({"heal": heal} if heal else {})},
-                                [list(iteration_range(self.step, self.M))])
-
-    def _count_slow_streak(self, who: Any, measured: Any) -> None:
-        """One committed step's speeds: extend the slowest member's streak if it was
-        slower than the fastest by more than SPEED_TOLERANCE; every other streak ends.
-        A streak holder that folded nothing this step keeps its streak: otherwise a
-        straggler given no work would read as cured and get its full quota back."""
-        # (`who`, `measured`: core.coordinator.speeds.measure's arrays; slow_streak names at most one replica)
-        if any(r in self.member_set and not (who == r).any() for r in self.slow_streak):
-            return  # the slow one folded nothing this step (the policy gave it none): no new evidence
-        slow = None
-        if who.size >= 2:
-            r, low, high = slowest_of(who, measured)  # ties: the lowest id
-            if high > (1 + SPEED_TOLERANCE) * low:
-                slow = r
-        if who.size:  # a step without measurements (step 0) neither extends nor ends a streak
-            self.slow_streak = {slow: self.slow_streak.get(slow, 0) + 1} if slow is not None else {}
-
-    # ---- a restarted coordinator ---------------------------------------------------------------
-    def rebuild(self, hellos: dict[int, dict], now: float, recorded_step: int | None = None,
-                progress_gap: float = 0.0) -> list[Out]:
-        """Members, step and generation of a run whose coordinator restarted, from its workers.
-
-        `hellos`: replica -> the hello it sent the new coordinator (a member reporting a step
-        past what metrics.jsonl allows is treated as stale); its "report" says
-        (core/worker/replica.py `_report`): member (in a generation, holding the committed
-        state), step (its committed count), gen, ledger (ids of `step` it folded),
-        wait ("commit": it voted and holds the reduced gradient; "gen": it waits for
-        generation `awaiting`; "": anything else), vote (its last vote: gen, step,
-        ledger, loss_sum, lr) and committed_vote (the vote of its last committed step;
-        absent from older workers). `recorded_step`: the last step metrics.jsonl holds
-        (None: not known, as in a test of the machine alone); a commit the old
-        coordinator sent but did not record (it sends, then records: a kill between the
-        two loses the line, whether some members missed the commit or none did) is
-        recorded here, from the votes the workers report, marked "rebuilt". `progress_gap`:
-        the longest gap between units of work a member had measured, as the last metrics
-        line recorded it (0: none); each member is judged by it (the progress rule) until
-        its own next vote, so a member whose report came from its heartbeat thread in the
-        middle of a long microbatch is waited for, not removed at the forming deadline.
-
-        Why this is safe: a commit goes out only after every member's vote, so if any
-        member reached step T, every member still at T-1 that voted holds the same
-        reduced gradient and only missed the message. Nothing at T was committed (no
-        member is past T), so T restarts as a recovery does: ledgers kept, the rest
-        redone by the next generation. The workers' weights are checked by the digests
-        of that generation's first votes (`_fence_corrupt_weights`)."""
-        for r, h in hellos.items():
-            self.pids[r] = h.get("pid")
-            self.tokens_per_mb = int(h.get("tokens_per_mb", self.tokens_per_mb))
-        plan = classify_reports(hellos, self.R, self.step, recorded_step)
-        self.alive, self.dead = set(plan.reports), set(range(self.R)) - set(plan.reports)
-        if not plan.members:
-            return self._finish(1, f"cannot rebuild the run after a coordinator restart: no member of it reported "
-                                   f"({len(plan.reports)} newcomer(s) did)", now)
-        top, ahead, behind = plan.top, plan.ahead, plan.behind
-        if top >= self.S:
-            # every step is committed: the old coordinator died after sending the last commit,
-            # before writing its line or before its `done` (workers wait for that word,
-            # core/worker/replica.py `_await_done`); nothing is left to run, so nothing is rebuilt
-            self.step = top
-            reason = (f"coordinator restarted after the last commit (step {top - 1}): {len(ahead)} member(s) "
-                      f"committed it" + (f", {len(behind)} still waited for it" if behind else ""))
-            out: list[Out] = [Out(Act.EVENT, msg={
-                "kind": "rebuilt", "step": top, "finished": True, "members": sorted({*ahead, *behind}),
-                "missed_commit": sorted(behind), "reports": len(plan.reports), "at": now}, reason=reason)]
-            return out + self._resend_missed_commit(plan, None, now) + self._finish(0, "all steps committed", now)
-        self.step = top
-        self.gen = max(max(int(rep.get("gen", -1)), int(rep.get("awaiting", -1) if rep.get("awaiting") is not None
-                                                       else -1)) for rep in plan.members.values())
-        self.next_gen = self.gen + 1
-        self.state = "forming"
-        self.expected = set(ahead) | set(behind)
-        self.members = sorted(self.expected)
-        self.member_set = set(self.members)
-        self.joins, self.votes, self.reporters, self.lost_in_failure = {}, self._tally(now), [], False
-        self.newcomers, self.joining, self.unhealed = {}, {}, set()
-        self.dealt = None  # what the old coordinator dealt is not known
-        self.deadline = now + self.join_timeout
-        if progress_gap > 0:
-            self.progress_gap.update({r: progress_gap for r in self.members})
-        self.digest_next_gen = True
-        reason = (f"coordinator restarted: rebuilt step {top} from {len(plan.members)} member report(s)"
-                  + (f"; {len(behind)} member(s) still waiting for the commit of step {top - 1}" if behind else ""))
-        self._record_failure(reason, now)
-        out = [Out(Act.EVENT, msg={
-            "kind": "rebuilt", "step": top, "generation": self.next_gen, "members": self.members,
-            "missed_commit": sorted(behind), "closed": plan.stale, "newcomers": plan.waiting,
-            "reports": len(plan.reports), "at": now}, reason=reason)]
-        out += self._resend_missed_commit(plan, self.next_gen, now)
-        for r in behind:
-            self.joins[r] = []  # it steps with the gradient it holds and waits for next_gen, ledger empty
-        for r, rep in sorted(ahead.items()):
-            if rep.get("wait") == "gen" and rep.get("awaiting") is not None and rep["awaiting"] <= self.next_gen:
-                self.joins[r] = _ledger(r, rep)  # it joined already: generation next_gen's gen message answers it
-            else:
-                out.append(Out(Act.SEND, r, {"t": "abort", "gen": int(rep.get("gen", -1)), "step": top,
-                                           "next": self.next_gen, "reason": reason}))
-        for r in plan.waiting:
-            out += self._newcomer(r, hellos[r], now)  # "pending": admitted at the next commit
-        for r in plan.stale:
-            # behind or unhealed: it comes back through admission, healed from a member
-            self.alive.discard(r)
-            self.dead.add(r)
-            out.append(Out(Act.CLOSE, r, reason=f"replica {r} does not hold step {top}'s state after the coordinator "
-                                               f"restart: it rejoins as a newcomer"))
-        return out + self._maybe_publish(now)
-
-    def _resend_missed_commit(self, plan: "RebuildPlan", next_gen: int | None, now: float) -> list[Out]:
-        """The one place a restarted coordinator makes good the commit of step top-1 that the old one
-        sent but did not finish: its metrics line, from the votes reported, if metrics.jsonl lacks it
-        (the old coordinator sends, then records: a kill between the two loses the line), and the
-        commit message to each member that voted and still waits for it (`next`: the generation it
-        then waits for; None: that was the last step)."""
-        top, out = plan.top, []
-        if plan.recorded < top - 1 and (line := self._rebuilt_commit_record(top - 1, {**plan.behind, **plan.ahead},
-                                                                              now)):
-            out.append(line)
-        for r, rep in sorted(plan.behind.items()):
-            msg = {"t": "commit", "gen": rep["vote"]["gen"], "step": top - 1, **self._missed_commit(rep["vote"]),
-                   "quota": []}
-            if next_gen is not None:
-                msg["next"] = next_gen
-            out.append(Out(Act.SEND, r, msg))
-        return out
-
-    def _missed_commit(self, vote: dict) -> dict[str, Any]:
-        """What a commit that a member missed says of its loss: the mean, or, for a vote whose loss
-        was not finite (members past that step exist, so it was skipped, never committed), `skipped`."""
-        if vote.get("loss_sum") is None:
-            return {"loss": None, "skipped": True}
-        return {"loss": vote["loss_sum"] / self.M}
-
-    def _rebuilt_commit_record(self, step: int, reports: dict[int, dict], now: float) -> Out | None:
-        """The metrics line of a commit the old coordinator sent but never wrote, from the votes reported
-        (a member's last vote, or the vote of its last committed step); None when no one reported one."""
-        votes = {}
-        for r, rep in reports.items():
-            for vote in (rep.get("vote"), rep.get("committed_vote")):
-                if isinstance(vote, dict) and vote.get("step") == step:
-                    votes[r] = vote
-                    break
-        if not votes:
-            return None
-        ledgers = {str(r): v.get("ledger", []) for r, v in sorted(votes.items())}
-        try:
-            got = idranges.union_disjoint(idranges.check(v) for v in ledgers.values())
-        except ValueError as e:
-            raise ProtocolError(f"step {step}: the reported votes' ledgers overlap: {e}") from None
-        first = votes[min(votes)]
-        if first.get("loss_sum") is None:
-            return None  # a step skipped for a non-finite loss: it has no metrics line
-        lo, hi = iteration_range(step, self.M)
-        return self._commit_line(step, first["loss_sum"] / self.M, got, ledgers, first.get("gen"), sorted(votes), 0,
-                                 first.get("lr"),
-                                 # the members that voted and did not report (dead since) leave their ids out
-                                 rebuilt=True, complete=idranges.is_exactly(got, lo, hi))
-
     def _commit_line(self, step: int, loss: float, got: idranges.Ranges, ledgers: dict[str, list], generation: Any,
                      members: list[int], recoveries: int, lr: Any, **extra: Any) -> Out:
         """A step's metrics.jsonl line (the service adds the wall time and its own load): one shape
@@ -1281,68 +651,8 @@ class ProtocolStateMachine:
             "generation": generation, "recoveries": recoveries,
             # the longest gap between units of work any member measured: a restarted coordinator
             # waits for the members' reports in proportion to it (core/coordinator/service.py)
-            **({"progress_gap": self.longest_gap} if self.longest_gap is not None else {}),
+            **({"progress_gap": gap} if (gap := self.readiness.longest_gap) is not None else {}),
             **({"lr": lr} if lr is not None else {}), **extra})
-
-    # ---- attribution and fencing (persistent faults) ---------------------------------------
-    def _implicated(self) -> int | None:
-        """The member the failure of generation `gen` points at, or None.
-
-        The first member to report the failure is implicated: a replica whose own
-        link is broken fails at once, while the others fail later and only as a
-        consequence (or hear the abort before they notice). Nobody is implicated
-        when a member was lost in the failure (its death explains the others'
-        failed collectives: a ring neighbour of a SIGKILLed rank reports first), or
-        when every member reported it (a symmetric fault, say the network or the
-        store, singles no one out; the no-progress limit ends that livelock). A
-        first reporter picked by chance (a hang that every waiter times out on)
-        varies between generations, so it rarely builds a streak of `fence_after`.
-        """
-        if self.lost_in_failure or not self.reporters:
-            return None
-        if set(self.members) <= set(self.reporters):
-            return None
-        return self.reporters[0]
-
-    def _attribute_failure(self, now: float) -> list[Out]:
-        """Count the failed generation against the member it implicates; fence one at
-        `fence_after` in a row (called once per failed generation, before the next forms)."""
-        culprit = self._implicated() if self.gen >= 0 else None  # generation 0 forming: no failed generation
-        failed_gen = self.gen
-        self.reporters, self.lost_in_failure = [], False
-        if culprit is None:
-            return []  # no evidence either way: every streak stays as it was
-        streak = self.implicated_streak.get(culprit, []) + [failed_gen]
-        self.implicated_streak = {culprit: streak}  # another member implicated ends the others' streaks
-        if len(streak) < self.fence_after or culprit not in self.expected:
-            return []
-        del self.implicated_streak[culprit]
-        reason = (f"replica {culprit} fenced: implicated in {len(streak)} consecutive failed generations "
-                  f"({', '.join(map(str, streak))}) at step {self.step}, as the first to report each failure "
-                  f"while no member was lost")
-        return self._fence(culprit, reason, now, {"generations": streak})
-
-    def _fence(self, r: int, reason: str, now: float, evidence: dict[str, Any]) -> list[Out]:
-        """Take `r` out of the run like a lost replica (its ledger's ids are redone), with a record."""
-        self._ban(r)
-        self.alive.discard(r)
-        self.dead.add(r)
-        self.expected.discard(r)
-        self.joins.pop(r, None)
-        self.joining.pop(r, None)
-        self.unhealed.discard(r)
-        self._record_failure(reason, now)
-        return [self._fenced_record(r, reason, now, evidence), Out(Act.CLOSE, r, reason=reason)]
-
-    def _ban(self, r: int) -> None:
-        """Fenced on evidence: this process of `r` never comes back (a new process in its slot may)."""
-        if self.pids.get(r) is not None:
-            self.banned[r] = self.pids[r]
-
-    def _fenced_record(self, r: int, reason: str, now: float, evidence: dict[str, Any]) -> Out:
-        """The events.jsonl line saying `r` was fenced, why, and on what evidence."""
-        return Out(Act.EVENT, r, msg={"kind": "fenced", "replica": r, "reason": reason, "step": self.step, "at": now,
-                                    **evidence}, reason=reason)
 
     def _finish(self, code: int, reason: str, now: float, committed: int | None = None) -> list[Out]:
         """The run ends: `done` (code 0) or `stop` to every live replica, then the verdict.

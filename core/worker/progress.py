@@ -12,7 +12,7 @@ Contract:
 - `take_gap()` gives the longest interval between two consecutive ticks (or a resume
   and the next tick) since the last call, and starts over. Each vote reports it
   (`progress_gap`), so the coordinator bounds this replica's silence in progress by
-  what this replica itself measured (core/coordinator/protocol.py: a replica slow but
+  what this replica itself measured (core/coordinator/readiness.py: a replica slow but
   progressing is never fenced; one whose work stops is).
 Thread-safety: only the training thread calls these; the heartbeat thread reads `count`,
 one int attribute, under the GIL.

@@ -422,7 +422,7 @@ class Replica:
         self._check_attached("commit")
         g, step = self.generation, self.step
         should_abort = lambda: self._abort_reason(g)  # noqa: E731
-        # Readiness (core/coordinator/protocol.py): the all-reduce starts once every member folded its
+        # Readiness (core/coordinator/readiness.py): the all-reduce starts once every member folded its
         # quota, so its deadline times the collective alone, however long the peers' quotas
         # take; the wait has no deadline of its own (a peer that dies is seen by the
         # coordinator, whose abort ends it; a coordinator that dies, by its silence).
