@@ -4,7 +4,8 @@ Contract:
 - Runs real `recover train` jobs, failure-free, for every (model, layout, system)
   asked, `--repeats` rounds, interleaved (every configuration once per round, in
   turn), so a change in the machine's load touches all of them alike. A layout is
-  RxS: R replicas of S ranks (S > 1: HSDP).
+  RxS: R replicas of S ranks (S > 1: HSDP). Each system runs at every layout it
+  runs (core/config/layouts.py); the others are named, with why, and skipped.
 - A run's iteration time is the median of the gaps between consecutive commits'
   `wall_time` in its metrics.jsonl, leaving out the first two steps (first calls,
   allocations). A configuration's figure is the median over its rounds.
@@ -36,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from recover.core.config.layouts import refusal, runs as runs_layout
 from recover.core.storage.results import read_metrics
 
 FOLDERS = ("core", "baselines", "fault_injection", "experiments")
@@ -117,7 +119,11 @@ def bench_iteration(args: argparse.Namespace) -> int:
     modes = getattr(args, "modes", None) or ["fp32"]
     configs = [(model, r, s, tree, system, mode) for model in args.models for (r, s) in layouts
                for tree in trees for system in args.systems for mode in modes
-               if not (s > 1 and tree != "this") and not (mode == "exact" and s > 1)]
+               if not (s > 1 and tree != "this") and not (mode == "exact" and s > 1) and runs_layout(system, shard=s)]
+    for system in args.systems:  # each system at every layout it runs; said once for the others
+        for r, s in layouts:
+            if (refused := refusal(system, r, s)) is not None:
+                print(f"{system} at {r}x{s}: not measured ({refused.message})", flush=True)
     runs: dict[tuple, list[float]] = {c: [] for c in configs}
     for k in range(args.repeats):
         for c in configs:
