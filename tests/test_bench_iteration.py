@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_recover  # noqa: F401 - the suite's helpers (sys.path)
 
 from recover.experiments.benches.iteration import _iteration_seconds, _shim, over_plain
@@ -43,6 +45,7 @@ def test_bad_flags_are_refused_before_any_run(capsys, tmp_path):
     assert "not a checkout" in capsys.readouterr().err
 
 
+@pytest.mark.procs  # the result's machine line runs `uname -p` (platform.platform)
 def test_a_system_is_measured_only_at_the_layouts_it_runs_and_the_others_are_named(capsys, tmp_path):
     # torchft runs one rank per replica: at 3x2 there is nothing to run, and the line says why
     assert main(["bench", "iteration", "--layouts", "3x2", "--systems", "torchft", "--repeats", "1",
