@@ -554,12 +554,17 @@ class Replica:
             self.link.close()
         self.control.close()
 
-    def _hello(self, started_at: float, rejoin: bool, report: dict | None = None) -> None:
-        """Say who this replica is; `can_heal`: it can be admitted into a running job."""
-        self.control.send({"t": "hello", "replica": self.replica, "pid": os.getpid(),
-                           "tokens_per_mb": self.tokens_per_microbatch, "weights_sha256": self.acc.weights_digest(),
-                           "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at,
-                           **({"report": report} if report is not None else {})})
+    def _hello(self, started_at: float, rejoin: bool, report: dict | None = None,
+               client: ControlClient | None = None, standby: bool = False) -> None:
+        """Say who this replica is (on `client`, else the current connection); `can_heal`: it can be
+        admitted into a running job. A `standby` hello (the heartbeat thread's report) carries no
+        weights digest: only generation 0 compares them, and hashing every weight off the training
+        thread would compete with it for nothing."""
+        (client or self.control).send({
+            "t": "hello", "replica": self.replica, "pid": os.getpid(), "tokens_per_mb": self.tokens_per_microbatch,
+            **({"standby": True} if standby else {"weights_sha256": self.acc.weights_digest()}),
+            "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at,
+            **({"report": report} if report is not None else {})})
 
     def _set_working(self, working: bool) -> None:
         with self._reconnect_lock:
@@ -591,10 +596,8 @@ class Replica:
                     except OSError:
                         client = None
                     if client is not None:
-                        client.send({"t": "hello", "replica": self.replica, "pid": os.getpid(),
-                                     "tokens_per_mb": self.tokens_per_microbatch, "token": self.join_token,
-                                     "can_heal": True, "rejoin": True, "standby": True,
-                                     "started_at": time.time() - run_start_time(), "report": self._report()})
+                        self._hello(time.time() - run_start_time(), rejoin=True, report=self._report(),
+                                    client=client, standby=True)
                         answer = client.recv(RECONNECT_ANSWER_SECONDS)
                         if answer is not None and answer["t"] == "rebuilt":
                             self._standby = (client, answer)
