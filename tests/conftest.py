@@ -253,6 +253,27 @@ def train_metrics(out: Path, *args: str, steps: int, microbatches: int, timeout:
     return read_metrics(out / "metrics.jsonl")
 
 
+def assert_plain_is_the_reference(out: Path, metrics: list[dict], reference: tuple[Path, list[dict]],
+                                  steps: int, microbatches: int, ranks_per_replica: int) -> None:
+    """plain's run at OUT (`metrics`) against recover's failure-free run at the same layout
+    (`reference`: its folder and metrics): the same steps, ids and losses (1e-5), the same
+    process count per replica, and every replica's final weights checksum equal to recover's."""
+    from recover.core.components.data import iteration_ids
+    from recover.core.storage.results import reported_ids, step_ids
+
+    ref_out, ref_metrics = reference
+    assert [m["step"] for m in metrics] == list(range(steps))
+    for m, ref in zip(metrics, ref_metrics):
+        assert step_ids(m) == reported_ids(ref) == iteration_ids(m["step"], microbatches)  # (plain reports no ledgers)
+        assert m["loss"] == pytest.approx(ref["loss"], abs=1e-5)
+    pids = json.loads((out / "pids.json").read_text())["replicas"]
+    assert all(len(p) == ranks_per_replica for p in pids.values())
+    checksum = json.loads((ref_out / "final" / "replica0.json").read_text())["weights_checksum"]
+    for r in pids:
+        final = json.loads((out / "final" / f"replica{r}.json").read_text())
+        assert final["weights_checksum"] == pytest.approx(checksum, rel=1e-6)
+
+
 def one_process_losses(model, steps: int, microbatches: int) -> list[float]:
     """The example loops' recipe (examples/tp_loop.py, pp_loop.py: their data, AdamW, a 5-step warm-up,
     clipping at 1.0) for `model` in one process: each step's gradient is the mean over its ids, its

@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from conftest import assert_every_planned_fault_fired, load_run, train_metrics
+from conftest import assert_every_planned_fault_fired, assert_plain_is_the_reference, load_run, train_metrics
 
 from recover.core.components.data import iteration_ids
-from recover.core.storage.results import read_jsonl, reported_ids, step_ids
+from recover.core.storage.results import read_jsonl, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -209,12 +209,4 @@ def test_plain_at_2_x_pp2_is_recovers_failure_free_trajectory(tmp_path, pp_2x2):
     # ids, so it is recover's failure-free reference at this very layout, not at one rank per replica
     out = tmp_path / "run"
     metrics = _train(out, "--system", "plain", "--replicas", "2", "--pp", "2")
-    assert [m["step"] for m in metrics] == list(range(STEPS))
-    for m, ref in zip(metrics, pp_2x2[1]):
-        assert step_ids(m) == reported_ids(ref) == iteration_ids(m["step"], M)  # (plain reports no ledgers)
-        assert m["loss"] == pytest.approx(ref["loss"], abs=1e-5)
-    assert all(len(p) == 2 for p in json.loads((out / "pids.json").read_text())["replicas"].values())
-    ref = json.loads((pp_2x2[0] / "final" / "replica0.json").read_text())["weights_checksum"]
-    for r in range(2):
-        final = json.loads((out / "final" / f"replica{r}.json").read_text())
-        assert final["weights_checksum"] == pytest.approx(ref, rel=1e-6)
+    assert_plain_is_the_reference(out, metrics, pp_2x2, STEPS, M, ranks_per_replica=2)
