@@ -3,7 +3,9 @@
 Contract:
 - One launch: the coordinator process is torchft's lighthouse
   (`torchft_lighthouse.py`, with --torchft-min-replicas, --torchft-join-timeout-ms
-  and --torchft-heartbeat-timeout-ms), and each replica is a `torchft_worker`.
+  and --torchft-heartbeat-timeout-ms), and each replica is a torchft replica
+  group: one `torchft_worker` per rank (`--shard S`: S ranks, which the launcher
+  ends together, so any rank dying takes its group out).
   Nobody is restarted: a replica that dies is gone, the others go on with fewer
   participants (torchft's own behaviour within one job; re-adding replicas is a
   scheduler's business, which this baseline leaves out).
@@ -48,7 +50,7 @@ def supervise(
         out, lighthouse,
         lambda r: python_module_argv("recover.baselines.torchft_worker", "--config", str(config_path),
                                      "--replica", str(r)),
-        cfg.replicas, env=env, hooks=hooks, end=UntilWorkersExit(),
+        cfg.replicas, env=env, hooks=hooks, end=UntilWorkersExit(), ranks_per_replica=cfg.ranks_per_replica,
     )
     result = launcher.run()
     extra: dict = {}

@@ -47,9 +47,10 @@ def test_bad_flags_are_refused_before_any_run(capsys, tmp_path):
 
 @pytest.mark.procs  # the result's machine line runs `uname -p` (platform.platform)
 def test_a_system_is_measured_only_at_the_layouts_it_runs_and_the_others_are_named(capsys, tmp_path):
-    # torchft runs one rank per replica: at 3x2 there is nothing to run, and the line says why
-    assert main(["bench", "iteration", "--layouts", "3x2", "--systems", "torchft", "--repeats", "1",
+    # elastic runs one rank per replica: at 3x2 there is nothing to run, and the line says why
+    assert main(["bench", "iteration", "--layouts", "3x2", "--systems", "elastic", "--repeats", "1",
                  "--out", str(tmp_path), "--work", str(tmp_path / "work")]) == 0
     out = capsys.readouterr().out
-    assert "torchft at 3x2: not measured (torchft runs one rank per replica; 3 x S2 needs recover or plain)" in out
+    assert ("elastic at 3x2: not measured (elastic runs one rank per replica; 3 x S2 needs recover, plain or "
+            "torchft)") in out
     assert json.loads((tmp_path / "iteration.json").read_text())["rows"] == []

@@ -71,19 +71,19 @@ def test_shard_1_is_the_grid_as_before(name):
         assert all("rank" not in f for f in (r.plan or {}).get("faults", []))  # plans unchanged
 
 
-@pytest.mark.parametrize("system", BASELINES)
+@pytest.mark.parametrize("system", [b for b in BASELINES if b != "torchft"])  # torchft runs S2 (FT-HSDP)
 def test_a_shard_2_cell_of_another_system_is_refused_naming_it(system):
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"])
     spec = next(r for r in grid.runs if r.system == "recover")
     spec.system, spec.settings, spec.shard = system, {}, 2
     with pytest.raises(ConfigError, match=rf"^--system: {system} runs one rank per replica; "
-                                          rf"{spec.replicas} x S2 needs recover or plain$"):
+                                          rf"{spec.replicas} x S2 needs recover, plain or torchft$"):
         spec.validate()
 
 
 def test_a_grid_asking_baselines_for_shard_2_fails_before_anything_starts():
-    with pytest.raises(ValueError, match=r"trajectory/\S+: --system: (elastic|torchft|ckpt-restart) "
-                                         r"runs one rank per replica; \d+ x S2 needs recover or plain"):
+    with pytest.raises(ValueError, match=r"trajectory/\S+: --system: (elastic|ckpt-restart) "
+                                         r"runs one rank per replica; \d+ x S2 needs recover, plain or torchft"):
         E.build_grid("trajectory", seeds=[0], shard=2)
     with pytest.raises(ValueError, match="layout shard: must be an integer >= 1"):
         E.build_grid("trajectory", seeds=[0], systems=["recover"], shard=0)
@@ -96,7 +96,8 @@ def test_the_registry_says_which_system_runs_which_layout():
     assert SYSTEMS["plain"].layout == SYSTEMS["recover"].layout  # the reference runs every layout recover runs
     assert all(runs_layout(s, ReplicaLayout()) for s in SYSTEMS)
     check_layout("plain", ReplicaLayout(tp=2, pp=2), 2)
-    with pytest.raises(ConfigError, match="^--system: torchft runs one rank per replica; 2 x PP2 needs recover or plain$"):
+    assert SYSTEMS["torchft"].layout == ("shard",) and runs_layout("torchft", ReplicaLayout(shard=2))
+    with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S only; 2 x PP2 needs recover or plain$"):
         check_layout("torchft", ReplicaLayout(pp=2), 2)
 
 
@@ -157,8 +158,8 @@ def _bench_args(**kw) -> Namespace:
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"system": "torchft"}, "recover: error: --system: torchft runs one rank per replica; 2 x S2 needs recover "
-                            "or plain"),
+    ({"system": "elastic"}, "recover: error: --system: elastic runs one rank per replica; 2 x S2 needs recover, "
+                            "plain or torchft"),
     ({"shard": 0}, "recover: error: --shard: must be >= 1, got 0"),
     ({"shard": 8}, "recover: error: --shard: each rank takes rows of a microbatch"),
 ])

@@ -20,17 +20,25 @@ LAYOUTS = [(s, t, p) for s, t, p in itertools.product((1, 2), repeat=3)]
 CELLS = [(system, layout) for system in SYSTEM_LAYOUTS for layout in LAYOUTS]
 
 
+# what each system runs above 1 rank, written out here (not read from the table under test)
+RUNS = {"recover": {"shard", "tp", "pp"}, "plain": {"shard", "tp", "pp"}, "torchft": {"shard"}}
+
+
 def _expected_line(system: str, replicas: int, shard: int, tp: int, pp: int) -> str | None:
-    if (shard, tp, pp) == (1, 1, 1) or system in ("recover", "plain"):
+    dims = {d for d, v in zip(("shard", "tp", "pp"), (shard, tp, pp)) if v > 1}
+    own = RUNS.get(system, set())
+    if dims <= own:
         return None
-    return (f"--system: {system} runs one rank per replica; {layout_words(replicas, shard, tp, pp)} "
-            f"needs recover or plain")
+    what = "runs one rank per replica" if not own else "runs replicas split by S only"
+    who = "recover, plain or torchft" if dims <= RUNS["torchft"] else "recover or plain"
+    return f"--system: {system} {what}; {layout_words(replicas, shard, tp, pp)} needs {who}"
 
 
 def test_the_table_is_the_registry_s_systems_and_says_plain_runs_what_recover_runs():
     assert set(SYSTEM_LAYOUTS) == set(SYSTEMS)
     assert SYSTEM_LAYOUTS["recover"] == SYSTEM_LAYOUTS["plain"] == LAYOUT_DIMENSIONS
-    assert all(SYSTEM_LAYOUTS[b] == () for b in BASELINES)
+    assert SYSTEM_LAYOUTS["torchft"] == ("shard",)  # fault-tolerant HSDP (baselines/torchft_group.py)
+    assert all(SYSTEM_LAYOUTS[b] == () for b in BASELINES if b != "torchft")
     assert all(SYSTEMS[name].layout == SYSTEM_LAYOUTS[name] for name in SYSTEMS)
 
 
@@ -57,8 +65,11 @@ def test_each_system_x_layout_is_run_or_refused_in_one_line_naming_both(system, 
         check_layout(system, ReplicaLayout(*layout), 3)
 
 
-def test_the_example_line():
-    assert str(refusal("torchft", 3, shard=2)) == "--system: torchft runs one rank per replica; 3 x S2 needs recover or plain"
+def test_the_example_lines():
+    assert str(refusal("elastic", 3, shard=2)) == ("--system: elastic runs one rank per replica; 3 x S2 needs "
+                                                   "recover, plain or torchft")
+    assert refusal("torchft", 3, shard=2) is None
+    assert str(refusal("torchft", 3, tp=2)) == "--system: torchft runs replicas split by S only; 3 x TP2 needs recover or plain"
 
 
 def test_a_system_not_in_the_table_runs_one_rank_per_replica():
@@ -80,8 +91,8 @@ def test_recover_train_s_validation_refuses_with_the_table_s_line(system, layout
         assert str(e.value) == expected
 
 
-@pytest.mark.parametrize("system", BASELINES)
-@pytest.mark.parametrize("layout", [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
+@pytest.mark.parametrize("system, layout", [(b, lay) for b in BASELINES for lay in [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
+                                            if _expected_line(b, 3, *lay) is not None])
 def test_bench_recovery_refuses_with_the_table_s_line(system, layout, capsys, monkeypatch):
     import recover.experiments.benches.recovery as bench
 

@@ -6,8 +6,8 @@ Contract:
   system runs above 1. A system not in the table runs one rank per replica.
 - `refusal(system, replicas, shard, tp, pp)` is None when the system runs that
   layout, else the `ConfigError` to raise: flag "--system", and one line naming the
-  system, the layout and who runs it ("torchft runs one rank per replica;
-  3 x S2 needs recover or plain").
+  system, the layout and who runs it ("elastic runs one rank per replica;
+  3 x S2 needs recover, plain or torchft").
 - Everything that takes a system and a layout asks this table: TrainConfig.validate
   (`recover train`, `recover launch`), experiments.systems (`System.layout`,
   `check_layout`: the grids of `recover experiment` and `recover bench recovery`),
@@ -26,10 +26,11 @@ SYSTEM_LAYOUTS: dict[str, tuple[str, ...]] = {
     # reference, builds the same grid from the same blocks (core/training/plain.py).
     "recover": LAYOUT_DIMENSIONS,
     "plain": LAYOUT_DIMENSIONS,
-    # The baselines wrap one process per replica (DCP restart, torchrun agents, torchft's
-    # Manager): none of them runs a replica of many ranks yet.
+    # torchft's fault-tolerant HSDP: a Manager per rank, FSDP2 over each replica group
+    # (baselines/torchft_group.py); TP and PP inside a group are not wired for it.
+    "torchft": ("shard",),
+    # These wrap one process per replica (DCP restart, torchrun agents).
     "ckpt-restart": (),
-    "torchft": (),
     "elastic": (),
 }
 
@@ -55,5 +56,6 @@ def refusal(system: str, replicas: int, shard: int = 1, tp: int = 1, pp: int = 1
     what = ("runs one rank per replica" if not own else
             f"runs replicas split by {' and '.join(_SHORT[d] for d in own)} only")
     able = [s for s in SYSTEM_LAYOUTS if runs(s, *dims)]
-    who = f"needs {' or '.join(able)}" if able else "is run by no system yet"
+    who = (f"needs {', '.join(able[:-1])} or {able[-1]}" if len(able) > 1 else
+           f"needs {able[0]}" if able else "is run by no system yet")
     return ConfigError("--system", f"{system} {what}; {layout_words(replicas, *dims)} {who}")
