@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         if local == 0:
             final = {"step": cfg.steps, "weights_checksum": checksum, "replica": replica}
             (baseline_dir(out) / "final.json").write_text(json.dumps(final))
+    if ctx is not None:
+        # rank 0's shutdown ends the group's ManagerServer: not while another rank is still reading
+        # its answer to the last quorum (bounded by the group's liveness: its ranks end together)
+        dist.barrier()
     manager.shutdown(wait=False)
     return 0
 

@@ -189,3 +189,22 @@ def test_a_tiny_recover_grid_of_2_replicas_x_2_ranks_runs_and_aggregates(tmp_pat
     assert len(rows) == 3 and {r["shard"] for r in rows} == {"2"}
     assert all(r["ids_match"] == "True" for r in rows)
     assert max(float(r["rel_loss_diff"]) for r in rows) <= REL_TOL
+
+
+def test_bench_recovery_sets_torchft_s_lighthouse_for_torchft_only(capsys, monkeypatch):
+    import recover.experiments.benches.recovery as bench
+
+    monkeypatch.setattr(bench, "bench_recovery", lambda a: 0)
+    assert cmd_bench_recovery(_bench_args(system="recover", torchft_heartbeat_timeout_ms=250)) == 2
+    assert "--torchft-heartbeat-timeout-ms: sets torchft's lighthouse; --system is recover" in capsys.readouterr().err
+    assert cmd_bench_recovery(_bench_args(system="torchft", torchft_join_timeout_ms=0)) == 2
+    assert "--torchft-join-timeout-ms: must be >= 1, got 0" in capsys.readouterr().err
+    tight = _bench_args(system="torchft", torchft_heartbeat_timeout_ms=250, torchft_join_timeout_ms=250)
+    assert cmd_bench_recovery(tight) == 0  # 3 x S2 (here 2 x S2): torchft's fault-tolerant HSDP
+    s = bench.torchft_settings(tight)
+    assert (s.torchft_heartbeat_timeout_ms, s.torchft_join_timeout_ms) == (250, 250)
+    assert bench._settings_suffix(s) == "_hb250_join250"  # beside the default's files, not over them
+    default = bench.torchft_settings(_bench_args(system="torchft"))
+    assert (default.torchft_heartbeat_timeout_ms, default.torchft_join_timeout_ms) == (1000, 1000)
+    assert bench._settings_suffix(default) == ""
+    assert bench.torchft_settings(_bench_args()) is None  # recover: no torchft settings

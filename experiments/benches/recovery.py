@@ -9,7 +9,14 @@ Contract:
   anywhere in the period, not always where it loses the most; `fixed` puts every kill
   at its window's first step (how the results before this option were measured).
   With `--shard S` > 1 each replica is S ranks and a kill strikes one of them,
-  drawn per kill (any rank dying takes the replica).
+  drawn per kill (any rank dying takes the replica). torchft runs S > 1 as its
+  fault-tolerant HSDP (baselines/torchft_group.py), so recover and torchft can be
+  measured at the same 3 x S2.
+- torchft's lighthouse: `--torchft-heartbeat-timeout-ms` and `--torchft-join-timeout-ms`
+  set it for every torchft run of the bench (default: BaselineConfig's, 1 s each, as
+  `recover train` sets it); the summary records both (`torchft_lighthouse`), and a
+  setting other than the default is in the file names (recovery_torchft_s2_hb250_join250.json),
+  so the 1 s and the 250 ms figures sit side by side.
 - Per kill it records: the fault (step, phase, replica), the time from the kill
   to the next committed iteration, the recovery overhead (the duration of the
   iteration that absorbed the fault minus the median failure-free iteration's
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import random
 import statistics
@@ -38,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from recover.baselines.settings import BaselineConfig
 from recover.core.config.train_config import TrainConfig
 from recover.core.storage.results import read_jsonl, read_metrics
 from recover.fault_injection.injector import attach_plan
@@ -144,14 +153,35 @@ def measure_run(out: Path, warmup: int = 2) -> dict:
     return {"kills": kills, "clean_iteration_s": base, "clean_iterations": clean}
 
 
-def _train(cfg: TrainConfig, plan: list[dict] | None) -> Path:
+def torchft_settings(args: argparse.Namespace) -> BaselineConfig | None:
+    """The torchft runs' settings from the bench's flags (None: not torchft, the system's defaults)."""
+    if args.system != "torchft":
+        return None
+    d = BaselineConfig()
+    hb, join = getattr(args, "torchft_heartbeat_timeout_ms", None), getattr(args, "torchft_join_timeout_ms", None)
+    return dataclasses.replace(d, torchft_heartbeat_timeout_ms=d.torchft_heartbeat_timeout_ms if hb is None else hb,
+                               torchft_join_timeout_ms=d.torchft_join_timeout_ms if join is None else join)
+
+
+def _settings_suffix(settings: BaselineConfig | None) -> str:
+    """The file names' mark of a torchft lighthouse set otherwise than by default ('' if not)."""
+    if settings is None:
+        return ""
+    d = BaselineConfig()
+    hb, join = settings.torchft_heartbeat_timeout_ms, settings.torchft_join_timeout_ms
+    if (hb, join) == (d.torchft_heartbeat_timeout_ms, d.torchft_join_timeout_ms):
+        return ""
+    return f"_hb{hb}_join{join}"
+
+
+def _train(cfg: TrainConfig, plan: list[dict] | None, settings: BaselineConfig | None = None) -> Path:
     if plan is not None:
         p = Path(cfg.out).parent / (Path(cfg.out).name + "_plan.json")
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps({"faults": plan}))
         cfg.faults = str(p)
     fault_plan = attach_plan(cfg)
-    summary = run_training(cfg, plan=fault_plan)
+    summary = run_training(cfg, plan=fault_plan, settings=settings)
     if summary["status"] != "ok":
         raise RuntimeError(f"benchmark run {cfg.out} failed: {summary['reason']}")
     return Path(cfg.out)
@@ -170,6 +200,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
     same = runs_layout("plain", ReplicaLayout(shard=shard, tp=tp, pp=pp))
     shards = {args.system: shard, "plain": shard if same else 1}
     inners = {args.system: inner, "plain": inner if same else {}}
+    settings = torchft_settings(args)  # None for any other system: its defaults
     per_run = min(args.replicas - 1, args.kills)
     gap = KILL_WINDOW
     placement = getattr(args, "kill_placement", "random")
@@ -182,7 +213,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
         plan = kill_plan(rng, args.replicas, n, steps, first=4, gap=gap, shard=shard * tp * pp, placement=placement)
         cfg = TrainConfig(system=args.system, steps=steps, out=str(work / f"faulty{runs}"), shard=shard, **inner,
                           **base)
-        out = _train(cfg, plan)
+        out = _train(cfg, plan, settings)
         m = measure_run(out)
         kills += m["kills"]
         runs += 1
@@ -194,7 +225,8 @@ def bench_recovery(args: argparse.Namespace) -> int:
         for system in (args.system, "plain"):
             cfg = TrainConfig(system=system, steps=args.clean_steps, out=str(work / f"clean_{system}{rep}"),
                               shard=shards[system], **inners[system], **base)
-            clean[system] += measure_run(_train(cfg, None))["clean_iterations"]
+            clean[system] += measure_run(_train(cfg, None, settings if system == args.system else None)
+                                         )["clean_iterations"]
     med = {s: statistics.median(v) for s, v in clean.items()}
 
     def stat(key: str) -> dict:
@@ -206,6 +238,10 @@ def bench_recovery(args: argparse.Namespace) -> int:
         **({"pp_schedule": schedule} if pp > 1 else {}), "plain_shard": shards["plain"],
         "plain_tp": tp if same else 1, "plain_pp": pp if same else 1,
         "microbatches": args.microbatches, "seed": args.seed,
+        **({"torchft_lighthouse": {"heartbeat_timeout_ms": settings.torchft_heartbeat_timeout_ms,
+                                   "join_timeout_ms": settings.torchft_join_timeout_ms,
+                                   "heartbeat_interval_ms": settings.torchft_heartbeat_ms}}
+           if settings is not None else {}),
         "kills": len(kills), "runs": runs,
         "kill_placement": f"{placement}: one kill per {gap}-step window from step 4"
                           + (" at a uniformly drawn step of it" if placement == "random" else " at its first step"),
@@ -228,7 +264,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = (f"recovery_{args.system}" + (f"_s{shard}" if shard > 1 else "") + (f"_t{tp}" if tp > 1 else "")
-            + (f"_p{pp}{schedule}" if pp > 1 else ""))
+            + (f"_p{pp}{schedule}" if pp > 1 else "") + _settings_suffix(settings))
     (outdir / f"{stem}.json").write_text(json.dumps(summary, indent=2))
     with open(outdir / f"{stem}_kills.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(kills[0]))

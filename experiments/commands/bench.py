@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
     r.add_argument("--replicas", type=int, default=4, help="replicas per run (default: 4)")
     r.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
     r.add_argument("--shard", type=int, default=1,
-                   help="ranks per replica S (HSDP; recover, or plain: core/config/layouts.py): a kill strikes one rank "
+                   help="ranks per replica S (HSDP; recover, plain or torchft: core/config/layouts.py): a kill strikes one rank "
                         "and takes its replica; the failure-free comparison runs plain at the same layout (default: 1)")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica T (recover or plain; default: 1)")
     r.add_argument("--pp", type=int, default=1, help="pipeline stages per replica P (recover or plain; default: 1)")
@@ -61,6 +61,10 @@ def add_parser(sub) -> None:
                         "checkpointing baseline loses the most (how earlier results were measured) (default: random)")
     r.add_argument("--heartbeat-timeout", type=float, default=TrainConfig.heartbeat_timeout,
                    help="heartbeat timeout of the runs (default: the config's)")
+    r.add_argument("--torchft-heartbeat-timeout-ms", type=int, default=None,
+                   help="torchft only: the lighthouse's heartbeat timeout of every run (default: recover train's, 1000)")
+    r.add_argument("--torchft-join-timeout-ms", type=int, default=None,
+                   help="torchft only: the lighthouse's join timeout of every run (default: recover train's, 1000)")
     r.add_argument("--clean-steps", type=int, default=40, help="steps of each failure-free run (default: 40)")
     r.add_argument("--repeats", type=int, default=2, help="failure-free runs per system (default: 2)")
     r.add_argument("--out", default="results/bench", help="where to write the figures (default: results/bench)")
@@ -233,6 +237,12 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
         return fail("--microbatches: must be >= --replicas")
     if args.shard < 1:
         return fail(f"--shard: must be >= 1, got {args.shard}")
+    for flag in ("torchft_heartbeat_timeout_ms", "torchft_join_timeout_ms"):
+        v, name = getattr(args, flag, None), "--" + flag.replace("_", "-")
+        if v is not None and args.system != "torchft":
+            return fail(f"{name}: sets torchft's lighthouse; --system is {args.system}")
+        if v is not None and v < 1:
+            return fail(f"{name}: must be >= 1, got {v}")
     from ..layout import ReplicaLayout
     from ..systems import check_layout
 
