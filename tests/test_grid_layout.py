@@ -208,3 +208,22 @@ def test_bench_recovery_sets_torchft_s_lighthouse_for_torchft_only(capsys, monke
     assert (default.torchft_heartbeat_timeout_ms, default.torchft_join_timeout_ms) == (1000, 1000)
     assert bench._settings_suffix(default) == ""
     assert bench.torchft_settings(_bench_args()) is None  # recover: no torchft settings
+
+
+def test_bench_recovery_times_a_kill_to_the_first_commit_without_the_killed_replica(tmp_path):
+    """A step voted before the kill (torchft commits it after a kill in optimizer_step) is the
+    next commit, not the end of the recovery: kill_to_regroup_s runs to the first commit without it."""
+    from recover.experiments.benches.recovery import measure_run
+
+    members = [[0, 1, 2]] * 4 + [[0, 2]] * 2
+    walls = [1.0, 2.0, 3.0, 3.05, 4.5, 5.0]  # the kill at 3.01: step 3 (voted before it) lands at 3.05
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for i, (m, w) in enumerate(zip(members, walls)):
+            f.write(json.dumps({"step": i, "loss": 1.0, "tokens": 1, "microbatch_ids": [i], "generation": 0,
+                                "members": m, "wall_time": w}) + "\n")
+    (tmp_path / "events.jsonl").write_text("")
+    (tmp_path / "faults.jsonl").write_text(json.dumps({"kind": "crash", "replica": 1, "step": 3,
+                                                       "phase": "optimizer_step", "wall_time": 3.01}) + "\n")
+    (kill,) = measure_run(tmp_path)["kills"]
+    assert kill["kill_to_next_commit_s"] == pytest.approx(0.04)
+    assert kill["kill_to_regroup_s"] == pytest.approx(1.49)

@@ -18,7 +18,7 @@ Contract:
   setting other than the default is in the file names (recovery_torchft_s2_hb250_join250.json),
   so the 1 s and the 250 ms figures sit side by side.
 - Per kill it records: the fault (step, phase, replica), the time from the kill
-  to the next committed iteration, the recovery overhead (the duration of the
+  to the next committed iteration and to the first one without the killed replica, the recovery overhead (the duration of the
   iteration that absorbed the fault minus the median failure-free iteration's
   duration in the same run), and the work lost (microbatches that had to be
   redone or were thrown away).
@@ -119,7 +119,10 @@ def measure_run(out: Path, warmup: int = 2) -> dict:
     Per kill: `kill_to_next_commit_s` (to the first commit after the kill, whatever
     its step: for a restarting system that is a replayed step), `kill_to_progress_s`
     (to the commit of the step the kill interrupted: what the job really lost in
-    time), and `recovery_overhead_s`: the gap between the last commit before the
+    time), `kill_to_regroup_s` (to the first commit without the killed replica among
+    its members: the membership change done, whatever the system counts a step
+    voted before the kill as; None if it never left, as under a restart with every
+    replica), and `recovery_overhead_s`: the gap between the last commit before the
     kill and the commit of the interrupted step, minus the median failure-free
     iteration of the same run (for recover: the faulty iteration's duration minus
     the median one).
@@ -139,6 +142,7 @@ def measure_run(out: Path, warmup: int = 2) -> dict:
         before = [m for m in metrics if m["wall_time"] <= kill]
         nxt = after[0] if after else None
         progress = next((m for m in after if m["step"] >= f["step"]), None)
+        regroup = next((m for m in after if f["replica"] not in m.get("members", [f["replica"]])), None)
         # the recovery or restart the system recorded for this fault
         ev = next((e for e in events if e.get("detected_at", -1) >= kill - 1e-3), None)
         gap = (progress["wall_time"] - before[-1]["wall_time"]) if progress and before else None
@@ -146,6 +150,7 @@ def measure_run(out: Path, warmup: int = 2) -> dict:
             "replica": f["replica"], **({"rank": f["rank"]} if "rank" in f else {}), "fault_step": f["step"], "phase": f["phase"],
             "kill_to_next_commit_s": (nxt["wall_time"] - kill) if nxt else None,
             "kill_to_progress_s": (progress["wall_time"] - kill) if progress else None,
+            "kill_to_regroup_s": (regroup["wall_time"] - kill) if regroup else None,
             "recovery_overhead_s": (gap - base) if gap is not None else None,
             "detection_s": (ev["detected_at"] - kill) if ev else None,
             "work_lost_microbatches": _work_lost(ev),
@@ -249,6 +254,7 @@ def bench_recovery(args: argparse.Namespace) -> int:
         "recovery_overhead_s": stat("recovery_overhead_s"),
         "kill_to_next_commit_s": stat("kill_to_next_commit_s"),
         "kill_to_progress_s": stat("kill_to_progress_s"),
+        "kill_to_regroup_s": stat("kill_to_regroup_s"),
         "detection_s": stat("detection_s"),
         "work_lost_microbatches": stat("work_lost_microbatches"),
         "failure_free_iteration_s": med,
@@ -286,6 +292,8 @@ def print_table(s: dict) -> None:
     print(row("recovery overhead", s["recovery_overhead_s"]))
     print(row("kill -> next commit", s["kill_to_next_commit_s"]))
     print(row("kill -> interrupted step done", s["kill_to_progress_s"]))
+    if s.get("kill_to_regroup_s", {}).get("n"):  # (summaries before it: none)
+        print(row("kill -> commit without it", s["kill_to_regroup_s"]))
     print(row("detection", s["detection_s"]))
     print(row("work lost (microbatches)", s["work_lost_microbatches"], ""))
     ff = s["failure_free_iteration_s"]
