@@ -1,8 +1,8 @@
 """A torchft replica group of many ranks (fault-tolerant HSDP, as torchft wires it): its store, its FSDP2 grid, its shard state.
 
 Contract:
-- A replica group is S ranks (`--shard S`, RECOVER_LOCAL_RANK = the rank in the
-  group). Its rank 0 hosts the group's own c10d `TCPStore` (as every torchft
+- A replica group is S x T ranks (`--shard S`, `--tp T`; RECOVER_LOCAL_RANK = the
+  rank in the group). Its rank 0 hosts the group's own c10d `TCPStore` (as every torchft
   replica group does: the Manager finds its ManagerServer's address there) and
   publishes the store's port in DIR/baseline/group_stores/replica<r> (written
   whole: a temporary file renamed into place). The other ranks read it there.
@@ -12,8 +12,8 @@ Contract:
 - `group_context(...)` builds, over that store, the plain process-group grid
   inside the group that torchft's own FSDP test builds (`init_device_mesh` over
   the group's ranks, default group = the replica group, gloo): recover's
-  `ParallelContext`, so FSDP2 shards the model over the group exactly as it does
-  for `--system recover` and `plain` at the same layout (a SUM reduce-scatter:
+  `ParallelContext`, so TP splits and FSDP2 shards the model over the group exactly
+  as they do for `--system recover` and `plain` at the same layout (a SUM reduce-scatter:
   gloo has no averaging reduce-scatter, and torchft's ProcessGroupGloo refuses
   reduce-scatter altogether, so the shard dimension is never a torchft group).
   Across groups only torchft's ProcessGroupGloo is used (one per rank position,

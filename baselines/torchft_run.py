@@ -4,7 +4,7 @@ Contract:
 - One launch: the coordinator process is torchft's lighthouse
   (`torchft_lighthouse.py`, with --torchft-min-replicas, --torchft-join-timeout-ms
   and --torchft-heartbeat-timeout-ms), and each replica is a torchft replica
-  group: one `torchft_worker` per rank (`--shard S`: S ranks, which the launcher
+  group: one `torchft_worker` per rank (`--shard S`, `--tp T`: S x T ranks, which the launcher
   ends together, so any rank dying takes its group out).
   Nobody is restarted: a replica that dies is gone, the others go on with fewer
   participants (torchft's own behaviour within one job; re-adding replicas is a

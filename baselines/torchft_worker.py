@@ -8,11 +8,12 @@ Contract:
   commit vote `Manager.should_commit`. The manager is driven directly (the
   pattern that survived a peer's death with torchft 0.2.0 and the nightly alike)
   because our workload already owns its gradients in one flat accumulator.
-- A group of many ranks (`--shard S` > 1; RECOVER_LOCAL_RANK is the rank in the
-  group) is fault-tolerant HSDP as torchft wires it: the Manager of each rank has
-  `rank` = its rank in the group and `world_size` = S, FSDP2 shards the model
-  over a plain gloo group of the group's ranks (`torchft_group.py`: the group's
-  store and grid), and each rank all-reduces its own shard of the gradient sum
+- A group of many ranks (`--shard S` and/or `--tp T` > 1: N = S x T ranks;
+  RECOVER_LOCAL_RANK is the rank in the group) is fault-tolerant HSDP as torchft
+  wires it: the Manager of each rank has `rank` = its rank in the group and
+  `world_size` = N, FSDP2 shards the model (after TP splits it, with T > 1) over
+  plain gloo groups of the group's ranks (`torchft_group.py`: the group's store
+  and grid), and each rank all-reduces its own shard of the gradient sum
   (its flat accumulator) with the ranks at its position in the other groups,
   once per step, over its Manager's ProcessGroupGloo. (torchft's FSDP wiring
   issues that same all-reduce from an FSDP all-reduce hook inside every

@@ -96,8 +96,9 @@ def test_the_registry_says_which_system_runs_which_layout():
     assert SYSTEMS["plain"].layout == SYSTEMS["recover"].layout  # the reference runs every layout recover runs
     assert all(runs_layout(s, ReplicaLayout()) for s in SYSTEMS)
     check_layout("plain", ReplicaLayout(tp=2, pp=2), 2)
-    assert SYSTEMS["torchft"].layout == ("shard",) and runs_layout("torchft", ReplicaLayout(shard=2))
-    with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S only; 2 x PP2 needs recover or plain$"):
+    assert SYSTEMS["torchft"].layout == ("shard", "tp") and runs_layout("torchft", ReplicaLayout(shard=2, tp=2))
+    with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S and TP only; 2 x PP2 needs "
+                                          "recover or plain$"):
         check_layout("torchft", ReplicaLayout(pp=2), 2)
 
 

@@ -54,7 +54,7 @@ def test_train_config_refuses_a_pp_that_does_not_fit_naming_the_flag():
     with pytest.raises(ConfigError, match="--pp-schedule"):
         TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, pp_schedule="zb").validate()
     TrainConfig(system="plain", replicas=2, microbatches=2, pp=2).validate()  # recover's failure-free reference
-    with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S only; 2 x PP2 needs"):
+    with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S and TP only; 2 x PP2 needs"):
         TrainConfig(system="torchft", replicas=2, microbatches=2, pp=2).validate()
     with pytest.raises(ConfigError, match="--pp: checkpoints"):
         TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, checkpoint_every=2).validate()

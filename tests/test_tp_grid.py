@@ -53,8 +53,7 @@ def test_train_config_refuses_a_tp_that_does_not_fit_naming_the_flag():
     with pytest.raises(ConfigError, match="--tp: must be >= 1"):
         TrainConfig(system="recover", replicas=2, microbatches=2, tp=0).validate()
     TrainConfig(system="plain", replicas=2, microbatches=2, tp=2).validate()  # recover's failure-free reference
-    with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S only; 2 x TP2 needs"):
-        TrainConfig(system="torchft", replicas=2, microbatches=2, tp=2).validate()
+    TrainConfig(system="torchft", replicas=2, microbatches=2, tp=2).validate()  # its fault-tolerant HSDP, TP inside
     # --shard and --tp are built: their ranks write and load their shards
     TrainConfig(system="recover", replicas=2, microbatches=2, tp=2, checkpoint_every=2).validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, shard=2, checkpoint_every=2).validate()

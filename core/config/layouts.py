@@ -26,9 +26,9 @@ SYSTEM_LAYOUTS: dict[str, tuple[str, ...]] = {
     # reference, builds the same grid from the same blocks (core/training/plain.py).
     "recover": LAYOUT_DIMENSIONS,
     "plain": LAYOUT_DIMENSIONS,
-    # torchft's fault-tolerant HSDP: a Manager per rank, FSDP2 over each replica group
-    # (baselines/torchft_group.py); TP and PP inside a group are not wired for it.
-    "torchft": ("shard",),
+    # torchft's fault-tolerant HSDP: a Manager per rank, FSDP2 (and TP, as torchft's own FSDP
+    # test splits a group) over each replica group (baselines/torchft_group.py); no PP.
+    "torchft": ("shard", "tp"),
     # These wrap one process per replica (DCP restart, torchrun agents).
     "ckpt-restart": (),
     "elastic": (),

@@ -10,9 +10,9 @@ Contract:
   prints the grid (and, for slurm, nothing is submitted).
 - `--shard S`, `--tp T` and `--pp P` (with `--pp-schedule`) give every run replicas
   of S x T x P ranks (experiments/layout.py); a system that does not run that layout
-  (core/config/layouts.py: torchft runs `--shard` only, the other baselines one rank per
-  replica) is refused by the grid's validation in one line naming it and the layout, before
-  anything starts (keep such grids to `--systems recover`, and torchft at `--shard`; the
+  (core/config/layouts.py: torchft runs `--shard` and `--tp`, the other baselines one rank
+  per replica) is refused by the grid's validation in one line naming it and the layout, before
+  anything starts (keep such grids to `--systems recover`, and torchft without `--pp`; the
   failure-free reference, plain, runs them all).
 """
 from __future__ import annotations
