@@ -35,9 +35,10 @@ Contract:
   runs one `torchrun` agent per task (a node; `_run_agent`), with the c10d rendezvous
   on task 0's store, which no agent hosts. Systems that re-form their
   job with a supervisor of their own and have no Slurm form (on_slurm "") are skipped
-  on Slurm with a note, and so are runs whose replicas have many
-  ranks (shard x tp x pp > 1): one task per replica is all `slurm_task` starts today, and the
-  launcher that ends the rest of a replica when one of its ranks dies runs here only.
+  on Slurm with a note. A replica of K ranks (shard x tp x pp) is K consecutive
+  tasks (`SlurmTask`: task g is local rank g % K of replica g // K), and `slurm_shape`
+  puts whole replicas on each node, so a node that fails takes whole replicas; within a
+  replica, the ranks' beats to their leader end the replica when one rank is gone.
 - A failed run is reported with the path of its logs (the run's moved logs, or the
   submitit job's stderr when the job itself died).
 - Waiting on Slurm (`_wait_slurm`) follows task 0 only (it writes the summary; a
@@ -170,106 +171,171 @@ def _wait_for(path: Path, timeout: float, failed: Path | None = None) -> dict:
     raise TimeoutError(f"{path} did not appear within {timeout:.0f}s (task 0 failed? see its log)")
 
 
-def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
-    """The body of every task of a run's Slurm job: one rank of the run (see the module docstring)."""
-    import submitit
+@dataclass
+class SlurmTask:
+    """Who one task of a run's Slurm job is: its rank in the job, and the replica rank it runs.
 
-    env = submitit.JobEnvironment()
-    rank, job_id, host0 = env.global_rank, str(env.job_id), env.hostnames[0]
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)  # 0, then +1 per requeue of this job
-    spec = RunSpec.from_dict(spec_dict)
-    system = SYSTEMS[spec.system]
-    out = spec.out_dir(root)
-    # Per start of the job: a requeued job never reads its earlier start's markers.
-    sync = out / ".slurm" / job_id / str(restart)
-    if rank >= spec.replicas:  # the last node's spare task slots
-        return {"rank": rank, "idle": True}
-    config_path = out / "config.json"
-    coordinator = None
-    if rank == 0:
-        if restart == 0:
-            t0 = time.time()
-            _first_start(spec, root, out, config_path)
-        else:  # a requeued job resumes the same run: its files, its clock
-            t0 = json.loads((out / ".slurm" / job_id / "0" / "ready.json").read_text())["t0"]
-        token = new_join_token()
-        sync.mkdir(parents=True, exist_ok=True)
-        coordinator = subprocess.Popen(
-            _coordinator_argv(spec, system, config_path),
-            stdout=subprocess.PIPE, env={**os.environ, env_names.T0: repr(t0), JOIN_TOKEN_ENV: token},
-        )
-        first = coordinator.stdout.readline()  # its first line: it is up, on the ports the OS gave it
-        try:
-            up = json.loads(first)
-        except json.JSONDecodeError:
-            why = f"the coordinator did not come up (exit {coordinator.wait(30)}, said {first!r}); see task 0's log"
-            (sync / "failed.txt").write_text(why)  # the other tasks stop waiting and say so
-            raise RuntimeError(why) from None
-        # The job's own directory hands the token to its tasks (readable by its owner only).
-        ready = sync / "ready.json"
-        ready.touch(mode=0o600)
-        ready.write_text(json.dumps({"t0": t0, "host": coordinator_host(host0), "join_token": token,
-                                     "store_port": up["store_port"], "control_port": up["control_port"]}))
-    ready = _wait_for(sync / "ready.json", timeout=600, failed=sync / "failed.txt")
-    store_port, control_port = ready["store_port"], ready["control_port"]
-    members = _members(spec, system, out, restart)
-    if rank not in members:  # a replica lost earlier in a survivors-mode run: its slot stays empty
-        (sync / f"done-{rank}").write_text("0")
-        if rank != 0:
-            return {"rank": rank, "idle": True}
+    The job's tasks are the run's ranks, replica by replica: task g runs local rank
+    g % K of replica g // K (K ranks per replica), so a replica's ranks are
+    consecutive tasks, and `slurm_shape` puts them on one node."""
+
+    rank: int  # the task's rank in the job (SLURM_PROCID)
+    job_id: str  # this array element's job id
+    host0: str  # the job's first node, where task 0 runs
+    restart: int  # 0, then +1 per requeue of this job (SLURM_RESTART_COUNT)
+    spec: RunSpec  # the run
+    out: Path  # the run's directory
+    ranks_per_replica: int  # K: the replica's P x S x T ranks
+
+    @classmethod
+    def from_env(cls, spec_dict: dict[str, Any], root: str) -> "SlurmTask":
+        import submitit
+
+        env = submitit.JobEnvironment()
+        spec = RunSpec.from_dict(spec_dict)
+        return cls(rank=env.global_rank, job_id=str(env.job_id), host0=env.hostnames[0],
+                   restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0), spec=spec, out=spec.out_dir(root),
+                   ranks_per_replica=spec.layout().ranks)
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.ranks_per_replica
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.ranks_per_replica
+
+    @property
+    def ranks(self) -> int:
+        """The run's ranks: replicas x ranks per replica (tasks past them are a node's spare slots)."""
+        return self.spec.replicas * self.ranks_per_replica
+
+    @property
+    def sync(self) -> Path:
+        """The job start's own directory of markers: a requeued job never reads an earlier start's."""
+        return self.out / ".slurm" / self.job_id / str(self.restart)
+
+
+def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
+    """The body of every task of a run's Slurm job: one rank of the run (see the module docstring).
+
+    Three roles, in order: task 0 hosts the run's coordinator (`_host_coordinator`); every
+    task of a member replica runs its rank (`_run_rank`); task 0 then waits for the run's
+    end and writes its summary (`_finish_run`)."""
+    task = SlurmTask.from_env(spec_dict, root)
+    if task.rank >= task.ranks:  # the last node's spare task slots
+        return {"rank": task.rank, "idle": True}
+    system = SYSTEMS[task.spec.system]
+    coordinator = _host_coordinator(task, system, root) if task.rank == 0 else None
+    ready = _wait_for(task.sync / "ready.json", timeout=600, failed=task.sync / "failed.txt")
+    members = _members(task.spec, system, task.out, task.restart)
+    if task.replica not in members:  # a replica lost earlier in a survivors-mode run: its slot stays empty
+        (task.sync / f"done-{task.rank}").write_text("0")
+        if task.rank != 0:
+            return {"rank": task.rank, "idle": True}
+        code = 0
+    else:
+        code = _run_rank(task, system, root, ready, members)
+        (task.sync / f"done-{task.rank}").write_text(str(code))
+    if task.rank != 0:
+        return {"rank": task.rank, "returncode": code}
+    return _finish_run(task, system, coordinator, ready, members, code)
+
+
+def _host_coordinator(task: SlurmTask, system: Any, root: str) -> subprocess.Popen:
+    """Task 0: the run's files (first start) and its coordinator, whose address and the run's join
+    token go to every task through the job start's sync directory (`ready.json`)."""
+    out, config_path = task.out, task.out / "config.json"
+    if task.restart == 0:
+        t0 = time.time()
+        _first_start(task.spec, root, out, config_path)
+    else:  # a requeued job resumes the same run: its files, its clock
+        t0 = json.loads((out / ".slurm" / task.job_id / "0" / "ready.json").read_text())["t0"]
+    token = new_join_token()
+    task.sync.mkdir(parents=True, exist_ok=True)
+    coordinator = subprocess.Popen(
+        _coordinator_argv(task.spec, system, config_path),
+        stdout=subprocess.PIPE, env={**os.environ, env_names.T0: repr(t0), JOIN_TOKEN_ENV: token},
+    )
+    first = coordinator.stdout.readline()  # its first line: it is up, on the ports the OS gave it
+    try:
+        up = json.loads(first)
+    except json.JSONDecodeError:
+        why = f"the coordinator did not come up (exit {coordinator.wait(30)}, said {first!r}); see task 0's log"
+        (task.sync / "failed.txt").write_text(why)  # the other tasks stop waiting and say so
+        raise RuntimeError(why) from None
+    # The job's own directory hands the token to its tasks (readable by its owner only).
+    ready = task.sync / "ready.json"
+    ready.touch(mode=0o600)
+    ready.write_text(json.dumps({"t0": t0, "host": coordinator_host(task.host0), "join_token": token,
+                                 "store_port": up["store_port"], "control_port": up["control_port"]}))
+    return coordinator
+
+
+def _run_rank(task: SlurmTask, system: Any, root: str, ready: dict, members: list[int]) -> int:
+    """Every task of a member replica: the system's worker for its rank (or, for elastic, the
+    node's torchrun agent), until it exits. Returns its exit code."""
     host = ready["host"]
     worker_env = {
         **os.environ,
-        env_names.STORE_ADDR: f"{host}:{store_port}", env_names.CONTROL_ADDR: f"{host}:{control_port}",
-        env_names.REPLICA: str(rank), env_names.T0: repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
+        env_names.STORE_ADDR: f"{host}:{ready['store_port']}", env_names.CONTROL_ADDR: f"{host}:{ready['control_port']}",
+        env_names.REPLICA: str(task.replica), env_names.T0: repr(ready["t0"]), JOIN_TOKEN_ENV: ready["join_token"],
+        env_names.WORKER_STARTED: repr(time.time()),
     }
+    if task.ranks_per_replica > 1:  # as the local launcher starts a replica's ranks
+        worker_env.update({env_names.LOCAL_RANK: str(task.local_rank),
+                           env_names.RANKS_PER_REPLICA: str(task.ranks_per_replica),
+                           env_names.REPLICAS: str(task.spec.replicas)})
     if system.on_slurm == "requeue":  # every start trains at full size from the last complete checkpoint
-        worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(restart))
-    code = 0
-    if rank in members:
-        if system.on_slurm == "agents":  # this task is a node: its torchrun agent, which starts the worker
-            code = _run_agent(spec, root, out, config_path, rank, f"recover-{job_id}-{restart}", worker_env)
-        else:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(rank)],
-                env=worker_env,
-            )
-            code = worker.wait()
-        (sync / f"done-{rank}").write_text(str(code))
-    if rank != 0:
-        return {"rank": rank, "returncode": code}
-    # Task 0 keeps the coordinator until the run is over: a "recover" coordinator exits
-    # by itself; a bare store waits for every rank's done marker (or a failure, fail-fast).
+        worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(task.restart))
+    config_path = task.out / "config.json"
+    if system.on_slurm == "agents":  # this task is a node: its torchrun agent, which starts the worker
+        return _run_agent(task.spec, root, task.out, config_path, task.replica,
+                          f"recover-{task.job_id}-{task.restart}", worker_env)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", system.worker_module, "--config", str(config_path), "--replica", str(task.replica)],
+        env=worker_env,
+    )
+    return worker.wait()
+
+
+def _finish_run(task: SlurmTask, system: Any, coordinator: subprocess.Popen, ready: dict, members: list[int],
+                code: int) -> dict[str, Any]:
+    """Task 0, after its own rank: keep the coordinator until the run is over, requeue the job
+    (checkpoint-restart) or write the run's summary.json."""
+    sync, out, spec = task.sync, task.out, task.spec
+    # A "recover" coordinator exits by itself; a bare store waits for every rank's done marker
+    # (or a failure, fail-fast).
     failed: dict[str, int] = {}
     while coordinator.poll() is None:
         done = {p.name: int(p.read_text() or 1) for p in sync.glob("done-*")}
         failed = {k: c for k, c in done.items() if c != 0}
         if system.fail_fast and failed:
             break
-        if system.coordinator_mode != "recover" and len(done) >= spec.replicas:  # a store, a lighthouse
+        if system.coordinator_mode != "recover" and len(done) >= task.ranks:  # a store, a lighthouse
             break
         time.sleep(0.5)
     if coordinator.poll() is None:
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(30)
     settings = spec.settings_obj()
-    if failed and system.on_slurm == "requeue" and restart < settings.max_restarts:
+    if failed and system.on_slurm == "requeue" and task.restart < settings.max_restarts:
         # the job's other ranks fail within moments of the first (their collectives break):
         # give them that long, so the notice names who was lost rather than who noticed
         end = time.time() + 3
-        while time.time() < end and len(list(sync.glob("done-*"))) < spec.replicas:
+        while time.time() < end and len(list(sync.glob("done-*"))) < task.ranks:
             time.sleep(0.2)
         done = {int(p.name.split("-")[1]): int(p.read_text() or 1) for p in sync.glob("done-*")}
-        _requeue(out, restart, done, members, ready["t0"], settings.restart_mode)  # does not return: Slurm ends and restarts the job
+        _requeue(out, task.restart, done, members, ready["t0"], settings.restart_mode)  # does not return: Slurm ends and restarts the job
     (out / PLAN_INPUT).unlink(missing_ok=True)  # the run saved its own copy, fault_plan.json
     committed = len(read_metrics(out / "metrics.jsonl"))
     ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode != "recover")
-    extra = {"restarts": restart} if system.on_slurm == "requeue" else {}
+    extra = {"restarts": task.restart} if system.on_slurm == "requeue" else {}
     elastic = out / "baseline" / "elastic.json"  # the agents' restarts, numbered by the workers' rank 0
     if system.on_slurm == "agents" and elastic.exists():
         extra["restarts"] = json.loads(elastic.read_text())["generation"]
     summary = write_summary(out, "ok" if ok else "failed", time.time() - ready["t0"], returncode=code,
-                            reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=job_id,
+                            reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=task.job_id,
                             **extra)
     return {"rank": 0, "returncode": code, "status": summary["status"]}
 
@@ -405,13 +471,21 @@ def submit_grid(grid: Grid, executor: str, root: str | Path = "results", logs_ro
 
 
 def slurm_shape(spec: RunSpec, opts: SlurmOptions) -> tuple[int, int, int]:
-    """(nodes, tasks per node, GPUs per node) of a run's job: one task per rank."""
+    """(nodes, tasks per node, GPUs per node) of a run's job: one task per rank, a replica's ranks
+    on one node (a node holds whole replicas: a node that fails takes whole replicas with it).
+
+    The tasks per node are `opts.tasks_per_node`, else the GPUs per node, else every rank of
+    the run (CPU-only), rounded down to whole replicas, and never fewer than one replica's
+    ranks. Raises ValueError when one replica needs more GPUs than a node has."""
     gpn = spec.gpus_per_node if opts.gpus_per_node is None else opts.gpus_per_node
-    if opts.tasks_per_node:
-        per_node = min(opts.tasks_per_node, spec.replicas)
-    else:
-        per_node = min(gpn, spec.replicas) if gpn > 0 else spec.replicas
-    nodes = -(-spec.replicas // per_node)
+    per_replica = spec.layout().ranks
+    ranks = spec.replicas * per_replica
+    if gpn > 0 and per_replica > gpn and opts.tasks_per_node is None:
+        raise ValueError(f"a replica of {per_replica} ranks does not fit a node of {gpn} GPUs: its ranks "
+                         f"run on one node here (lower --shard/--tp/--pp, or pass --tasks-per-node)")
+    want = opts.tasks_per_node or (gpn if gpn > 0 else ranks)
+    per_node = min(max(want // per_replica, 1) * per_replica, ranks)
+    nodes = -(-ranks // per_node)
     return nodes, per_node, gpn
 
 
@@ -527,11 +601,13 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
             outcomes.append(Outcome(spec.name, "skipped",
                                     f"{spec.system} re-forms its job from a supervisor that starts local processes; "
                                     "not launched on Slurm yet"))
-        elif spec.layout().ranks > 1:
-            outcomes.append(Outcome(spec.name, "skipped",
-                                    f"replicas of {spec.layout().ranks} ranks are not launched on Slurm yet (one task per "
-                                    "replica); run it with --executor local"))
         else:
+            try:
+                slurm_shape(spec, opts)
+            except ValueError as e:
+                outcomes.append(Outcome(spec.name, "failed", str(e)))
+                echo(f"  {'failed':>7}  {spec.name}  {e}")
+                continue
             runnable.append(spec)
     submitted: list[tuple[RunSpec, Any]] = []
     # One array per job shape and per way of restarting (a requeued system's array goes --requeue).

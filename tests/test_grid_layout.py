@@ -20,7 +20,7 @@ from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, SUMMARY_FIELDS, STEP_FIELDS, aggregate
 from recover.experiments.benches.recovery import kill_plan
 from recover.experiments.commands.bench import cmd_bench_recovery
-from recover.experiments.launch_submitit import SlurmOptions, _submit_slurm
+from recover.experiments.launch_submitit import SlurmOptions, _submit_slurm, slurm_shape
 from recover.experiments.layout import ReplicaLayout
 from recover.experiments.systems import SYSTEMS, check_layout, runs_layout
 
@@ -102,11 +102,30 @@ def test_the_registry_says_which_system_runs_which_layout():
         check_layout("torchft", ReplicaLayout(pp=2), 2)
 
 
-def test_slurm_skips_replicas_of_many_ranks_with_a_reason(tmp_path):
-    spec = next(r for r in E.build_grid("trajectory", seeds=[0], systems=["recover"], shard=2).runs
+@pytest.mark.parametrize("layout, opts, shape", [
+    # CPU-only: every rank of the run on one node
+    (dict(shard=2), SlurmOptions(), (1, 8, 0)),
+    # one task per node asked for: a replica's ranks still share a node (the failure domain)
+    (dict(shard=2), SlurmOptions(tasks_per_node=1), (4, 2, 0)),
+    # three ranks per node asked for: rounded down to one whole replica of two
+    (dict(tp=2), SlurmOptions(tasks_per_node=3), (4, 2, 0)),
+    # GPUs per node: two replicas of 2 x 2 ranks per 8-GPU node
+    (dict(shard=2, pp=2), SlurmOptions(gpus_per_node=8), (2, 8, 8)),
+])
+def test_slurm_puts_whole_replicas_on_each_node(layout, opts, shape):
+    spec = next(r for r in E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=4, **layout).runs
                 if r.system == "recover")
-    out = _submit_slurm([spec], str(tmp_path), tmp_path / "submitit", SlurmOptions(), wait=False, echo=print)
-    assert [(o.status, "not launched on Slurm yet" in o.detail) for o in out] == [("skipped", True)]
+    assert slurm_shape(spec, opts) == shape
+
+
+def test_slurm_refuses_a_replica_larger_than_a_node_in_one_line(tmp_path):
+    spec = next(r for r in E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, shard=2, tp=2).runs
+                if r.system == "recover")
+    out = _submit_slurm([spec], str(tmp_path), tmp_path / "submitit", SlurmOptions(gpus_per_node=2), wait=False,
+                        echo=print)
+    assert [o.status for o in out] == ["failed"]
+    assert out[0].detail == ("a replica of 4 ranks does not fit a node of 2 GPUs: its ranks run on one node here "
+                             "(lower --shard/--tp/--pp, or pass --tasks-per-node)")
 
 
 # ---- aggregation --------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from conftest import assert_every_planned_fault_fired, run_recover, write_aggreg
 from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, STEP_FIELDS, SUMMARY_FIELDS, aggregate
 from recover.experiments.commands.experiment import cmd_experiment
-from recover.experiments.launch_submitit import SlurmOptions, _submit_slurm
 from recover.experiments.layout import ReplicaLayout
 
 LAYOUTS = [  # (shard, tp, pp, pp_schedule): every dimension alone, T x P, S x T and S x P
@@ -101,14 +100,6 @@ def test_a_grid_asking_baselines_for_tp_or_pp_names_the_system(dim):
     with pytest.raises(ValueError, match=rf"--system: (elastic|torchft|ckpt-restart) runs (one rank per replica|"
                                          rf"replicas split by S and TP only); 4 x {dim.upper()}2 needs {who}$"):
         E.build_grid("trajectory", seeds=[0], **{dim: 2})
-
-
-def test_slurm_skips_tp_replicas_with_a_reason(tmp_path):
-    spec = next(r for r in E.build_grid("trajectory", seeds=[0], systems=["recover"], tp=2).runs
-                if r.system == "recover")
-    out = _submit_slurm([spec], str(tmp_path), tmp_path / "submitit", SlurmOptions(), wait=False, echo=print)
-    assert [(o.status, "replicas of 2 ranks are not launched on Slurm yet" in o.detail) for o in out] == \
-        [("skipped", True)]
 
 
 def _cli(**kw) -> Namespace:

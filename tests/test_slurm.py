@@ -18,6 +18,9 @@ when it runs as root, as CI does).
 - A node failure: recover's worker on n2 sets its own node DOWN mid-step (a
   `node_down` fault); Slurm ends the task there, the job (submitted --no-kill) runs on
   n1, and the trajectory equals failure-free; faults.jsonl and events.jsonl record it.
+- Replicas of two ranks (2 x S2): a replica's ranks share a node; a `node_down` from
+  replica 1's leader takes its node and both its ranks, and replica 0 trains on with the
+  failure-free run's microbatches.
 - Bad input: an unknown partition (sbatch refuses it) and a job no node can hold
   (queued, pending for PartitionConfig) are each one failed line per run, at once,
   naming Slurm's reason and the job's script and log; nothing is left queued.
@@ -34,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run
-from recover.core.storage.results import read_jsonl, read_metrics
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 from slurm_cluster import NODES, SlurmCluster, why_not
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(300)]
@@ -202,6 +205,43 @@ def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_r
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert metrics[-1]["members"] == [0], metrics[-1]
     assert_close(losses(run), losses(local_runs / "trajectory" / "failure-free_s0"))
+
+
+def test_replicas_of_two_ranks_a_node_down_takes_one_replica_and_the_run_goes_on(cluster: SlurmCluster,
+                                                                                     local_runs: Path, tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """2 x S2: a replica's two ranks share a node (n1: replica 0, n2: replica 1). Replica 1's leader
+    sets n2 DOWN at step 2: Slurm ends both of its ranks, and replica 0 trains on alone."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS, shard=2)
+    spec = next(r for r in grid.runs if r.label == "recover")
+    spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 2, "phase": "backward"}]}
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=2, cpus_per_task=1, time_min=10, poll_s=1.0)
+    out = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts)
+    assert [o.status for o in out] == ["submitted", "ok"], out
+    run = spec.out_dir(tmp_path / "results")
+    config, metrics, summary = load_run(run)
+    assert config["shard"] == 2
+    job = summary["slurm_job"]
+    assert cluster.job_nodes(job) == "n[1-2]", cluster.job_nodes(job)
+    assert cluster.node_state("n2").startswith("down"), cluster.node_state("n2")
+    [fired] = assert_every_planned_fault_fired(run)
+    assert fired["kind"] == "node_down" and fired["step"] == 2
+    [recovery] = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "recovery"]
+    assert (recovery["step"], recovery["survivors"]) == (2, [0]), recovery
+    # Every step committed with the failure-free run's microbatches: both replicas until the
+    # node went, then replica 0 alone.
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert [m["members"] for m in metrics[:2]] == [[0, 1], [0, 1]] and metrics[-1]["members"] == [0], metrics
+    reference = read_metrics(local_runs / "trajectory" / "failure-free_s0" / "metrics.jsonl")
+    for m, ref in zip(metrics, reference):
+        assert reported_ids(m) == reported_ids(ref), (m, ref)
+    # S2 against one rank per replica: the same sums in another order (rel 1e-4, as locally)
+    assert losses(run) == pytest.approx([m["loss"] for m in reference], rel=1e-4)
 
 
 @pytest.mark.parametrize("bad, says", [
