@@ -48,7 +48,7 @@ from recover.fault_injection.generate import sample_plan
 from recover.fault_injection.plan import FaultPlan, PlanError, validate_plan
 
 from .labels import variant_label
-from .layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 from .systems import SYSTEMS, check_layout, runs_layout
 
 PLAN_INPUT = ".plan_input.json"  # the plan file a run is launched with (removed after the run)
@@ -409,9 +409,9 @@ def build_grid(name: str, seeds: list[int] | None = None, scale: str = "local",
     if scale not in SCALES:
         raise KeyError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
     # ValueError for a bad S, T or P (naming it), before any run is built
-    ReplicaLayout(**{k: v for k, v in (("shard", shard), ("tp", tp), ("pp", pp)) if v is not None})
-    if pp_schedule is not None and pp_schedule not in ("afab", "1f1b"):
-        raise ValueError(f"--pp-schedule: {pp_schedule!r} is not one of afab, 1f1b")
+    layout = ReplicaLayout(**{k: v for k, v in (("shard", shard), ("tp", tp), ("pp", pp)) if v is not None})
+    if pp_schedule is not None:
+        layout.check(pp_schedule)
     sc = resize(SCALES[scale], replicas, steps, shard, tp, pp, pp_schedule)
     if recovery_replicas:
         sc = dataclasses.replace(sc, recovery_replicas=tuple(recovery_replicas))

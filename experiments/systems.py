@@ -19,7 +19,7 @@ from typing import Callable
 from recover.baselines.settings import BaselineConfig
 from recover.core.config.layouts import SYSTEM_LAYOUTS, refusal, runs
 
-from .layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from recover.experiments.aggregate import REL_TOL, SUMMARY_FIELDS, STEP_FIELDS, 
 from recover.experiments.benches.recovery import kill_plan
 from recover.experiments.commands.bench import cmd_bench_recovery
 from recover.experiments.launch_submitit import SlurmOptions, _submit_slurm, slurm_shape
-from recover.experiments.layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 from recover.experiments.systems import SYSTEMS, check_layout, runs_layout
 
 BASELINES = [name for name in SYSTEMS if name not in ("recover", "plain")]

@@ -19,7 +19,7 @@ from conftest import assert_every_planned_fault_fired, run_recover, write_aggreg
 from recover.experiments import grids as E
 from recover.experiments.aggregate import REL_TOL, STEP_FIELDS, SUMMARY_FIELDS, aggregate
 from recover.experiments.commands.experiment import cmd_experiment
-from recover.experiments.layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 
 LAYOUTS = [  # (shard, tp, pp, pp_schedule): every dimension alone, T x P, S x T and S x P
     (1, 2, 1, None), (1, 1, 2, "afab"), (1, 2, 2, "1f1b"), (2, 2, 1, None), (2, 1, 2, "1f1b"),

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from conftest import run_recover
 
-from recover.experiments.layout import DIMENSIONS, ReplicaLayout
+from recover.core.config.replica_layout import DIMENSIONS, ReplicaLayout
 from recover.experiments.sim.model import JobModel
 from recover.experiments.sim.report import summarize
 from recover.experiments.sim.scenario_runner import run_scenario

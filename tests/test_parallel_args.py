@@ -45,7 +45,7 @@ def test_a_scalar_parameter_is_refused_when_sharded():
 
 
 def test_fewer_rows_than_ranks_per_replica_is_refused():
-    with pytest.raises(ValueError, match="--shard 4: each microbatch's 2 sequences"):
+    with pytest.raises(ValueError, match="--shard: each rank takes rows of a microbatch: --batch-size 2 is less than --shard 4"):
         ParallelismArgs(1, 4).validate(batch_size=2)
     ParallelismArgs(1, 2).validate(batch_size=2)
 

@@ -11,7 +11,7 @@ import pytest
 from recover.core.config.layouts import LAYOUT_DIMENSIONS, SYSTEM_LAYOUTS, layout_words, refusal, runs
 from recover.core.config.train_config import ConfigError, TrainConfig
 from recover.experiments.commands.bench import cmd_bench_recovery
-from recover.experiments.layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 from recover.experiments.systems import SYSTEMS, check_layout, runs_layout
 
 BASELINES = ("ckpt-restart", "torchft", "elastic")

@@ -33,7 +33,7 @@ def test_sizes_count_tp():
     assert TrainConfig(shard=3, tp=2).ranks_per_replica == 6
 
 
-@pytest.mark.parametrize("tp, match", [(3, "--tp 3: .* 2 heads"), (0, "--tp"), (True, "--tp")])
+@pytest.mark.parametrize("tp, match", [(3, "--tp: 3 does not divide the model.s 2 attention heads"), (0, "--tp"), (True, "--tp")])
 def test_a_tp_that_does_not_fit_the_model_is_refused(tp, match):
     with pytest.raises(ValueError, match=match):
         ParallelismArgs(1, 1, tp).validate(GPTConfig())
@@ -43,7 +43,7 @@ def test_tp_must_divide_the_heads():
     # (T dividing the heads divides n_embd, so the MLP's 4 x n_embd too: the heads' check comes first)
     ParallelismArgs(1, 1, 2).validate(GPT(GPTConfig()))  # a model works as its config does
     ParallelismArgs(1, 1, 6).validate(GPTConfig(n_head=6, n_embd=12))
-    with pytest.raises(ValueError, match="--tp 4: .* 6 heads"):
+    with pytest.raises(ValueError, match="--tp: 4 does not divide the model.s 6 attention heads"):
         ParallelismArgs(1, 1, 4).validate(GPTConfig(n_head=6, n_embd=12))
 
 

@@ -25,6 +25,7 @@ from recover.core.storage.checkpoint_dir import CheckpointDir
 from recover.core.config.errors import ConfigError
 from recover.core.config.fields import doc_field as _f
 from recover.core.config.layouts import refusal as layout_refusal
+from recover.core.config.replica_layout import ReplicaLayout
 from recover.core.contract.nonfinite import ON_NONFINITE
 from recover.core.config.schedule import WarmupCosine
 from recover.core.config.shapes import MODEL_CONFIGS, MODEL_SCHEDULES, GPTConfig, model_config
@@ -178,8 +179,12 @@ class TrainConfig:
 
     @property
     def ranks_per_replica(self) -> int:
-        """Processes per replica: --pp x --shard x --tp (core/parallel/args.py's ParallelismArgs, without torch)."""
-        return self.pp * self.shard * self.tp
+        """Processes per replica: --pp x --shard x --tp."""
+        return self.layout().ranks
+
+    def layout(self) -> ReplicaLayout:
+        """Each replica's rank grid (--shard, --tp, --pp)."""
+        return ReplicaLayout(shard=self.shard, tp=self.tp, pp=self.pp)
 
     def lr_schedule(self) -> WarmupCosine:
         """The run's schedule: the model's defaults, with --lr/--min-lr/--warmup-steps applied."""
@@ -232,21 +237,11 @@ class TrainConfig:
         # which system runs which layout: one table (core/config/layouts.py), one line per refusal
         if (refused := layout_refusal(self.system, self.replicas, self.shard, self.tp, self.pp)) is not None:
             raise refused
-        if self.tp > 1 and not own_model:
-            g = self.gpt_config()  # (the model name is checked above)
-            if g.n_head % self.tp:
-                raise ConfigError("--tp", f"{self.tp} does not divide the model's {g.n_head} attention heads "
-                                          f"(--model {self.model})")
-            if (4 * g.n_embd) % self.tp:
-                raise ConfigError("--tp", f"{self.tp} does not divide the model's MLP width {4 * g.n_embd} "
-                                          f"(--model {self.model})")
-        if self.pp_schedule not in ("afab", "1f1b"):
-            raise ConfigError("--pp-schedule", f"{self.pp_schedule!r} is not one of afab, 1f1b")
-        if self.pp > 1:
-            layers = self.gpt_config().n_layer
-            if self.pp > layers and not own_model:
-                raise ConfigError("--pp", f"{self.pp} stages, but the model has {layers} layers (--model {self.model}); "
-                                          f"each stage needs at least one")
+        # what the grid needs of the model and the batch: one set of rules (core/config/replica_layout.py);
+        # a user's own loop (own_model) checks its own model's heads and layers
+        g = None if own_model else self.gpt_config()  # (the model name is checked above)
+        self.layout().check(self.pp_schedule, heads=g and g.n_head, mlp_width=g and 4 * g.n_embd,
+                            layers=g and g.n_layer, batch_size=self.batch_size, model=f"--model {self.model}")
         if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
             flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")
@@ -259,10 +254,6 @@ class TrainConfig:
                 # "blocks.0" (the model's layer 1) collides with stage 0's and DCP keeps one of them
                 raise ConfigError("--pp", "checkpoints of a replica split by --pp are not written or resumed yet "
                                           "(--shard and --tp are): leave --checkpoint-every at 0, and no --resume")
-        if self.shard > 1:
-            if self.batch_size < self.shard:
-                raise ConfigError("--shard", f"each rank takes rows of a microbatch: --batch-size {self.batch_size} "
-                                             f"is less than --shard {self.shard}")
         if self.microbatches < self.replicas:
             raise ConfigError(
                 "--microbatches",

@@ -6,9 +6,12 @@ Contract:
   touches torch.distributed.
 - `validate(model_or_shapes, batch_size=None)` raises one `ValueError` naming the
   field and the reason for a layout that cannot run, before anything starts; a
-  layout it accepts runs.
-- `ranks_per_replica` and `world_size` are the only place the grid's size is
-  computed.
+  layout it accepts runs. What the grid needs of a model's heads, width and layers
+  and of the batch is `ReplicaLayout.check` (core/config/replica_layout.py), the
+  rules `recover train` checks too; what only a torch model shows (a 0-d
+  parameter, none trainable) is checked here.
+- `ranks_per_replica` and `world_size` are the job's sizes (a replica's is
+  `ReplicaLayout.ranks`).
 
 What FSDP2 really needs of the shard size S (checked in torch 2.13's
 `fully_shard`, and by running it): it shards every parameter on dim 0 in chunks of
@@ -48,6 +51,8 @@ from typing import Any, Iterable, Mapping, Union
 
 import torch
 
+from recover.core.config.replica_layout import ReplicaLayout
+
 ModelShapes = Union[torch.nn.Module, Mapping[str, Iterable[int]], Iterable[Iterable[int]], Any]
 """A model, its trainable parameters' shapes (by name, or just a list of shapes), or a GPTConfig."""
 
@@ -66,10 +71,6 @@ def _n_layer(model_or_shapes) -> int:
     if cfg is None or not hasattr(cfg, "n_layer"):
         raise TypeError("--pp > 1 is validated against a GPT or its GPTConfig (its layers)")
     return int(cfg.n_layer)
-
-
-PP_SCHEDULES = ("afab", "1f1b")
-"""nanotron's names: all-forward-all-backward (GPipe) and one-forward-one-backward."""
 
 
 def _is_config(x) -> bool:
@@ -97,7 +98,7 @@ class ParallelismArgs:
     @property
     def ranks_per_replica(self) -> int:
         """Processes in one replica: P x S x T."""
-        return self.pp * self.shard * self.tp
+        return ReplicaLayout(shard=self.shard, tp=self.tp, pp=self.pp).ranks
 
     @property
     def world_size(self) -> int:
@@ -110,25 +111,14 @@ class ParallelismArgs:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{name}: must be an integer >= 1, got {v!r}")
-        if self.pp_schedule not in PP_SCHEDULES:
-            raise ValueError(f"--pp-schedule: {self.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
-        if batch_size is not None and batch_size < self.shard:
-            raise ValueError(
-                f"--shard {self.shard}: each microbatch's {batch_size} sequences are split over the replica's "
-                f"{self.shard} ranks, so a rank would get none; use --shard <= --batch-size")
+        # what the grid needs of the model and the batch: the rules TrainConfig checks too
+        heads = width = layers = None
         if model_or_shapes is not None and self.tp > 1:
             heads, width = _tp_widths(model_or_shapes)
-            if heads % self.tp:
-                raise ValueError(f"--tp {self.tp}: tensor parallelism splits the attention heads, and {self.tp} "
-                                 f"does not divide the model's {heads} heads")
-            if width % self.tp:
-                raise ValueError(f"--tp {self.tp}: tensor parallelism splits the MLP, and {self.tp} does not "
-                                 f"divide its width {width}")
         if model_or_shapes is not None and self.pp > 1:
             layers = _n_layer(model_or_shapes)
-            if self.pp > layers:
-                raise ValueError(f"--pp {self.pp}: pipeline parallelism cuts the model's {layers} layers into "
-                                 f"{self.pp} stages, and a stage needs at least one layer")
+        ReplicaLayout(shard=self.shard, tp=self.tp, pp=self.pp).check(
+            self.pp_schedule, heads=heads, mlp_width=width, layers=layers, batch_size=batch_size)
         if model_or_shapes is not None and not _is_config(model_or_shapes):
             shapes = _shapes(model_or_shapes)
             if not shapes:

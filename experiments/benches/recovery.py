@@ -51,7 +51,7 @@ from recover.core.config.train_config import TrainConfig
 from recover.core.storage.results import read_jsonl, read_metrics
 from recover.fault_injection.injector import attach_plan
 
-from ..layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 from ..run import run_training
 from ..systems import runs_layout
 

@@ -243,7 +243,7 @@ def cmd_bench_recovery(args: argparse.Namespace) -> int:
             return fail(f"{name}: sets torchft's lighthouse; --system is {args.system}")
         if v is not None and v < 1:
             return fail(f"{name}: must be >= 1, got {v}")
-    from ..layout import ReplicaLayout
+    from recover.core.config.replica_layout import ReplicaLayout
     from ..systems import check_layout
 
     try:

@@ -97,7 +97,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     layout = None
     given = {d: getattr(args, d) for d in ("shard", "tp", "pp") if getattr(args, d) is not None}
     if given:
-        from recover.experiments.layout import ReplicaLayout
+        from recover.core.config.replica_layout import ReplicaLayout
 
         if args.scenario not in named_scenarios.LAYOUT_SCENARIOS:
             return fail(f"--{next(iter(given))}: only {', '.join(named_scenarios.LAYOUT_SCENARIOS)} take a replica layout "

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from recover.core.config.fields import doc_field as _f
 
-from ..layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from ..layout import ReplicaLayout
+from recover.core.config.replica_layout import ReplicaLayout
 from .calibration import LLAMA3_GPU_MTBF_HOURS, Calibration, cluster_costs, local_calibration
 from .failures import FailureModel
 from .measured import STATE_BYTES_PER_PARAMETER
