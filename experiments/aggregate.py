@@ -6,7 +6,7 @@ Contract (ROOT = the results folder, EXP = the experiment):
   run came from a grid; without it the label, seed and failure-free reference are
   inferred from config.json: system "plain" is the failure-free run of its seed).
 - Writes ROOT/EXP.csv: one row per (run, committed step): system label, seed,
-  replicas and the replica's layout (`shard`, `tp`, `pp`: experiments/layout.py, each
+  replicas and the replica's layout (`shard`, `tp`, `pp`: core/config/replica_layout.py, each
   1 for runs that predate it), loss, the failure-free run's loss at that step and the difference, tokens,
   wall time, members, whether the step is on the failure-free trajectory, and the
   running totals of effective tokens and process-seconds.

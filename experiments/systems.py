@@ -2,7 +2,7 @@
 
 Contract: each `System` names the worker module the launcher starts once per
 replica, the coordinator's mode, and whether one worker's failure ends the job.
-`layout` names the dimensions of a replica's layout (experiments/layout.py) the
+`layout` names the dimensions of a replica's layout (core/config/replica_layout.py) the
 system runs above 1, as core/config/layouts.py's table (the one place that says it,
 and which TrainConfig.validate asks too) holds them; `check_layout(system, layout,
 replicas)` refuses any other with that table's one line naming the system and the

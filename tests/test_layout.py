@@ -1,4 +1,4 @@
-"""The replica layout (experiments/layout.py) and how the simulator's replica size maps onto it.
+"""The replica layout (core/config/replica_layout.py) and how the simulator's replica size maps onto it.
 
 Pure tests, but for the two CLI ones (marked procs): a layout's validation, its
 product, JobModel's check that layout and gpus_per_replica agree, the scenarios'

@@ -9,7 +9,7 @@ Contract:
   failed (each failure printed with its log path), 0 otherwise. `--dry-run`
   prints the grid (and, for slurm, nothing is submitted).
 - `--shard S`, `--tp T` and `--pp P` (with `--pp-schedule`) give every run replicas
-  of S x T x P ranks (experiments/layout.py); a system that does not run that layout
+  of S x T x P ranks (core/config/replica_layout.py); a system that does not run that layout
   (core/config/layouts.py: torchft runs `--shard` and `--tp`, the other baselines one rank
   per replica) is refused by the grid's validation in one line naming it and the layout, before
   anything starts (keep such grids to `--systems recover`, and torchft without `--pp`; the

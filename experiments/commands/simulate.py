@@ -9,7 +9,7 @@ Contract:
 - Every flag is checked before anything runs; a bad one ends the command with one
   line, `recover: error: --flag: why`, and exit code 2 (the CLI's contract).
 - The cluster scenarios (paper-512, llama3-16k, 100k) take the replica's layout,
-  `--shard S --tp T --pp P` (experiments/layout.py): S x T x P GPUs per replica, one
+  `--shard S --tp T --pp P` (core/config/replica_layout.py): S x T x P GPUs per replica, one
   per rank, replacing the scenario's own (paper-512: TP 8 x PP 4; Llama 3: TP 8 x
   PP 16). Dimensions not given are 1. Only the product reaches the simulator's
   model, so two layouts of one size give the same numbers; the summary's source of

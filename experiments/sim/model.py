@@ -15,7 +15,7 @@ that take part. The formulas (all times in seconds):
 Why each piece:
 - A replica is the failure domain: the GPUs of one model copy (a node with HSDP, a
   TP x PP grid in 3D parallelism). Any of its GPUs failing takes the replica out.
-- The replica's size is its layout (experiments/layout.py, `ReplicaLayout`): S shard
+- The replica's size is its layout (core/config/replica_layout.py, `ReplicaLayout`): S shard
   x TP x PP ranks, one GPU per rank, is gpus_per_replica. `JobModel.of_layout(layout,
   ...)` builds a job from one and keeps it in `layout`; a job given both checks that
   they agree (ValueError). Only the product enters the formulas below: the model

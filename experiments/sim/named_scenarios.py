@@ -6,7 +6,7 @@ local validation set-up (this machine's costs, a fault plan), paper-512 (the pap
 for 54 days, 100,000 GPUs for 30 days). `PAPER` holds the paper's published numbers
 that paper-512 is compared with.
 
-Replica layouts: each cluster scenario's replica is a `ReplicaLayout` (experiments/layout.py),
+Replica layouts: each cluster scenario's replica is a `ReplicaLayout` (core/config/replica_layout.py),
 shard x TP x PP ranks, one GPU per rank, whose product is the job's gpus_per_replica
 (paper-512: `PAPER_512_LAYOUT`, TP 8 x PP 4 = 32; Llama 3: `LLAMA3_LAYOUT`, TP 8 x PP 16 =
 128). `layout=` (`recover simulate --shard/--tp/--pp`) replaces it; the per-replica batch is
