@@ -188,6 +188,7 @@ class Launcher:
         self.coordinator_timeout = coordinator_timeout  # None: a silent coordinator is never killed
         self._coordinator_info: dict = {}
         self.ranks_per_replica = ranks_per_replica  # > 1: each replica is that many processes, ended together
+        self._incarnations: dict[int, int] = {}  # replica -> the last of its process sets started (0: the first)
 
     # ---- process start -------------------------------------------------------------
     def _start_coordinator(self, timeout: float = 60.0, argv: Sequence[str] | None = None) -> dict:
@@ -240,7 +241,10 @@ class Launcher:
     def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess | ReplicaProcesses:
         if self.ranks_per_replica == 1:
             return self._start_rank(replica, 0, env)
-        # the replica's ranks, leader first; any one of them dying ends the others (core/launch/replica_processes.py)
+        # the replica's ranks, leader first; any one of them dying ends the others (core/launch/replica_processes.py).
+        # Each set of them counts (a replacement's groups must not meet its predecessor's store keys)
+        n = self._incarnations[replica] = self._incarnations.get(replica, -1) + 1
+        env = {**env, env_names.INCARNATION: str(n)}
         return ReplicaProcesses([self._start_rank(replica, i, env) for i in range(self.ranks_per_replica)])
 
     def _start_rank(self, replica: int, rank: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:

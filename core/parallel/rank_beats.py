@@ -53,8 +53,10 @@ class RankBeats:
 
     def __init__(self, store: dist.Store, replica: int, local_rank: int, size: int, interval: float,
                  limit: Callable[[], float], on_silent: Callable[[int, float], None],
-                 on_leader_gone: Callable[[], None], host: str = "127.0.0.1"):
-        self.store, self.key = store, f"replica{replica}/beats"
+                 on_leader_gone: Callable[[], None], host: str = "127.0.0.1", prefix: str | None = None):
+        # `prefix`: this process set's (core/parallel/context.py replica_prefix), so a replacement's
+        # ranks find their own leader, never the address its dead predecessor left
+        self.store, self.key = store, f"{prefix or f'replica{replica}/'}beats"
         self.local_rank, self.size = local_rank, size
         self.interval, self.limit = interval, limit
         self.on_silent, self.on_leader_gone = on_silent, on_leader_gone
