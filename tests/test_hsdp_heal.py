@@ -1,4 +1,4 @@
-"""A replica of many ranks healed: `recover train --shard 2` or `--tp 2`, `--replace-after`, real processes.
+"""A replica of many ranks healed: `recover train --shard 2`, `--tp 2` or `--pp 2`, `--replace-after`, real processes.
 
 A rank of replica 1 is SIGKILLed; the launcher starts a new process set in its slot, the
 coordinator admits it at the next commit, and each rank of the donor replica sends its
@@ -51,7 +51,8 @@ def _shard_fingerprints_logged(log: str) -> list[str]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("layout, rank", [("shard", 1), ("tp", 0)])  # a follower of FSDP2's, a leader of TP's
+# a follower of FSDP2's, the leader of TP's, the last stage of a pipeline's
+@pytest.mark.parametrize("layout, rank", [("shard", 1), ("tp", 0), ("pp", 1)])
 def test_a_rank_killed_and_its_replica_replaced_and_healed_rank_to_rank(tmp_path, references, layout, rank):
     reference = references(layout)
     plan = tmp_path / "plan.json"

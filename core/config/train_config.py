@@ -250,9 +250,6 @@ class TrainConfig:
         if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
             flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")
-            if self.replace_after >= 0 and self.pp > 1:
-                raise ConfigError("--pp", "a replica split by --pp is not healed yet: run it without "
-                                          "--replace-after (a lost replica stays lost)")
             if (self.checkpoint_every or self.resume_from) and self.pp > 1:
                 # --shard and --tp checkpoint with sharded DCP. Pipeline stages would not: each stage
                 # numbers its own blocks from 0 (core/parallel/pp.py GPTStage), so stage 1's

@@ -140,8 +140,6 @@ class ReplicaContext:
         kw.setdefault("collective_timeout", self.collective_timeout)
         if self.leader:
             from recover.core.worker.replica import Replica
-            # the hello's can_heal says the truth: a pipeline's stages are not healed rank to rank yet
-            kw.setdefault("can_heal", self.parallel.args.pp == 1)
             handle = Replica(acc, optimizer, replica=self.replica, control_addr=env_addr(env_names.CONTROL_ADDR),
                              store_addr=env_addr(env_names.STORE_ADDR), link=self.link, **kw)
         else:

@@ -108,9 +108,10 @@ Contract:
   checks its shard's fingerprint against its donor rank's, and the leader says
   "healed" (with every rank's shard fingerprint and the replica's combined one)
   only once all of them did (`ReplicaLink.agree_healed`); one rank's failure is
-  the replica's failed transfer. `can_heal` (the hello's) is False for a layout
-  whose state cannot move that way (pipeline stages, `ReplicaContext.join`). Such
-  a replica does not rejoin once declared dead (it exits, fenced).
+  the replica's failed transfer. `can_heal` (the hello's; True by default) says
+  whether this process can be healed from a donor: False for a loop whose state
+  cannot move that way. Such a replica does not rejoin once declared dead (it
+  exits, fenced).
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit). Its `code` is the worker's exit code
