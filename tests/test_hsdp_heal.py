@@ -100,3 +100,43 @@ def test_a_rank_killed_and_its_replica_replaced_and_healed_rank_to_rank(tmp_path
     assert join["pid"] == ones[1]["pid"] != ones[0]["pid"]
     pids = json.loads((out / "pids.json").read_text())["replicas"]["1"]
     assert fired["pid"] not in pids and join["pid"] == pids[0]  # pids.json names the replacement's ranks
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_leader_declared_dead_rejoins_with_its_ranks_when_it_wakes(tmp_path, references):
+    # The leader of replica 1 SIGSTOPs itself in step 1 and is SIGCONTed 3 s later (past the 1.5 s
+    # heartbeat deadline); its follower waits for it in FSDP2's collectives meanwhile. Woken, the
+    # leader reads "fenced", relays "rejoin" (both ranks drop what they folded and leave the step),
+    # and the same two processes are admitted again and healed rank to rank: no replacement.
+    reference = references("shard")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "hang", "replica": 1, "rank": 0, "step": 1, "phase": "backward", "microbatch": 0, "seconds": 3}]}))
+    out = tmp_path / "run"
+    proc = run_recover("train", "--system", "recover", *COMMON, "--shard", str(S), "--heartbeat-timeout", "1.5",
+                       "--min-replicas", str(R), "--faults", str(plan), "--out", str(out), timeout=280)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "logs" / "coordinator.log").read_text()
+    [fired] = assert_every_planned_fault_fired(out)
+    _, metrics, summary = load_run(out)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, reference):
+        assert reported_ids(m) == iteration_ids(m["step"], M)
+        assert m["microbatch_id_ranges"] == ref["microbatch_id_ranges"]
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5), m["step"]
+    events = read_jsonl(out / "events.jsonl")
+    recoveries = [e for e in events if e["kind"] == "recovery"]
+    assert recoveries[0]["step"] == 1 and "no heartbeat" in recoveries[0]["fault"], recoveries
+    [join] = [e for e in events if e["kind"] == "join"]
+    assert (join["replica"], join["why"], join["pid"]) == (1, "woken", fired["pid"])
+    members = {m["step"]: m for m in metrics}
+    assert all(members[s]["members"] == [0, 1, 2] for s in range(join["first_commit_step"], STEPS))
+    sent = _shard_fingerprints_logged((out / "logs" / f"replica{join['donor']}.log").read_text())
+    assert [join["shard_fingerprints"][str(i)] for i in range(S)] == sent
+    assert set(join["member_digests"].values()) == {join["weights_digest"]}
+    # the same processes, both ranks, to the end
+    ones = [p for p in summary["processes"] if p["role"] == "worker" and p["replica"] == 1]
+    assert [(p["pid"], p["how"]) for p in ones] == [(fired["pid"], "exited 0")], ones
+    assert "rejoining as a newcomer" in (out / "logs" / "replica1.log").read_text()
+    assert "received from replica" in (out / "logs" / "replica1_rank1.log").read_text()
+    finals = summary["final_checksums"]
+    assert sorted(finals) == ["0", "1", "2"] and len(set(finals.values())) == 1, finals

@@ -61,8 +61,8 @@ class TrainConfig:
     model: str = _f("tiny", f"model size: {', '.join(MODEL_CONFIGS)}")
     replicas: int = _f(4, "data-parallel replicas R (the failure domain: --shard ranks each)")
     shard: int = _f(1, "ranks per replica S: FSDP2 shards the model over them (HSDP); 1 = plain data parallel. "
-                       "recover and plain only; R x S worker processes in all. A replica of many ranks that is declared "
-                       "dead exits (it does not rejoin yet)")
+                       "recover and plain only; R x S worker processes in all. A replica of many ranks is healed rank to "
+                       "rank: replaced (--replace-after) or woken from a false death, it rejoins")
     tp: int = _f(1, "tensor-parallel ranks T per replica: each block's heads and MLP width split over them (recover "
                     "and plain; must divide the heads and 4 x n_embd); a replica is --pp x --shard x --tp ranks, tp innermost")
     pp: int = _f(1, "pipeline stages P per replica: the model's blocks cut into P consecutive stages, one rank each "

@@ -34,6 +34,10 @@ Contract:
   newcomer's checks the fingerprint), and says through `agree_healed` whether it
   succeeded. A newcomer's rank adds its bit sums once all did, so the leader's
   "healed" carries the replica's fingerprint; `healed` is then True here.
+- A leader that rejoins (declared dead while alive) relays "rejoin" first: this
+  rank drops what it folded and its communicator, its `quota()` ends and its
+  `commit()` returns False, as the leader's do; the heal that admits the replica
+  again follows.
 - The hooks get this rank's weights (`attach_weights`, as the leader's do): a
   bitflip fault planned at this rank flips a bit of its shard.
 - `after_step` (None, or a callable the loop sets) is called with this handle right
@@ -62,6 +66,11 @@ from recover.core.contract import worker_exit
 from recover.core.contract.nonfinite import NonfiniteLosses
 from recover.core.worker.replica import RunEnded
 from recover.core.parallel.replica_link import ReplicaLink
+
+
+class _Rejoined(Exception):
+    """Internal: the leader rejoins the job as a newcomer (declared dead while alive); unwound to
+    quota()/commit(), which leave the step, as the leader's do."""
 
 
 class ReplicaFollower:
@@ -96,7 +105,13 @@ class ReplicaFollower:
         self.members: list[int] = []  # as the leader last said (a commit, or the end)
         self.committed_members: list[int] = []  # the generation that committed the last step
         self.after_step = None  # called with this handle right after each step (see the contract)
-        self._take(self._next("start"))  # the leader's generation 0
+        self._rejoined = False  # quota() left its step for a rejoin: the commit() that follows returns False
+        while True:  # the leader's generation 0 (or, admitted into a running job, its first generation)
+            try:
+                self._take(self._next("start"))
+                break
+            except _Rejoined:  # the leader was admitted, then declared dead in the transfer: once more
+                continue
 
     # ---- the relay ----------------------------------------------------------------------------------
     def _next(self, *kinds: str) -> dict:
@@ -104,6 +119,10 @@ class ReplicaFollower:
         while msg.get("t") == "heal":  # an admitting generation, between any two of the leader's decisions
             self._heal(msg)
             msg = self.link.share()
+        if msg.get("t") == "rejoin":  # declared dead while alive: what was folded is another generation's
+            self.acc.clear()
+            self._abandon_comm()
+            raise _Rejoined()
         if msg.get("t") == "end":
             if msg.get("members") is not None:
                 self.members = list(msg["members"])
@@ -157,12 +176,15 @@ class ReplicaFollower:
         return self.acc.ledger
 
     def quota(self) -> Iterator[int]:
-        self._take(self._next("quota"))
-        while True:
-            msg = self._next("id", "stop")
-            if msg["t"] == "stop":
-                return
-            yield msg["id"]
+        try:
+            self._take(self._next("quota"))
+            while True:
+                msg = self._next("id", "stop")
+                if msg["t"] == "stop":
+                    return
+                yield msg["id"]
+        except _Rejoined:  # as the leader's quota(): it ends, and the commit() that follows returns False
+            self._rejoined = True
 
     def progress(self) -> None:
         """Nothing to say: the leader speaks for the replica, and its own work waits on this rank's."""
@@ -172,6 +194,15 @@ class ReplicaFollower:
         self._nonfinite.record(mb_id, loss)
 
     def commit(self) -> bool:
+        if self._rejoined:
+            self._rejoined = False
+            return False
+        try:
+            return self._commit()
+        except _Rejoined:  # the leader's commit() rejoined: it returns False
+            return False
+
+    def _commit(self) -> bool:
         msg = self._next("recover", "reduce")
         if msg["t"] == "recover":
             return self._recover()

@@ -12,6 +12,9 @@ Contract:
   launcher ends the replica's other ranks and the coordinator sees the leader's
   connection close: the whole replica goes, as a crash of any of its ranks makes
   it go).
+- Silence is judged only over time the watcher itself ran: a leader whose process was
+  frozen (SIGSTOPped, then woken) reads the beats that waited in the sockets before it
+  judges anyone, and counts silence from its own return.
 - `limit` is a callable so the caller can allow more before the first commit (a
   rank's first step pays one-time costs holding the GIL, as the coordinator
   allows its workers: core/coordinator/service.py `_silent`).
@@ -99,7 +102,15 @@ class RankBeats:
         start = time.monotonic()
         rank_of: dict[socket.socket, int | None] = {}
         finished: set[int] = set()  # ranks that said goodbye
+        last_turn = start  # when this watcher last ran: silence is judged only over time it was awake
         while not self._stopped.is_set():
+            if time.monotonic() - last_turn > self.limit():
+                # This watcher itself was frozen (its process SIGSTOPped and woken: the leader of a
+                # replica declared dead while alive, which rejoins) or starved: its ranks' beats of that
+                # time wait unread in the sockets. It judges no one before it read them, and counts
+                # their silence from its own return.
+                start = time.monotonic()
+                self.last_heard = {r: start for r in self.last_heard}
             for key, _ in sel.select(timeout=self.interval / 2):
                 if key.fileobj is self._server:
                     conn, _ = self._server.accept()
@@ -127,6 +138,8 @@ class RankBeats:
             if self._stopped.is_set():
                 return
             now = time.monotonic()
+            if now - last_turn > self.limit():
+                continue  # frozen within this turn: the next one reads what waited, then judges (above)
             for r in range(1, self.size):
                 if r in finished:
                     continue
@@ -134,3 +147,4 @@ class RankBeats:
                 if silent > self.limit():
                     self.on_silent(r, silent)
                     return
+            last_turn = time.monotonic()

@@ -110,8 +110,10 @@ Contract:
   only once all of them did (`ReplicaLink.agree_healed`); one rank's failure is
   the replica's failed transfer. `can_heal` (the hello's; True by default) says
   whether this process can be healed from a donor: False for a loop whose state
-  cannot move that way. Such a replica does not rejoin once declared dead (it
-  exits, fenced).
+  cannot move that way. Declared dead while alive (a frozen leader, or all its
+  ranks frozen), such a replica rejoins as a one-rank one does: the leader relays
+  "rejoin" first, so every rank drops what it folded and leaves the step it was
+  in (its `quota()` ends, its `commit()` returns False), then the heal as above.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit). Its `code` is the worker's exit code
@@ -244,8 +246,6 @@ class Replica:
         # abandoned in a shared client would hold the next one up to its timeout).
         self._open_store()
         self.rejoin = os.environ.get(REJOIN_ENV, "1") != "0" if rejoin is None else rejoin
-        if link is not None:
-            self.rejoin = False  # not for a replica of many ranks yet (see the contract)
         self.control_addr = control_addr
         self.heartbeat_interval = heartbeat_interval
         # None: the launcher's, from the environment (`recover launch` sets them)
@@ -756,6 +756,7 @@ class Replica:
         donor at admission, as for a replacement."""
         self._log("fenced: the coordinator closed this replica's connection (declared dead, e.g. after a "
                   "freeze); rejoining as a newcomer")
+        self._relay({"t": "rejoin"})  # its ranks drop what they folded too, and leave the step they were in
         self._abandon_comm()
         self.acc.clear()
         self._abort = None
@@ -780,6 +781,7 @@ class Replica:
                 self._wait_generation(0)
                 return
             except _Fenced:  # admitted, then declared dead again during the transfer: once more
+                self._relay({"t": "rejoin"})
                 self._abandon_comm()
 
     def _heal(self, heal: dict) -> None:
