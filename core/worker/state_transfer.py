@@ -11,20 +11,21 @@ Contract:
 - What is sent is everything a replica's future depends on that is not a
   function of the global microbatch id: data and per-microbatch randomness are
   (core/components/data.py), so no data position or RNG state travels.
-- Wire format: two broadcasts from `root`, then one per large tensor. First the
-  sizes (two int64: the header's bytes and the buffer's fp32 elements). Then one
-  byte buffer: the donor's weights fingerprint (`FINGERPRINT_BYTES` of ASCII
-  hex), the header (tagged JSON, `_encode`, of a dict without large tensors: the
-  optimizer's non-tensor state and its 0-d tensors such as AdamW's `step`, the
-  layout, the stepper's state), and from the next 4-aligned byte, as fp32, the
-  parameters and every optimizer state tensor of one dimension or more, in
-  (parameter index, state key) order, except those of `DIRECT_BYTES` or more,
-  which the header lists ("direct") and which follow, each as a broadcast of its
-  own, in that order. The donor fills the buffer (fingerprint, header, the copy
-  of the small tensors) while the sizes travel: on gloo every broadcast waits
-  for the receiver to post its receive, so that round trip is time the donor
-  would otherwise idle (measured on tiny: the fingerprint and the copy were
-  0.6 ms of the donor's ~1 ms before its state left).
+- Wire format: two broadcasts from `root`, then one per large tensor, then the
+  fingerprint. First the sizes (two int64: the header's bytes and the buffer's
+  fp32 elements). Then one byte buffer: the header (tagged JSON, `_encode`, of a
+  dict without large tensors: the optimizer's non-tensor state and its 0-d
+  tensors such as AdamW's `step`, the layout, the stepper's state), and from the
+  next 4-aligned byte, as fp32, the parameters and every optimizer state tensor
+  of one dimension or more, in (parameter index, state key) order, except those
+  of `DIRECT_BYTES` or more, which the header lists ("direct") and which follow,
+  each as a broadcast of its own, in that order. Last, the donor's weights
+  fingerprint (`FINGERPRINT_BYTES` of ASCII hex), on its own. The donor fills the
+  buffer (header, the copy of the small tensors) while the sizes travel: on gloo
+  every broadcast waits for the receiver to post its receive, so that round trip
+  is time the donor would otherwise idle. It computes its fingerprint (a read of
+  every weight) while the state travels, not before it leaves: on gpt2-124m's
+  shards that read is a tenth of a second that the wire would otherwise wait for.
   Why one buffer: small tensors share one collective, with no per-tensor round trips
   (measured: a broadcast per tensor was 3x slower than the copy into one
   buffer, on the tiny model); a large tensor costs one round trip for megabytes,
@@ -231,7 +232,7 @@ class _Wire:
 def _buffer(sizes: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The byte buffer the sizes describe, and its fp32 part (after the fingerprint and the
     header, 4-aligned)."""
-    start = (FINGERPRINT_BYTES + int(sizes[0]) + 3) // 4 * 4
+    start = (int(sizes[0]) + 3) // 4 * 4
     buf = torch.empty(start + 4 * int(sizes[1]), dtype=torch.uint8, device=device)
     return buf, buf[start:].view(torch.float32)
 
@@ -257,17 +258,23 @@ def _send(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer, s
 
     def pack_while_sizes_travel() -> None:
         buf, flat = _buffer(sizes, device)
-        fingerprint = acc.weights_fingerprint()
-        buf[:FINGERPRINT_BYTES].copy_(_bytes(fingerprint.encode(), device))
-        buf[FINGERPRINT_BYTES:FINGERPRINT_BYTES + len(head)].copy_(_bytes(head, device))
+        buf[:len(head)].copy_(_bytes(head, device))
         # one copy of the small tensors into the buffer (a broadcast per small tensor measured 3x
         # slower on gloo: per-collective latency); the large ones go from their own storage
         if small:
             torch.cat(small, out=flat)
-        packed.update(buf=buf, fingerprint=fingerprint)
+        packed.update(buf=buf)
+
+    fp = torch.zeros(FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
+
+    def fingerprint_while_state_travels() -> None:
+        # the weights are only read by the broadcasts in flight: the fingerprint reads them too
+        packed["fingerprint"] = acc.weights_fingerprint()
+        fp.copy_(_bytes(packed["fingerprint"].encode()[:FINGERPRINT_BYTES].ljust(FINGERPRINT_BYTES), device))
 
     wire.broadcast([sizes], while_in_flight=pack_while_sizes_travel)
-    wire.broadcast([packed["buf"]] + [sources[i] for i in direct])
+    wire.broadcast([packed["buf"]] + [sources[i] for i in direct], while_in_flight=fingerprint_while_state_travels)
+    wire.broadcast([fp])
     return wire.stats(packed["fingerprint"])
 
 
@@ -278,9 +285,8 @@ def _receive(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer
     wire.broadcast([sizes])
     buf, flat = _buffer(sizes, device)
     wire.broadcast([buf])
-    raw = buf[:FINGERPRINT_BYTES + int(sizes[0])].cpu().numpy().tobytes()
-    want = raw[:FINGERPRINT_BYTES].decode(errors="replace")
-    header = _decode(json.loads(raw[FINGERPRINT_BYTES:]))
+    raw = buf[:int(sizes[0])].cpu().numpy().tobytes()
+    header = _decode(json.loads(raw))
     if header["groups"] != _groups_shape(optimizer) or header["params"] != [list(_local(p).shape)
                                                                              for p in acc.params]:
         raise ValueError("state transfer: the donor's parameters or optimizer groups "
@@ -293,7 +299,10 @@ def _receive(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer
     # Each large tensor arrives in a fresh tensor, never straight into a parameter: an
     # abandoned broadcast may still write into its tensor later (core/worker/comm.py).
     received = {i: torch.empty(shapes[i], dtype=torch.float32, device=device) for i in direct}
-    wire.broadcast([received[i] for i in direct])
+    # and the donor's fingerprint, computed while its state travelled (its receive posted with theirs)
+    fp = torch.zeros(FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
+    wire.broadcast([received[i] for i in direct] + [fp])
+    want = fp.cpu().numpy().tobytes().decode(errors="replace").strip()
     _load(flat, received, header, acc, optimizer, stepper)
     got = acc.weights_fingerprint()
     if got != want:
