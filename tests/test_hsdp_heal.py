@@ -12,14 +12,19 @@ the donor's ranks logged, the members' vote fingerprints, and the final checksum
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from conftest import assert_every_planned_fault_fired, load_run, run_recover
 
 from recover.core.components.data import iteration_ids
-from recover.core.storage.results import read_jsonl, reported_ids
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
 pytestmark = pytest.mark.procs
 
@@ -138,5 +143,58 @@ def test_a_frozen_leader_declared_dead_rejoins_with_its_ranks_when_it_wakes(tmp_
     assert [(p["pid"], p["how"]) for p in ones] == [(fired["pid"], "exited 0")], ones
     assert "rejoining as a newcomer" in (out / "logs" / "replica1.log").read_text()
     assert "received from replica" in (out / "logs" / "replica1_rank1.log").read_text()
+    finals = summary["final_checksums"]
+    assert sorted(finals) == ["0", "1", "2"] and len(set(finals.values())) == 1, finals
+
+
+@pytest.mark.timeout(300)
+def test_every_rank_of_a_replica_frozen_by_pid_rejoins_when_woken(tmp_path, references):
+    # Every process of replica 1 SIGSTOPped by its PID after two commits, SIGCONTed 3.5 s later
+    # (past the 1.5 s heartbeat deadline): the replica is declared dead, and once woken its
+    # leader's watch must not take its ranks' unread beats for silence. `--min-replicas 3` holds
+    # the step after the loss at the boundary until it is back, so the run cannot end without it.
+    reference = references("shard")
+    out = tmp_path / "run"
+    args = ["train", "--system", "recover", *COMMON, "--shard", str(S), "--heartbeat-timeout", "1.5",
+            "--min-replicas", str(R), "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    frozen: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while len(read_metrics(out / "metrics.jsonl")) < 2 or not (out / "pids.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        frozen = json.loads((out / "pids.json").read_text())["replicas"]["1"]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(3.5)
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout + stderr
+    _, metrics, summary = load_run(out)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, reference):
+        assert reported_ids(m) == iteration_ids(m["step"], M)
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5), m["step"]
+    events = read_jsonl(out / "events.jsonl")
+    assert any(e["kind"] == "recovery" and "replica 1 lost: no heartbeat" in e["fault"] for e in events), events
+    [join] = [e for e in events if e["kind"] == "join"]
+    assert (join["replica"], join["why"], join["pid"]) == (1, "woken", frozen[0])
+    members = {m["step"]: m for m in metrics}
+    assert all(members[s]["members"] == [0, 1, 2] for s in range(join["first_commit_step"], STEPS))
+    assert set(join["member_digests"].values()) == {join["weights_digest"]}
+    ones = [p for p in summary["processes"] if p["role"] == "worker" and p["replica"] == 1]
+    assert [(p["pid"], p["how"]) for p in ones] == [(frozen[0], "exited 0")], ones
     finals = summary["final_checksums"]
     assert sorted(finals) == ["0", "1", "2"] and len(set(finals.values())) == 1, finals
