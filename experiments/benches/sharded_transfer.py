@@ -14,7 +14,10 @@ Contract:
   `core.worker.state_transfer.transfer_state` at once (the whole call as the newcomer's
   rank sees it: header, buffer, loading the optimizer, the fingerprint check), then every
   position's plain `broadcast` of one fp32 tensor of that position's byte count at once
-  (the same pairs, the same concurrency, so the ratio is the transfer's own overhead).
+  (the same pairs, the same concurrency, so the ratio is the transfer's own overhead),
+  then the same broadcast into a tensor the receiver allocates for it that round
+  (`broadcast_fresh`: what fresh memory costs, which a transfer's receiver pays and a
+  reused buffer does not).
 - The figure, per position: plain broadcast median / transfer median (1.0: the
   transfer costs nothing beyond moving its bytes); the target is >= 0.9. Also the
   slowest position's transfer median (the replica's heal time). Written to
@@ -67,7 +70,7 @@ def _rank(replica: int, local: int, shard: int, port: int, model: str, repeats: 
                                   namespace="all/")
     pair = Communicator.build(lambda: store, 0, replica, 2, "gloo", TIMEOUT, namespace=f"heal/pos{local}/")
     sync = torch.zeros(1)
-    times: dict[str, list[float]] = {"transfer": [], "wire": [], "broadcast": []}
+    times: dict[str, list[float]] = {"transfer": [], "wire": [], "broadcast": [], "broadcast_fresh": []}
     nbytes, plain = 0, None
     for i in range(repeats + 1):
         everyone.allreduce(sync, TIMEOUT)  # every position starts together
@@ -81,15 +84,23 @@ def _rank(replica: int, local: int, shard: int, port: int, model: str, repeats: 
         start = time.perf_counter()
         pair.broadcast(plain, 0, TIMEOUT)
         t_plain = time.perf_counter() - start
+        everyone.allreduce(sync, TIMEOUT)
+        start = time.perf_counter()
+        # the same bytes into memory allocated for them, as a transfer's receiver must (its page faults)
+        pair.broadcast(plain if replica == 0 else torch.empty(nbytes // 4), 0, TIMEOUT)
+        t_fresh = time.perf_counter() - start
         if i:  # round 0 is the warm-up: first calls, allocations
             times["transfer"].append(t_transfer)
             times["wire"].append(stats.wire_seconds)
             times["broadcast"].append(t_plain)
+            times["broadcast_fresh"].append(t_fresh)
     if replica == 1:  # the newcomer's rank: the transfer as the side that waits for it all
         tr, bc = statistics.median(times["transfer"]), statistics.median(times["broadcast"])
         box.put({"position": local, "bytes": nbytes, "transfer_median_s": tr, "broadcast_median_s": bc,
                  "wire_median_s": statistics.median(times["wire"]), "transfer_MBps": nbytes / tr / 1e6,
-                 "broadcast_MBps": nbytes / bc / 1e6, "throughput_ratio": bc / tr, "samples": times})
+                 "broadcast_MBps": nbytes / bc / 1e6, "throughput_ratio": bc / tr,
+                 "broadcast_fresh_median_s": statistics.median(times["broadcast_fresh"]),
+                 "throughput_ratio_fresh": statistics.median(times["broadcast_fresh"]) / tr, "samples": times})
     everyone.allreduce(sync, TIMEOUT)  # no process leaves while another still uses the store it hosts
 
 
@@ -134,11 +145,11 @@ def bench_sharded_transfer(args: argparse.Namespace) -> int:
     path = out / f"state_transfer_s{args.shard}.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"{'model':<10} {'pos':>3} {'bytes':>12} {'transfer s':>11} {'wire s':>8} {'bcast s':>9} "
-          f"{'transfer MB/s':>14} {'ratio':>6}")
+          f"{'fresh s':>8} {'transfer MB/s':>14} {'ratio':>6} {'fresh':>6}")
     for m in models:
         for r in m["positions"]:
             print(f"{m['model']:<10} {r['position']:>3} {r['bytes']:>12} {r['transfer_median_s']:>11.4f} "
-                  f"{r['wire_median_s']:>8.4f} {r['broadcast_median_s']:>9.4f} {r['transfer_MBps']:>14.1f} "
-                  f"{r['throughput_ratio']:>6.2f}")
+                  f"{r['wire_median_s']:>8.4f} {r['broadcast_median_s']:>9.4f} {r['broadcast_fresh_median_s']:>8.4f} "
+                  f"{r['transfer_MBps']:>14.1f} {r['throughput_ratio']:>6.2f} {r['throughput_ratio_fresh']:>6.2f}")
     print(f"-> {path}")
     return 0
