@@ -29,6 +29,9 @@ Contract:
   `QUICK_DEATH_SECONDS` of its start doubles the next wait (`replacement_delay`),
   and after `MAX_QUICK_DEATHS` in a row the slot is left empty, saying so; a
   replacement that lived longer starts the count again.
+  A replica of many ranks is replaced as a whole, every rank a new process; each
+  process set of a slot is numbered (RECOVER_INCARNATION: 0 for the first), so its
+  groups inside the replica use store keys of their own, never its predecessor's.
   Each worker is started with RECOVER_WORKER_STARTED (time.time() at its start),
   pids.json is rewritten, and the hooks' `on_start` is called again with the new
   PIDs (a fault injector then targets the replacement).
