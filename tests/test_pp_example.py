@@ -43,7 +43,6 @@ def test_a_users_pp_loop_loses_a_stage_and_keeps_its_trajectory(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--pp", "2", "--replace-after", "1"], "recover: error: --pp: a replica of many ranks is not healed yet"),
     (["--pp", "0"], "recover: error: --pp: must be >= 1, got 0"),
     (["--pp", "2", "--pp-schedule", "zb"], "recover: error: --pp-schedule: 'zb' is not one of afab, 1f1b"),
 ])

@@ -62,8 +62,8 @@ class TrainConfig:
     model: str = _f("tiny", f"model size: {', '.join(MODEL_CONFIGS)}")
     replicas: int = _f(4, "data-parallel replicas R (the failure domain: --shard ranks each)")
     shard: int = _f(1, "ranks per replica S: FSDP2 shards the model over them (HSDP); 1 = plain data parallel. "
-                       "recover and plain only; R x S worker processes in all. A replica of many ranks that is declared "
-                       "dead exits (it does not rejoin yet)")
+                       "recover and plain only; R x S worker processes in all. A replica of many ranks is healed rank to "
+                       "rank: replaced (--replace-after) or woken from a false death, it rejoins")
     tp: int = _f(1, "tensor-parallel ranks T per replica: each block's heads and MLP width split over them (recover "
                     "and plain; must divide the heads and 4 x n_embd); a replica is --pp x --shard x --tp ranks, tp innermost")
     pp: int = _f(1, "pipeline stages P per replica: the model's blocks cut into P consecutive stages, one rank each "
@@ -245,9 +245,6 @@ class TrainConfig:
         if self.ranks_per_replica > 1:
             # What a replica of many ranks does not do yet: say so before anything starts.
             flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")
-            if self.replace_after >= 0:
-                raise ConfigError(flag, "a replica of many ranks is not healed yet: run it without "
-                                        "--replace-after (a lost replica stays lost)")
             if (self.checkpoint_every or self.resume_from) and self.pp > 1:
                 # --shard and --tp checkpoint with sharded DCP. Pipeline stages would not: each stage
                 # numbers its own blocks from 0 (core/parallel/pp.py GPTStage), so stage 1's

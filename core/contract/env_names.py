@@ -22,6 +22,9 @@ RANKS_PER_REPLICA = "RECOVER_RANKS_PER_REPLICA"  # P x S x T: the processes of o
 TP = "RECOVER_TP"  # tensor-parallel ranks per replica (`recover launch --tp`)
 PP = "RECOVER_PP"  # pipeline stages per replica (`recover launch --pp`)
 PP_SCHEDULE = "RECOVER_PP_SCHEDULE"  # afab | 1f1b
+# the how-manieth process set of this replica's slot (0: the first; a replacement counts up), so a
+# replacement's groups inside its replica never meet the keys its dead predecessor left in the store
+INCARNATION = "RECOVER_INCARNATION"
 WORKER_STARTED = "RECOVER_WORKER_STARTED"  # time.time() when the launcher started this process
 WORKER_START = "RECOVER_WORKER_START"  # "fork": the launcher forks workers from its fork server
 

@@ -106,7 +106,9 @@ MESSAGES: tuple[Message, ...] = (
     Message("healed", "worker", "a newcomer's state arrived", (
         Field("gen", INT, "the generation"), Field("step", INT, "the step"),
         _opt("donor", INT, "who sent it"), _opt("bytes", INT, "its size"), _opt("seconds", NUM, "how long it took"),
-        _opt("weights_fingerprint", STR, "the fingerprint of the weights received"))),
+        _opt("weights_fingerprint", STR, "the fingerprint of the weights received"),
+        _opt("shard_fingerprints", OBJ, "(a replica of many ranks) {local rank: its shard's fingerprint}, each "
+                                        "checked against the donor's rank at its position"))),
     Message("ready", "worker", "my quota of step is folded: I can start the all-reduce", (
         Field("gen", INT, "the generation"), Field("step", INT, "the step"))),
     Message("vote", "worker", "my all-reduce of step is done (ok) or failed", (

@@ -76,7 +76,9 @@ class AdmissionMixin:
             return []
         self.unhealed.discard(r)
         self.joining[r].update(healed_at=now, bytes=msg.get("bytes"), transfer_seconds=msg.get("seconds"),
-                               weights_digest=msg.get("weights_fingerprint"))
+                               weights_digest=msg.get("weights_fingerprint"),
+                               **({"shard_fingerprints": msg["shard_fingerprints"]}
+                                  if msg.get("shard_fingerprints") is not None else {}))
         return []
 
     def _unhealed_join(self, r: int, now: float) -> list[Out]:

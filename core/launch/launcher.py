@@ -29,6 +29,9 @@ Contract:
   `QUICK_DEATH_SECONDS` of its start doubles the next wait (`replacement_delay`),
   and after `MAX_QUICK_DEATHS` in a row the slot is left empty, saying so; a
   replacement that lived longer starts the count again.
+  A replica of many ranks is replaced as a whole, every rank a new process; each
+  process set of a slot is numbered (RECOVER_INCARNATION: 0 for the first), so its
+  groups inside the replica use store keys of their own, never its predecessor's.
   Each worker is started with RECOVER_WORKER_STARTED (time.time() at its start),
   pids.json is rewritten, and the hooks' `on_start` is called again with the new
   PIDs (a fault injector then targets the replacement).
@@ -188,6 +191,7 @@ class Launcher:
         self.coordinator_timeout = coordinator_timeout  # None: a silent coordinator is never killed
         self._coordinator_info: dict = {}
         self.ranks_per_replica = ranks_per_replica  # > 1: each replica is that many processes, ended together
+        self._incarnations: dict[int, int] = {}  # replica -> the last of its process sets started (0: the first)
 
     # ---- process start -------------------------------------------------------------
     def _start_coordinator(self, timeout: float = 60.0, argv: Sequence[str] | None = None) -> dict:
@@ -240,7 +244,10 @@ class Launcher:
     def _start_worker(self, replica: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess | ReplicaProcesses:
         if self.ranks_per_replica == 1:
             return self._start_rank(replica, 0, env)
-        # the replica's ranks, leader first; any one of them dying ends the others (core/launch/replica_processes.py)
+        # the replica's ranks, leader first; any one of them dying ends the others (core/launch/replica_processes.py).
+        # Each set of them counts (a replacement's groups must not meet its predecessor's store keys)
+        n = self._incarnations[replica] = self._incarnations.get(replica, -1) + 1
+        env = {**env, env_names.INCARNATION: str(n)}
         return ReplicaProcesses([self._start_rank(replica, i, env) for i in range(self.ranks_per_replica)])
 
     def _start_rank(self, replica: int, rank: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:

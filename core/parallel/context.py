@@ -7,7 +7,8 @@ Contract:
   DTensor need: the process's *default* process group, which is its replica. That
   group is `init_process_group(backend, store=PrefixStore("replica<r>/", store),
   rank=local_rank, world_size=ranks_per_replica)`, so no key of one replica's
-  rendezvous can meet another's, and `fully_shard`, DTensor and (later) tensor and
+  rendezvous can meet another's (a replacement of replica r, its n-th, uses
+  "replica<r>/i<n>/": `replica_prefix`), and `fully_shard`, DTensor and (later) tensor and
   pipeline parallelism run inside the replica unmodified: to them the replica is
   the whole world.
 - The intra-replica group and the `mesh` over it live as long as the replica. With
@@ -52,11 +53,17 @@ from recover.core.worker.comm import AbortCheck, Communicator, OpenStore
 from recover.core.parallel.args import ParallelismArgs
 
 
+def replica_prefix(replica: int, incarnation: int = 0) -> str:
+    """The store prefix of one process set of replica r: "replica<r>/" for the first, "replica<r>/i<n>/"
+    for its n-th replacement, whose rendezvous must not read the keys of the set it replaces."""
+    return f"replica{replica}/" if incarnation == 0 else f"replica{replica}/i{incarnation}/"
+
+
 class ParallelContext:
     """The groups of one rank: its replica (default group + mesh), and per-generation cross-replica ones."""
 
     def __init__(self, store: dist.Store, replica: int, local_rank: int, args: ParallelismArgs,
-                 backend: str = "gloo", device_type: str = "cpu", timeout: float = 60.0):
+                 backend: str = "gloo", device_type: str = "cpu", timeout: float = 60.0, incarnation: int = 0):
         args.validate()
         if not 0 <= local_rank < args.ranks_per_replica:
             raise ValueError(f"local rank {local_rank} is outside a replica of {args.ranks_per_replica} ranks")
@@ -71,7 +78,7 @@ class ParallelContext:
         self.local_rank = local_rank
         self.backend = backend
         self.timeout = timedelta(seconds=timeout)  # every group's: new_group does not inherit it
-        dist.init_process_group(backend, store=dist.PrefixStore(f"replica{replica}/", store),
+        dist.init_process_group(backend, store=dist.PrefixStore(replica_prefix(replica, incarnation), store),
                                 rank=local_rank, world_size=args.ranks_per_replica, timeout=self.timeout)
         self.group = dist.group.WORLD
         self.tie_group = None

@@ -27,6 +27,17 @@ Contract:
   flipped here moves the replica's fingerprint; and when the replica's loss sum is
   not finite it names the ids its own rows made non-finite (`nonfinite_ids`), so
   the leader's vote names them as if they were its own.
+- Healing (an admitting generation names this rank's replica donor or newcomer):
+  the leader relays "heal" between any two of its decisions; this rank then moves
+  its own position's shard, weights and optimizer state, over that position's group
+  (`core.worker.state_transfer.transfer_position`: the donor's rank sends, the
+  newcomer's checks the fingerprint), and says through `agree_healed` whether it
+  succeeded. A newcomer's rank adds its bit sums once all did, so the leader's
+  "healed" carries the replica's fingerprint; `healed` is then True here.
+- A leader that rejoins (declared dead while alive) relays "rejoin" first: this
+  rank drops what it folded and its communicator, its `quota()` ends and its
+  `commit()` returns False, as the leader's do; the heal that admits the replica
+  again follows.
 - The hooks get this rank's weights (`attach_weights`, as the leader's do): a
   bitflip fault planned at this rank flips a bit of its shard.
 - `after_step` (None, or a callable the loop sets) is called with this handle right
@@ -50,10 +61,16 @@ import torch
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.launch.hooks import WorkerHooks
 from recover.core.worker.recipe import CommittedStep, LRSchedule
+from recover.core.worker.state_transfer import transfer_position
 from recover.core.contract import worker_exit
 from recover.core.contract.nonfinite import NonfiniteLosses
 from recover.core.worker.replica import RunEnded
 from recover.core.parallel.replica_link import ReplicaLink
+
+
+class _Rejoined(Exception):
+    """Internal: the leader rejoins the job as a newcomer (declared dead while alive); unwound to
+    quota()/commit(), which leave the step, as the leader's do."""
 
 
 class ReplicaFollower:
@@ -78,7 +95,7 @@ class ReplicaFollower:
         self.hooks.attach_weights(acc)  # a bitflip planned at this rank corrupts its shard
         self._nonfinite = NonfiniteLosses()  # the ids this rank folded with a non-finite loss part
         self.stepper = CommittedStep(optimizer, acc.params, lr_schedule, grad_clip)
-        self.healed = False  # a replica of many ranks is never admitted into a running job (yet)
+        self.healed = False  # this rank joined a running job and holds its donor position's state
         self.comm: Communicator | None = None
         self.graveyard = Graveyard()
         self.generation = -1
@@ -88,11 +105,24 @@ class ReplicaFollower:
         self.members: list[int] = []  # as the leader last said (a commit, or the end)
         self.committed_members: list[int] = []  # the generation that committed the last step
         self.after_step = None  # called with this handle right after each step (see the contract)
-        self._take(self._next("start"))  # the leader's generation 0
+        self._rejoined = False  # quota() left its step for a rejoin: the commit() that follows returns False
+        while True:  # the leader's generation 0 (or, admitted into a running job, its first generation)
+            try:
+                self._take(self._next("start"))
+                break
+            except _Rejoined:  # the leader was admitted, then declared dead in the transfer: once more
+                continue
 
     # ---- the relay ----------------------------------------------------------------------------------
     def _next(self, *kinds: str) -> dict:
         msg = self.link.share()
+        while msg.get("t") == "heal":  # an admitting generation, between any two of the leader's decisions
+            self._heal(msg)
+            msg = self.link.share()
+        if msg.get("t") == "rejoin":  # declared dead while alive: what was folded is another generation's
+            self.acc.clear()
+            self._abandon_comm()
+            raise _Rejoined()
         if msg.get("t") == "end":
             if msg.get("members") is not None:
                 self.members = list(msg["members"])
@@ -103,6 +133,34 @@ class ReplicaFollower:
             raise RuntimeError(f"replica {self.replica} rank {self.local_rank}: the leader said {msg} "
                                f"where one of {kinds} belongs")
         return msg
+
+    def _heal(self, msg: dict) -> None:
+        """This rank's position of an admitting generation's state transfer (the leader's `_heal`):
+        group rank 0 is the donor's rank at this position, the others the newcomers'. Then every
+        rank of the replica says whether its transfer succeeded and checked (`agree_healed`); a
+        newcomer's ranks also add their bit sums, so its leader reports the replica's fingerprint.
+        A failure is the leader's to report: this rank goes on to its next message."""
+        g, step = msg["gen"], msg["step"]
+        who = f"[replica {self.replica} rank {self.local_rank}]"
+        self.hooks.at(step, "state_transfer")
+        stats, ok = None, True
+        try:
+            stats = transfer_position(self._open_store, g, msg["rank"], msg["size"], self.local_rank, self.backend,
+                                      self.acc, self.optimizer, self.stepper, self.timeout, self.link.abort_check(g),
+                                      self.graveyard)
+        except Exception as e:  # noqa: BLE001 - any failure of the transfer is a failed transfer (the leader's)
+            why = e.reason if isinstance(e, CollectiveError) else f"{type(e).__name__}: {e}"[:500]
+            print(f"{who} step {step}: state transfer in generation {g} failed: {why}", flush=True)
+            ok = False
+        all_ok, _ = self.link.agree_healed(ok, "" if stats is None else stats.fingerprint,
+                                           0 if stats is None else stats.bytes, 0.0 if stats is None else stats.seconds)
+        if stats is not None:
+            what = f"received from replica {msg['donor']}" if msg["rank"] else "sent to the newcomers"
+            print(f"{who} step {step}: state transfer of position {self.local_rank} {what}: {stats.bytes} bytes in "
+                  f"{stats.seconds:.3f}s, shard fingerprint {stats.fingerprint}", flush=True)
+        if all_ok and msg["rank"] > 0:
+            self.link.combine(True, 0.0, bit_sums=self.acc.weights_bit_sums())  # the leader's fingerprint
+            self.healed = True
 
     def _take(self, msg: dict) -> None:
         self.generation, self.step = msg["gen"], msg["step"]
@@ -118,12 +176,15 @@ class ReplicaFollower:
         return self.acc.ledger
 
     def quota(self) -> Iterator[int]:
-        self._take(self._next("quota"))
-        while True:
-            msg = self._next("id", "stop")
-            if msg["t"] == "stop":
-                return
-            yield msg["id"]
+        try:
+            self._take(self._next("quota"))
+            while True:
+                msg = self._next("id", "stop")
+                if msg["t"] == "stop":
+                    return
+                yield msg["id"]
+        except _Rejoined:  # as the leader's quota(): it ends, and the commit() that follows returns False
+            self._rejoined = True
 
     def progress(self) -> None:
         """Nothing to say: the leader speaks for the replica, and its own work waits on this rank's."""
@@ -133,6 +194,15 @@ class ReplicaFollower:
         self._nonfinite.record(mb_id, loss)
 
     def commit(self) -> bool:
+        if self._rejoined:
+            self._rejoined = False
+            return False
+        try:
+            return self._commit()
+        except _Rejoined:  # the leader's commit() rejoined: it returns False
+            return False
+
+    def _commit(self) -> bool:
         msg = self._next("recover", "reduce")
         if msg["t"] == "recover":
             return self._recover()

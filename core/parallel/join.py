@@ -53,7 +53,7 @@ import torch
 from recover.core.contract import worker_exit
 from recover.core.launch.startup import connect_store, env_addr
 from recover.core.parallel.args import ParallelismArgs
-from recover.core.parallel.context import ParallelContext
+from recover.core.parallel.context import ParallelContext, replica_prefix
 from recover.core.parallel.fsdp import microbatch_part
 from recover.core.parallel.rank_beats import RankBeats, local_address
 from recover.core.parallel.replica_link import LINK_TIMEOUT, ReplicaLink
@@ -98,8 +98,9 @@ class ReplicaContext:
         collective = collective_timeout or _env_float(env_names.COLLECTIVE_TIMEOUT, 30.0)
         interval = heartbeat_interval or _env_float(env_names.HEARTBEAT_INTERVAL, 0.1)
         hb_timeout = heartbeat_timeout or _env_float(env_names.HEARTBEAT_TIMEOUT, 3.0)
+        incarnation = int(os.environ.get(env_names.INCARNATION, "0"))  # a replacement's own store keys
         parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard // (tp * pp), tp, pp, pp_schedule),
-                                   backend="gloo", timeout=LINK_TIMEOUT.total_seconds())
+                                   backend="gloo", timeout=LINK_TIMEOUT.total_seconds(), incarnation=incarnation)
         link = ReplicaLink(local, shard, open_store=connect_store)
         # until the leader's first commit a rank pays one-time costs holding the GIL: the collective
         # timeout then, as the coordinator allows its workers before their first vote
@@ -116,7 +117,8 @@ class ReplicaContext:
         store_host = env_addr(env_names.STORE_ADDR)[0]
         beats = RankBeats(connect_store(), r, local, shard, interval,
                           limit=lambda: hb_timeout if link.committed_once else cold,
-                          on_silent=lost, on_leader_gone=leader_gone, host=local_address(store_host))
+                          on_silent=lost, on_leader_gone=leader_gone, host=local_address(store_host),
+                          prefix=replica_prefix(r, incarnation))
         link.beats = beats
         beats.start()
         return cls(r, local, shard, parallel, link, beats, collective)

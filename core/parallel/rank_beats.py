@@ -12,6 +12,9 @@ Contract:
   launcher ends the replica's other ranks and the coordinator sees the leader's
   connection close: the whole replica goes, as a crash of any of its ranks makes
   it go).
+- Silence is judged only over time the watcher itself ran: a leader whose process was
+  frozen (SIGSTOPped, then woken) reads the beats that waited in the sockets before it
+  judges anyone, and counts silence from its own return.
 - `limit` is a callable so the caller can allow more before the first commit (a
   rank's first step pays one-time costs holding the GIL, as the coordinator
   allows its workers: core/coordinator/service.py `_silent`).
@@ -53,8 +56,10 @@ class RankBeats:
 
     def __init__(self, store: dist.Store, replica: int, local_rank: int, size: int, interval: float,
                  limit: Callable[[], float], on_silent: Callable[[int, float], None],
-                 on_leader_gone: Callable[[], None], host: str = "127.0.0.1"):
-        self.store, self.key = store, f"replica{replica}/beats"
+                 on_leader_gone: Callable[[], None], host: str = "127.0.0.1", prefix: str | None = None):
+        # `prefix`: this process set's (core/parallel/context.py replica_prefix), so a replacement's
+        # ranks find their own leader, never the address its dead predecessor left
+        self.store, self.key = store, f"{prefix or f'replica{replica}/'}beats"
         self.local_rank, self.size = local_rank, size
         self.interval, self.limit = interval, limit
         self.on_silent, self.on_leader_gone = on_silent, on_leader_gone
@@ -97,7 +102,15 @@ class RankBeats:
         start = time.monotonic()
         rank_of: dict[socket.socket, int | None] = {}
         finished: set[int] = set()  # ranks that said goodbye
+        last_turn = start  # when this watcher last ran: silence is judged only over time it was awake
         while not self._stopped.is_set():
+            if time.monotonic() - last_turn > self.limit():
+                # This watcher itself was frozen (its process SIGSTOPped and woken: the leader of a
+                # replica declared dead while alive, which rejoins) or starved: its ranks' beats of that
+                # time wait unread in the sockets. It judges no one before it read them, and counts
+                # their silence from its own return.
+                start = time.monotonic()
+                self.last_heard = {r: start for r in self.last_heard}
             for key, _ in sel.select(timeout=self.interval / 2):
                 if key.fileobj is self._server:
                     conn, _ = self._server.accept()
@@ -125,6 +138,8 @@ class RankBeats:
             if self._stopped.is_set():
                 return
             now = time.monotonic()
+            if now - last_turn > self.limit():
+                continue  # frozen within this turn: the next one reads what waited, then judges (above)
             for r in range(1, self.size):
                 if r in finished:
                     continue
@@ -132,3 +147,4 @@ class RankBeats:
                 if silent > self.limit():
                     self.on_silent(r, silent)
                     return
+            last_turn = time.monotonic()

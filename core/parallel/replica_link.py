@@ -27,6 +27,12 @@ Contract:
   While it waits, `while_waiting` runs between short slices: the leader keeps
   watching its control connection there, so an abort reaches the ranks that are
   still stuck in their own all-reduce (below).
+- `agree_healed(ok, fingerprint)`: after a state transfer (every rank of a donor or a
+  newcomer ran its position's, `core.worker.state_transfer.transfer_position`), one
+  all-gather inside the replica says whether every rank's transfer succeeded (and,
+  on a newcomer, matched its donor position's fingerprint) and gives every rank's
+  shard fingerprint in rank order, so the leader reports "healed" only once each
+  rank has checked its own shard, and names what each position now holds.
 - Aborts inside a collective: a rank other than the leader has no control
   connection, so its cross-replica collective's abort check (`abort_check(g)`)
   reads a key of the coordinator's store, "replica-abort/gen<g>", that any leader
@@ -55,6 +61,7 @@ HEAD_BYTES = 4096  # the first broadcast of `share`: an int32 length, then the o
 ABORT_POLL_SECONDS = 0.01  # how often a non-leader rank's collective asks the store about an abort
 LINK_TIMEOUT = timedelta(days=1)  # see the contract: a replica's ranks live and die together
 WAIT_SLICE = timedelta(milliseconds=2)
+FINGERPRINT_BYTES = 64  # a shard's weights fingerprint: sha256 as hex (core/worker/accumulator.py)
 DIGEST_SLOTS = 64  # the replica fingerprint's int64 slots: tensor i of a rank adds into slot i % DIGEST_SLOTS
 CHUNK_BITS = (21, 21, 22)  # an int64 as three unsigned chunks, low first: each < 2^22, exact in float64
 _U64 = 1 << 64
@@ -181,6 +188,39 @@ class ReplicaLink:
                 while_waiting()
         slots = from_chunks(t[2:]) if bit_sums is not None else None
         return float(t[0]) == 0.0, float(t[1]), slots
+
+    def agree_healed(self, ok: bool, fingerprint: str, moved: int = 0, seconds: float = 0.0,
+                     while_waiting: Callable[[], Any] | None = None) -> tuple[bool, list[dict]]:
+        """(every rank's transfer succeeded, per rank in rank order its shard's `fingerprint`, the
+        bytes it `moved` and its transfer's `seconds`), on every rank: one all-gather."""
+        mine = torch.zeros(1 + 8 + 8 + FINGERPRINT_BYTES, dtype=torch.uint8)
+        mine[0] = 1 if ok else 0
+        mine[1:9] = torch.tensor([moved], dtype=torch.int64).view(torch.uint8)
+        mine[9:17] = torch.tensor([seconds], dtype=torch.float64).view(torch.uint8)
+        raw = fingerprint.encode()[:FINGERPRINT_BYTES]
+        if raw:
+            mine[17:17 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        out = [torch.zeros_like(mine) for _ in range(self.size)]
+        self._wait(dist.all_gather(out, mine, group=self.group, async_op=True), while_waiting)
+        ranks = [{"fingerprint": bytes(t[17:].numpy()).rstrip(b"\0").decode(errors="replace"),
+                  "bytes": int(t[1:9].clone().view(torch.int64)[0]),
+                  "seconds": float(t[9:17].clone().view(torch.float64)[0])} for t in out]
+        return all(int(t[0]) == 1 for t in out), ranks
+
+    @staticmethod
+    def _wait(work, while_waiting: Callable[[], Any] | None) -> None:
+        """Wait for `work` in short slices, running `while_waiting` between them (the leader's
+        control connection: an abort it reads reaches the ranks still in their collectives)."""
+        while True:
+            try:
+                work.wait(WAIT_SLICE)
+                return
+            except Exception:
+                if work.is_completed():
+                    work.wait()
+                    return
+            if while_waiting is not None:
+                while_waiting()
 
     def nonfinite_ids(self, ledger: list[int], bad: set[int]) -> list[int]:
         """The ids of `ledger` that any rank folded with a non-finite loss part (`bad`: this rank's).

@@ -100,9 +100,20 @@ Contract:
   replica's whole loss sum and goes only if every rank's all-reduce succeeded; its
   weights fingerprint is of every rank's shard (the ranks' bit sums, added in the
   same all-reduce), and its `nonfinite` ids include those a follower's rows made
-  non-finite (`ReplicaLink.nonfinite_ids`). Such
-  a replica does not rejoin once declared dead (it exits, fenced) and is never a
-  donor or a newcomer: healing a sharded replica is not built yet.
+  non-finite (`ReplicaLink.nonfinite_ids`). Healing such a replica (a
+  replacement) moves the state rank to rank: the leader relays the admitting
+  generation's heal to its ranks, each rank of the donor sends its shard (optimizer
+  state too) to the newcomer's rank at the same position over a group of that
+  position ("heal/pos<i>/gen<g>/"), all positions at once, each newcomer rank
+  checks its shard's fingerprint against its donor rank's, and the leader says
+  "healed" (with every rank's shard fingerprint and the replica's combined one)
+  only once all of them did (`ReplicaLink.agree_healed`); one rank's failure is
+  the replica's failed transfer. `can_heal` (the hello's; True by default) says
+  whether this process can be healed from a donor: False for a loop whose state
+  cannot move that way. Declared dead while alive (a frozen leader, or all its
+  ranks frozen), such a replica rejoins as a one-rank one does: the leader relays
+  "rejoin" first, so every rank drops what it folded and leaves the step it was
+  in (its `quota()` ends, its `commit()` returns False), then the heal as above.
 - Every failure the replica sees is a `CollectiveError` internally; the exceptions
   that reach the caller are `RunEnded` (the run cannot go on, or this replica was
   declared dead - fenced - and must exit). Its `code` is the worker's exit code
@@ -123,6 +134,7 @@ Contract:
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -144,7 +156,7 @@ from recover.core.contract.nonfinite import NonfiniteLosses, vote_fields
 from recover.core.contract.policy import quota_of
 from recover.core.worker.recipe import CommittedStep, LRSchedule
 from recover.core.launch.startup import JOIN_TOKEN_ENV, env_addr, keyed_store, run_start_time
-from recover.core.worker.state_transfer import transfer_state
+from recover.core.worker.state_transfer import transfer_position
 from recover.core.contract import env_names
 
 REJOIN_ENV = env_names.REJOIN  # "0": a fenced replica exits instead of rejoining (from_env's default)
@@ -207,11 +219,13 @@ class Replica:
         coordinator_timeout: float | None = None,
         reconnect_timeout: float | None = None,
         link=None,
+        can_heal: bool = True,
     ):
         worker_exit.install(f"replica {replica}")  # an uncaught RunEnded: one line and its exit code
         # an accumulator (GradAccumulator, or core.parallel's ShardedAccumulator), or parameters
         self.acc: Accumulator = params if isinstance(params, Accumulator) else GradAccumulator(params)
         self.link = link  # a replica of many ranks: this is its leader (see the contract)
+        self.can_heal = can_heal  # what the hello says: whether a donor's state can make this replica whole
         self._nonfinite = NonfiniteLosses()  # the ids folded with a loss that was not finite
         self.optimizer = optimizer
         self.replica = replica
@@ -232,8 +246,6 @@ class Replica:
         # abandoned in a shared client would hold the next one up to its timeout).
         self._open_store()
         self.rejoin = os.environ.get(REJOIN_ENV, "1") != "0" if rejoin is None else rejoin
-        if link is not None:
-            self.rejoin = False  # not for a replica of many ranks yet (see the contract)
         self.control_addr = control_addr
         self.heartbeat_interval = heartbeat_interval
         # None: the launcher's, from the environment (`recover launch` sets them)
@@ -563,7 +575,7 @@ class Replica:
         (client or self.control).send({
             "t": "hello", "replica": self.replica, "pid": os.getpid(), "tokens_per_mb": self.tokens_per_microbatch,
             **({"standby": True} if standby else {"weights_sha256": self.acc.weights_digest()}),
-            "token": self.join_token, "can_heal": True, "rejoin": rejoin, "started_at": started_at,
+            "token": self.join_token, "can_heal": self.can_heal, "rejoin": rejoin, "started_at": started_at,
             **({"report": report} if report is not None else {})})
 
     def _set_working(self, working: bool) -> None:
@@ -744,6 +756,7 @@ class Replica:
         donor at admission, as for a replacement."""
         self._log("fenced: the coordinator closed this replica's connection (declared dead, e.g. after a "
                   "freeze); rejoining as a newcomer")
+        self._relay({"t": "rejoin"})  # its ranks drop what they folded too, and leave the step they were in
         self._abandon_comm()
         self.acc.clear()
         self._abort = None
@@ -768,10 +781,16 @@ class Replica:
                 self._wait_generation(0)
                 return
             except _Fenced:  # admitted, then declared dead again during the transfer: once more
+                self._relay({"t": "rejoin"})
                 self._abandon_comm()
 
     def _heal(self, heal: dict) -> None:
-        """An admitting generation: the donor sends its state to the newcomers, who check it."""
+        """An admitting generation: the donor sends its state to the newcomers, who check it.
+
+        A replica of many ranks: each rank moves its own position's shard (optimizer state
+        too) over a group of its own, all positions at once; the leader relays the heal to its
+        ranks first, and reports "healed" only once every rank checked its shard's fingerprint
+        against the donor's rank at its position (`ReplicaLink.agree_healed`)."""
         joining = idranges.to_ids(heal["joining"])
         donor = int(heal["donor"])
         self._digest_next_vote = True
@@ -779,19 +798,19 @@ class Replica:
             return  # the other members fold at once
         group = [donor, *joining]
         g = self.generation
-        should_abort = lambda: self.control.abort_reason(g)  # noqa: E731
+        should_abort = lambda: self._abort_reason(g)  # noqa: E731
         self._unhealed = self.replica in joining
+        self._relay({"t": "heal", "gen": g, "step": self.step, "rank": group.index(self.replica),
+                     "size": len(group), "donor": donor})
         self.hooks.at(self.step, "state_transfer")
+        stats, why = None, None
         try:
             # A group of the donor and the newcomers only, under the generation's prefix:
             # the other members go on folding while the bytes move.
-            comm = Communicator.build(self._open_store, g, group.index(self.replica), len(group), self.backend,
-                                      self.timeout, should_abort, namespace="heal/")
-            try:
-                stats = transfer_state(comm, 0, self.acc, self.optimizer, self.stepper, self.timeout, should_abort,
-                                       progress=self.meter.tick)
-            finally:
-                self.graveyard.bury(comm)
+            stats = transfer_position(self._open_store, g, group.index(self.replica), len(group),
+                                      None if self.link is None else 0, self.backend, self.acc, self.optimizer,
+                                      self.stepper, self.timeout, should_abort, self.graveyard,
+                                      progress=self.meter.tick)
         except (RunEnded, _Fenced):
             raise
         except Exception as e:  # noqa: BLE001 - any failure of the transfer is a failed transfer
@@ -800,21 +819,42 @@ class Replica:
             # state (it only read it) and goes on; the newcomer holds nothing it may trust and
             # waits for the next commit (and is refused after --max-heal-attempts).
             why = e.reason if isinstance(e, CollectiveError) else f"{type(e).__name__}: {e}"[:500]
+        shards = None
+        if self.link is not None:  # every rank's transfer, each checked at its own position
+            ok, shards = self.link.agree_healed(why is None, "" if stats is None else stats.fingerprint,
+                                                0 if stats is None else stats.bytes,
+                                                0.0 if stats is None else stats.seconds,
+                                                while_waiting=lambda: self._abort_reason(g))
+            if not ok and why is None:
+                why = "the state transfer of another rank of this replica failed (its log says why)"
+        if why is not None:
             self._log(f"step {self.step}: state transfer {'to this replica' if self._unhealed else 'from it'} in "
                       f"generation {g} failed: {why}")
             if self.control.abort_reason(g) is None:
                 self.control.send({"t": "fail", "gen": g, "step": self.step, "reason": f"state transfer: {why}"})
             self._recover(self._wait_for({"abort"}))
             return
+        moved, seconds, fingerprint = stats.bytes, stats.seconds, stats.fingerprint
+        if shards is not None:  # the replica's: every position's bytes, the slowest position's time
+            moved, seconds = sum(r["bytes"] for r in shards), max(r["seconds"] for r in shards)
+            if self._unhealed:  # the replica's fingerprint, as its votes compute it (every rank's bit sums)
+                _, _, slots = self.link.combine(True, 0.0, while_waiting=lambda: self._abort_reason(g),
+                                                bit_sums=self.acc.weights_bit_sums())
+                fingerprint = fingerprint_of(slots)
+            peer = f"from replica {donor}" if self._unhealed else f"to {joining}"
+            self._log(f"step {self.step}: state transfer {peer}, every position at once: shard fingerprints by rank "
+                      f"{json.dumps([r['fingerprint'] for r in shards])}, seconds by rank "
+                      f"{json.dumps([round(r['seconds'], 4) for r in shards])}")
         if self._unhealed:
             self._unhealed = False
             self.healed = True
-            self._log(f"healed from replica {donor}: {stats.bytes} bytes in {stats.seconds:.3f}s, "
-                      f"weights fingerprint {stats.fingerprint[:12]}")
-            self.control.send({"t": "healed", "gen": g, "step": self.step, "donor": donor, "bytes": stats.bytes,
-                               "seconds": stats.seconds, "weights_fingerprint": stats.fingerprint})
+            self._log(f"healed from replica {donor}: {moved} bytes in {seconds:.3f}s, "
+                      f"weights fingerprint {fingerprint[:12]}")
+            self.control.send({"t": "healed", "gen": g, "step": self.step, "donor": donor, "bytes": moved,
+                               "seconds": seconds, "weights_fingerprint": fingerprint,
+                               **({"shard_fingerprints": {str(i): r["fingerprint"] for i, r in enumerate(shards)}}
+                                  if shards is not None else {})})
         self._work_started = time.perf_counter()  # the transfer is not microbatch time
-
 
     def _abandon_comm(self) -> None:
         self.graveyard.bury(self.comm)

@@ -11,20 +11,21 @@ Contract:
 - What is sent is everything a replica's future depends on that is not a
   function of the global microbatch id: data and per-microbatch randomness are
   (core/components/data.py), so no data position or RNG state travels.
-- Wire format: two broadcasts from `root`, then one per large tensor. First the
-  sizes (two int64: the header's bytes and the buffer's fp32 elements). Then one
-  byte buffer: the donor's weights fingerprint (`FINGERPRINT_BYTES` of ASCII
-  hex), the header (tagged JSON, `_encode`, of a dict without large tensors: the
-  optimizer's non-tensor state and its 0-d tensors such as AdamW's `step`, the
-  layout, the stepper's state), and from the next 4-aligned byte, as fp32, the
-  parameters and every optimizer state tensor of one dimension or more, in
-  (parameter index, state key) order, except those of `DIRECT_BYTES` or more,
-  which the header lists ("direct") and which follow, each as a broadcast of its
-  own, in that order. The donor fills the buffer (fingerprint, header, the copy
-  of the small tensors) while the sizes travel: on gloo every broadcast waits
-  for the receiver to post its receive, so that round trip is time the donor
-  would otherwise idle (measured on tiny: the fingerprint and the copy were
-  0.6 ms of the donor's ~1 ms before its state left).
+- Wire format: two broadcasts from `root`, then one per large tensor, then the
+  fingerprint. First the sizes (two int64: the header's bytes and the buffer's
+  fp32 elements). Then one byte buffer: the header (tagged JSON, `_encode`, of a
+  dict without large tensors: the optimizer's non-tensor state and its 0-d
+  tensors such as AdamW's `step`, the layout, the stepper's state), and from the
+  next 4-aligned byte, as fp32, the parameters and every optimizer state tensor
+  of one dimension or more, in (parameter index, state key) order, except those
+  of `DIRECT_BYTES` or more, which the header lists ("direct") and which follow,
+  each as a broadcast of its own, in that order. Last, the donor's weights
+  fingerprint (`FINGERPRINT_BYTES` of ASCII hex), on its own. The donor fills the
+  buffer (header, the copy of the small tensors) while the sizes travel: on gloo
+  every broadcast waits for the receiver to post its receive, so that round trip
+  is time the donor would otherwise idle. It computes its fingerprint (a read of
+  every weight) while the state travels, not before it leaves: on gpt2-124m's
+  shards that read is a tenth of a second that the wire would otherwise wait for.
   Why one buffer: small tensors share one collective, with no per-tensor round trips
   (measured: a broadcast per tensor was 3x slower than the copy into one
   buffer, on the tiny model); a large tensor costs one round trip for megabytes,
@@ -49,6 +50,13 @@ Contract:
   part in training until a later transfer succeeds (core/worker/replica.py).
 - Both sides must have built their optimizer the same way (same parameter
   groups, same parameter order): checked from the header, `ValueError` if not.
+- Sharded state (a rank of a replica of many ranks: FSDP2's or tensor parallelism's
+  DTensor parameters and optimizer moments) moves as this rank's local parts only:
+  the header's shapes are local shapes, and the receiver wraps each arrived moment
+  back into a DTensor laid out as its parameter (same mesh, placements, global
+  shape), so its optimizer steps exactly as the donor's. Each position of a replica
+  runs its own transfer to the same position of the newcomer
+  (`transfer_position`), all of them at once.
 """
 from __future__ import annotations
 
@@ -58,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from recover.core.worker.accumulator import GradAccumulator
 from recover.core.worker.comm import AbortCheck, CollectiveError, Communicator
@@ -82,6 +91,25 @@ class TransferStats:
     fingerprint: str  # the weights fingerprint after the transfer (the donor's, checked)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of `t`: a DTensor's local part, a plain tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _params_in_order(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters by their state_dict index (param_groups order)."""
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _like(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """An arrived optimizer moment as the receiver's optimizer holds it: a DTensor laid out as its
+    parameter when that is one (the donor's moment was; shapes were checked), else itself."""
+    if not isinstance(param, DTensor):
+        return local
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
+
+
 def _layout(optimizer: torch.optim.Optimizer) -> tuple[dict, list[tuple[int, str, list[int]]], list[torch.Tensor]]:
     """(state_dict with the flat-buffer tensors taken out, their layout, those tensors in order)."""
     sd = optimizer.state_dict()
@@ -96,6 +124,7 @@ def _layout(optimizer: torch.optim.Optimizer) -> tuple[dict, list[tuple[int, str
                 if v.dtype != torch.float32:
                     raise TypeError(f"optimizer state {key!r} of parameter {idx} is {v.dtype}; "
                                     "the state transfer moves fp32 state")
+                v = _local(v)  # a sharded moment: this rank's part (see the contract)
                 layout.append((idx, key, list(v.shape)))
                 tensors.append(v)
             else:
@@ -157,6 +186,26 @@ def transfer_state(comm: Communicator, root: int, acc: GradAccumulator, optimize
     return _receive(wire, acc, optimizer, stepper)
 
 
+def transfer_position(open_store, generation: int, group_rank: int, group_size: int, position: int | None,
+                      backend: str, acc: GradAccumulator, optimizer: torch.optim.Optimizer, stepper: CommittedStep,
+                      timeout: float, should_abort: AbortCheck | None, graveyard,
+                      progress: Callable[[], None] | None = None) -> TransferStats:
+    """One position's transfer of an admitting generation: group rank 0 (the donor's rank at
+    `position`) sends, the newcomers' ranks at `position` receive.
+
+    The group holds only the donor and the newcomers, under the generation's prefix ("heal/",
+    and "heal/pos<i>/" for position i of a replica of many ranks, None for a one-rank
+    replica), so the other members go on folding and the positions move at once, each over
+    a group of its own. The group goes to `graveyard` whatever happens."""
+    namespace = "heal/" if position is None else f"heal/pos{position}/"
+    comm = Communicator.build(open_store, generation, group_rank, group_size, backend, timeout, should_abort,
+                              namespace=namespace)
+    try:
+        return transfer_state(comm, 0, acc, optimizer, stepper, timeout, should_abort, progress=progress)
+    finally:
+        graveyard.bury(comm)
+
+
 class _Wire:
     """One transfer's broadcasts from `root`, timed: `seconds` is the time spent in them."""
 
@@ -183,7 +232,7 @@ class _Wire:
 def _buffer(sizes: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The byte buffer the sizes describe, and its fp32 part (after the fingerprint and the
     header, 4-aligned)."""
-    start = (FINGERPRINT_BYTES + int(sizes[0]) + 3) // 4 * 4
+    start = (int(sizes[0]) + 3) // 4 * 4
     buf = torch.empty(start + 4 * int(sizes[1]), dtype=torch.uint8, device=device)
     return buf, buf[start:].view(torch.float32)
 
@@ -196,10 +245,10 @@ def _send(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer, s
           direct_bytes: int) -> TransferStats:
     device = acc.buffer.device
     opt_sd, layout, tensors = _layout(optimizer)
-    sources = [p.detach() for p in acc.params] + tensors  # (parameter, then state) order, as the layout
+    sources = [_local(p.detach()) for p in acc.params] + tensors  # (parameter, then state) order, as the layout
     direct = [i for i, t in enumerate(sources) if 4 * t.numel() >= direct_bytes and t.is_contiguous()]
     header = {"optimizer": opt_sd, "layout": layout, "stepper": stepper.state_dict(),
-              "groups": _groups_shape(optimizer), "params": [list(p.shape) for p in acc.params],
+              "groups": _groups_shape(optimizer), "params": [list(_local(p).shape) for p in acc.params],
               "direct": direct}
     head = json.dumps(_encode(header), separators=(",", ":")).encode()
     skip = set(direct)  # the indices the buffer leaves out
@@ -209,17 +258,23 @@ def _send(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer, s
 
     def pack_while_sizes_travel() -> None:
         buf, flat = _buffer(sizes, device)
-        fingerprint = acc.weights_fingerprint()
-        buf[:FINGERPRINT_BYTES].copy_(_bytes(fingerprint.encode(), device))
-        buf[FINGERPRINT_BYTES:FINGERPRINT_BYTES + len(head)].copy_(_bytes(head, device))
+        buf[:len(head)].copy_(_bytes(head, device))
         # one copy of the small tensors into the buffer (a broadcast per small tensor measured 3x
         # slower on gloo: per-collective latency); the large ones go from their own storage
         if small:
             torch.cat(small, out=flat)
-        packed.update(buf=buf, fingerprint=fingerprint)
+        packed.update(buf=buf)
+
+    fp = torch.zeros(FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
+
+    def fingerprint_while_state_travels() -> None:
+        # the weights are only read by the broadcasts in flight: the fingerprint reads them too
+        packed["fingerprint"] = acc.weights_fingerprint()
+        fp.copy_(_bytes(packed["fingerprint"].encode()[:FINGERPRINT_BYTES].ljust(FINGERPRINT_BYTES), device))
 
     wire.broadcast([sizes], while_in_flight=pack_while_sizes_travel)
-    wire.broadcast([packed["buf"]] + [sources[i] for i in direct])
+    wire.broadcast([packed["buf"]] + [sources[i] for i in direct], while_in_flight=fingerprint_while_state_travels)
+    wire.broadcast([fp])
     return wire.stats(packed["fingerprint"])
 
 
@@ -230,10 +285,10 @@ def _receive(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer
     wire.broadcast([sizes])
     buf, flat = _buffer(sizes, device)
     wire.broadcast([buf])
-    raw = buf[:FINGERPRINT_BYTES + int(sizes[0])].cpu().numpy().tobytes()
-    want = raw[:FINGERPRINT_BYTES].decode(errors="replace")
-    header = _decode(json.loads(raw[FINGERPRINT_BYTES:]))
-    if header["groups"] != _groups_shape(optimizer) or header["params"] != [list(p.shape) for p in acc.params]:
+    raw = buf[:int(sizes[0])].cpu().numpy().tobytes()
+    header = _decode(json.loads(raw))
+    if header["groups"] != _groups_shape(optimizer) or header["params"] != [list(_local(p).shape)
+                                                                             for p in acc.params]:
         raise ValueError("state transfer: the donor's parameters or optimizer groups "
                          f"({header['groups']}) differ from this replica's ({_groups_shape(optimizer)}): "
                          "every replica must build its model and optimizer the same way")
@@ -244,7 +299,10 @@ def _receive(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer
     # Each large tensor arrives in a fresh tensor, never straight into a parameter: an
     # abandoned broadcast may still write into its tensor later (core/worker/comm.py).
     received = {i: torch.empty(shapes[i], dtype=torch.float32, device=device) for i in direct}
-    wire.broadcast([received[i] for i in direct])
+    # and the donor's fingerprint, computed while its state travelled (its receive posted with theirs)
+    fp = torch.zeros(FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
+    wire.broadcast([received[i] for i in direct] + [fp])
+    want = fp.cpu().numpy().tobytes().decode(errors="replace").strip()
     _load(flat, received, header, acc, optimizer, stepper)
     got = acc.weights_fingerprint()
     if got != want:
@@ -269,10 +327,12 @@ def _load(flat: torch.Tensor, received: dict[int, torch.Tensor], header: dict, a
 
     with torch.no_grad():
         for i, p in enumerate(acc.params):
-            p.copy_(take(i, p.shape))
+            local = _local(p)
+            local.copy_(take(i, local.shape))
     sd = header["optimizer"]
+    owners = _params_in_order(optimizer)
     for j, (idx, key, shape) in enumerate(header["layout"]):
         # a view of freshly received memory, which nothing else holds: no second copy
-        sd["state"][idx][key] = take(len(acc.params) + j, shape)
+        sd["state"][idx][key] = _like(take(len(acc.params) + j, shape), owners[idx])
     optimizer.load_state_dict(sd)
     stepper.load_state_dict(header["stepper"])

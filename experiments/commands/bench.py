@@ -7,7 +7,8 @@
 `recover bench coordinator`: the coordinator state machine's cost against R (experiments/benches/coordinator_state_machine.py);
 with `--service`, the real membership service against N simulated replicas over loopback
 (experiments/benches/coordinator_service.py);
-`recover bench transfer`: live state transfer against a plain broadcast (experiments/benches/state_transfer.py);
+`recover bench transfer`: live state transfer against a plain broadcast (experiments/benches/state_transfer.py;
+with --shard S, a replica of S ranks healed rank to rank, experiments/benches/sharded_transfer.py);
 `recover bench coordinator-restart`: seconds from a coordinator kill to the next commit
 (experiments/benches/coordinator_restart.py);
 `recover bench soak`: the coordinator state machine over a long run with a replacement every N
@@ -128,6 +129,9 @@ def add_parser(sub) -> None:
     t.add_argument("--models", nargs="+", default=["tiny", "small"], help="models (default: tiny small)")
     t.add_argument("--repeats", type=int, default=5, help="timed rounds per model (default: 5)")
     t.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as a worker)")
+    t.add_argument("--shard", type=int, default=1, help="S > 1: heal a replica of S FSDP2 ranks rank to rank, each "
+                   "position against a plain broadcast between the same two processes, all positions at once; "
+                   "writes state_transfer_s<S>.json (default: 1, the one-rank transfer)")
     t.add_argument("--out", default="results/bench", help="where to write state_transfer.json (default: results/bench)")
     t.set_defaults(func=cmd_bench_transfer)
     cr = bsub.add_parser("coordinator-restart", help="seconds from a coordinator kill (or freeze) to the next "
@@ -369,9 +373,13 @@ def cmd_bench_transfer(args: argparse.Namespace) -> int:
     for m in args.models:
         if m not in MODEL_CONFIGS:
             return fail(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_CONFIGS)}")
-    for name in ("repeats", "threads"):
+    for name in ("repeats", "threads", "shard"):
         if getattr(args, name) < 1:
             return fail(f"--{name}: must be >= 1")
+    if args.shard > 1:
+        from ..benches.sharded_transfer import bench_sharded_transfer
+
+        return bench_sharded_transfer(args)
     from ..benches.state_transfer import bench_transfer
 
     return bench_transfer(args)
