@@ -51,6 +51,6 @@ def test_a_system_is_measured_only_at_the_layouts_it_runs_and_the_others_are_nam
     assert main(["bench", "iteration", "--layouts", "3x2", "--systems", "elastic", "--repeats", "1",
                  "--out", str(tmp_path), "--work", str(tmp_path / "work")]) == 0
     out = capsys.readouterr().out
-    assert ("elastic at 3x2: not measured (elastic runs one rank per replica; 3 x S2 needs recover, plain or "
-            "torchft)") in out
+    assert ("elastic at 3x2: not measured (elastic runs one rank per replica; 3 x S2 needs recover, plain, "
+            "torchft or ckpt-restart)") in out
     assert json.loads((tmp_path / "iteration.json").read_text())["rows"] == []

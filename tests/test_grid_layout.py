@@ -71,19 +71,21 @@ def test_shard_1_is_the_grid_as_before(name):
         assert all("rank" not in f for f in (r.plan or {}).get("faults", []))  # plans unchanged
 
 
-@pytest.mark.parametrize("system", [b for b in BASELINES if b != "torchft"])  # torchft runs S2 (FT-HSDP)
+# torchft runs S2 (FT-HSDP), ckpt-restart too (sharded DCP checkpoints)
+@pytest.mark.parametrize("system", [b for b in BASELINES if b not in ("torchft", "ckpt-restart")])
 def test_a_shard_2_cell_of_another_system_is_refused_naming_it(system):
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"])
     spec = next(r for r in grid.runs if r.system == "recover")
     spec.system, spec.settings, spec.shard = system, {}, 2
     with pytest.raises(ConfigError, match=rf"^--system: {system} runs one rank per replica; "
-                                          rf"{spec.replicas} x S2 needs recover, plain or torchft$"):
+                                          rf"{spec.replicas} x S2 needs recover, plain, torchft or ckpt-restart$"):
         spec.validate()
 
 
 def test_a_grid_asking_baselines_for_shard_2_fails_before_anything_starts():
-    with pytest.raises(ValueError, match=r"trajectory/\S+: --system: (elastic|ckpt-restart) "
-                                         r"runs one rank per replica; \d+ x S2 needs recover, plain or torchft"):
+    with pytest.raises(ValueError, match=r"trajectory/\S+: --system: elastic "
+                                         r"runs one rank per replica; \d+ x S2 needs recover, plain, torchft or "
+                                         r"ckpt-restart"):
         E.build_grid("trajectory", seeds=[0], shard=2)
     with pytest.raises(ValueError, match="layout shard: must be an integer >= 1"):
         E.build_grid("trajectory", seeds=[0], systems=["recover"], shard=0)
@@ -160,7 +162,7 @@ def _bench_args(**kw) -> Namespace:
 
 @pytest.mark.parametrize("kw, message", [
     ({"system": "elastic"}, "recover: error: --system: elastic runs one rank per replica; 2 x S2 needs recover, "
-                            "plain or torchft"),
+                            "plain, torchft or ckpt-restart"),
     ({"shard": 0}, "recover: error: --shard: must be >= 1, got 0"),
     ({"shard": 8}, "recover: error: --shard: each rank takes rows of a microbatch"),
 ])

@@ -97,7 +97,7 @@ def test_a_layout_that_does_not_fit_fails_before_anything_starts(kw, match):
 
 @pytest.mark.parametrize("dim", ["tp", "pp"])
 def test_a_grid_asking_baselines_for_tp_or_pp_names_the_system(dim):
-    who = "recover, plain or torchft" if dim == "tp" else "recover or plain"
+    who = "recover, plain, torchft or ckpt-restart" if dim == "tp" else "recover or plain"
     with pytest.raises(ValueError, match=rf"--system: (elastic|torchft|ckpt-restart) runs (one rank per replica|"
                                          rf"replicas split by S and TP only); 4 x {dim.upper()}2 needs {who}$"):
         E.build_grid("trajectory", seeds=[0], **{dim: 2})

@@ -29,8 +29,10 @@ SYSTEM_LAYOUTS: dict[str, tuple[str, ...]] = {
     # torchft's fault-tolerant HSDP: a Manager per rank, FSDP2 (and TP, as torchft's own FSDP
     # test splits a group) over each replica group (baselines/torchft_group.py); no PP.
     "torchft": ("shard", "tp"),
-    # These wrap one process per replica (DCP restart, torchrun agents).
-    "ckpt-restart": (),
+    # checkpoint-restart: the same grid inside each replica (baselines/ckpt_worker.py), sharded DCP
+    # checkpoints, the whole job restarted on a fault; no PP.
+    "ckpt-restart": ("shard", "tp"),
+    # torchrun agents, one process per node (replica).
     "elastic": (),
 }
 
