@@ -7,7 +7,7 @@ Contract:
 - `refusal(system, replicas, shard, tp, pp)` is None when the system runs that
   layout, else the `ConfigError` to raise: flag "--system", and one line naming the
   system, the layout and who runs it ("elastic runs one rank per replica;
-  3 x S2 needs recover, plain or torchft").
+  3 x S2 needs recover, plain, torchft or ckpt-restart").
 - Everything that takes a system and a layout asks this table: TrainConfig.validate
   (`recover train`, `recover launch`), experiments.systems (`System.layout`,
   `check_layout`: the grids of `recover experiment` and `recover bench recovery`),
