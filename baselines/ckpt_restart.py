@@ -6,6 +6,9 @@ Contract:
   replica) run fail-fast: the first worker that exits non-zero ends the attempt,
   and the launcher kills every other process of it, as a cluster scheduler
   would cancel the whole job.
+- A replica of many ranks (`--shard S`, `--tp T`) is that many processes of every
+  attempt, started and ended together; any of them failing ends the attempt, and
+  the replica is the culprit (the replica is the failure domain).
 - After a failed attempt the next one starts from the last *complete* DCP
   checkpoint (a save killed midway is never loaded: `core/training/checkpoint.py`), either
   - with the survivors only (--restart-mode survivors): the culprit replicas are
@@ -81,6 +84,7 @@ def supervise(
             env={**env, env_names.MEMBERS: ",".join(map(str, members)), env_names.ATTEMPT: str(attempt)},
             hooks=[*hooks, watch],
             end=FailFast(),
+            ranks_per_replica=cfg.ranks_per_replica,  # a replica of many ranks: started and ended together
         )
         result = launcher.run()
         for e in result.exits:  # the launcher counts from its own start; the run from t0

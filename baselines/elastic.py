@@ -4,12 +4,15 @@ Contract:
 - `supervise` starts the rendezvous store as its own process (the project's store
   coordinator: `TCPStore(is_master=True, multi_tenant=True)`), then one
   `python -m torch.distributed.run` agent per node with the c10d rendezvous
-  backend, --nnodes MIN:R (MIN = --elastic-min-nodes), one worker per node
-  (`elastic_worker.py`), and --rdzv-conf is_host=false, so losing any agent never
+  backend, --nnodes MIN:R (MIN = --elastic-min-nodes), one worker per rank of
+  the node's replica (`elastic_worker.py`), and --rdzv-conf is_host=false, so losing any agent never
   takes the store down (measured: an agent hosting the store takes the job with
   it). TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives the workers a store of their
   own per round (measured: without it, restarted workers time out in gloo's
   connectFullMesh, pytorch issue 135712).
+- A replica of many ranks (`--shard S`, `--tp T`) is a node of S x T workers
+  (`--nproc-per-node S x T`); a worker's crash is TorchElastic's worker failure (every
+  worker of every node restarted), a lost agent a lost node (its workers die with it).
 - TorchElastic's semantics, unchanged: a worker's crash makes its agent restart
   the workers of every node (up to --max-restarts times); an agent's loss (a node)
   makes the others re-form the group with the nodes left, once the rendezvous'
@@ -54,7 +57,8 @@ def torchrun_argv(cfg: TrainConfig, settings: BaselineConfig, config_path: Path,
         f"keep_alive_max_attempt={settings.rdzv_keep_alive_max_attempt}",
     ])
     return [
-        "--nnodes", f"{settings.elastic_min_nodes}:{cfg.replicas}", "--nproc-per-node", "1",
+        # a node is a replica: its S x T ranks are the agent's workers (one with one rank per replica)
+        "--nnodes", f"{settings.elastic_min_nodes}:{cfg.replicas}", "--nproc-per-node", str(cfg.ranks_per_replica),
         "--rdzv-backend", "c10d", "--rdzv-id", run_id, "--rdzv-conf", conf,
         "--max-restarts", str(settings.max_restarts), "--monitor-interval", str(settings.monitor_interval),
         "--local-addr", "127.0.0.1",

@@ -71,20 +71,21 @@ def test_shard_1_is_the_grid_as_before(name):
         assert all("rank" not in f for f in (r.plan or {}).get("faults", []))  # plans unchanged
 
 
-@pytest.mark.parametrize("system", [b for b in BASELINES if b != "torchft"])  # torchft runs S2 (FT-HSDP)
-def test_a_shard_2_cell_of_another_system_is_refused_naming_it(system):
+@pytest.mark.parametrize("system", BASELINES)  # every baseline runs S2 (torchft's FT-HSDP; sharded DCP restarts)
+def test_a_shard_2_cell_of_every_baseline_validates_and_a_pp_2_cell_is_refused_naming_it(system):
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"])
     spec = next(r for r in grid.runs if r.system == "recover")
     spec.system, spec.settings, spec.shard = system, {}, 2
-    with pytest.raises(ConfigError, match=rf"^--system: {system} runs one rank per replica; "
-                                          rf"{spec.replicas} x S2 needs recover, plain or torchft$"):
+    spec.validate()
+    spec.shard, spec.pp = 1, 2
+    with pytest.raises(ConfigError, match=rf"^--system: {system} runs replicas split by S and TP only; "
+                                          rf"{spec.replicas} x PP2 needs recover or plain$"):
         spec.validate()
 
 
-def test_a_grid_asking_baselines_for_shard_2_fails_before_anything_starts():
-    with pytest.raises(ValueError, match=r"trajectory/\S+: --system: (elastic|ckpt-restart) "
-                                         r"runs one rank per replica; \d+ x S2 needs recover, plain or torchft"):
-        E.build_grid("trajectory", seeds=[0], shard=2)
+def test_a_grid_at_shard_2_holds_every_system_and_a_bad_layout_fails_before_anything_starts():
+    grid = E.build_grid("trajectory", seeds=[0], shard=2)
+    assert {r.system for r in grid.runs} >= {"plain", "recover", *BASELINES} and all(r.shard == 2 for r in grid.runs)
     with pytest.raises(ValueError, match="layout shard: must be an integer >= 1"):
         E.build_grid("trajectory", seeds=[0], systems=["recover"], shard=0)
 
@@ -178,8 +179,8 @@ def _bench_args(**kw) -> Namespace:
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"system": "elastic"}, "recover: error: --system: elastic runs one rank per replica; 2 x S2 needs recover, "
-                            "plain or torchft"),
+    ({"system": "elastic", "pp": 2, "shard": 1}, "recover: error: --system: elastic runs replicas split by S and "
+                                                 "TP only; 2 x PP2 needs recover or plain"),
     ({"shard": 0}, "recover: error: --shard: must be >= 1, got 0"),
     ({"shard": 8}, "recover: error: --shard: each rank takes rows of a microbatch"),
 ])

@@ -94,12 +94,11 @@ def test_a_layout_that_does_not_fit_fails_before_anything_starts(kw, match):
         E.build_grid("trajectory", seeds=[0], systems=["recover"], **kw)
 
 
-@pytest.mark.parametrize("dim", ["tp", "pp"])
-def test_a_grid_asking_baselines_for_tp_or_pp_names_the_system(dim):
-    who = "recover, plain or torchft" if dim == "tp" else "recover or plain"
-    with pytest.raises(ValueError, match=rf"--system: (elastic|torchft|ckpt-restart) runs (one rank per replica|"
-                                         rf"replicas split by S and TP only); 4 x {dim.upper()}2 needs {who}$"):
-        E.build_grid("trajectory", seeds=[0], **{dim: 2})
+def test_a_grid_asking_baselines_for_pp_names_the_system_and_every_one_runs_tp():
+    with pytest.raises(ValueError, match=r"--system: (elastic|torchft|ckpt-restart) runs replicas split by S and TP "
+                                         r"only; 4 x PP2 needs recover or plain$"):
+        E.build_grid("trajectory", seeds=[0], pp=2)
+    assert all(r.tp == 2 for r in E.build_grid("trajectory", seeds=[0], tp=2).runs)
 
 
 def _cli(**kw) -> Namespace:

@@ -21,7 +21,8 @@ CELLS = [(system, layout) for system in SYSTEM_LAYOUTS for layout in LAYOUTS]
 
 
 # what each system runs above 1 rank, written out here (not read from the table under test)
-RUNS = {"recover": {"shard", "tp", "pp"}, "plain": {"shard", "tp", "pp"}, "torchft": {"shard", "tp"}}
+RUNS = {"recover": {"shard", "tp", "pp"}, "plain": {"shard", "tp", "pp"}, "torchft": {"shard", "tp"},
+        "ckpt-restart": {"shard", "tp"}, "elastic": {"shard", "tp"}}
 
 
 def _expected_line(system: str, replicas: int, shard: int, tp: int, pp: int) -> str | None:
@@ -30,7 +31,7 @@ def _expected_line(system: str, replicas: int, shard: int, tp: int, pp: int) -> 
     if dims <= own:
         return None
     what = "runs one rank per replica" if not own else "runs replicas split by S and TP only"
-    who = "recover, plain or torchft" if dims <= RUNS["torchft"] else "recover or plain"
+    who = "recover, plain, torchft, ckpt-restart or elastic" if dims <= RUNS["torchft"] else "recover or plain"
     return f"--system: {system} {what}; {layout_words(replicas, shard, tp, pp)} needs {who}"
 
 
@@ -38,7 +39,8 @@ def test_the_table_is_the_registry_s_systems_and_says_plain_runs_what_recover_ru
     assert set(SYSTEM_LAYOUTS) == set(SYSTEMS)
     assert SYSTEM_LAYOUTS["recover"] == SYSTEM_LAYOUTS["plain"] == LAYOUT_DIMENSIONS
     assert SYSTEM_LAYOUTS["torchft"] == ("shard", "tp")  # fault-tolerant HSDP (baselines/torchft_group.py)
-    assert all(SYSTEM_LAYOUTS[b] == () for b in BASELINES if b != "torchft")
+    # the restarting baselines: the same grid in each replica, sharded DCP checkpoints
+    assert SYSTEM_LAYOUTS["ckpt-restart"] == SYSTEM_LAYOUTS["elastic"] == ("shard", "tp")
     assert all(SYSTEMS[name].layout == SYSTEM_LAYOUTS[name] for name in SYSTEMS)
 
 
@@ -66,8 +68,10 @@ def test_each_system_x_layout_is_run_or_refused_in_one_line_naming_both(system, 
 
 
 def test_the_example_lines():
-    assert str(refusal("elastic", 3, shard=2)) == ("--system: elastic runs one rank per replica; 3 x S2 needs "
-                                                   "recover, plain or torchft")
+    assert str(refusal("elastic", 3, pp=2)) == ("--system: elastic runs replicas split by S and TP only; 3 x PP2 "
+                                                "needs recover or plain")
+    for system in ("ckpt-restart", "elastic"):
+        assert refusal(system, 3, shard=2) is None and refusal(system, 3, shard=2, tp=2) is None
     assert refusal("torchft", 3, shard=2) is None and refusal("torchft", 3, shard=2, tp=2) is None
     assert str(refusal("torchft", 3, pp=2)) == ("--system: torchft runs replicas split by S and TP only; 3 x PP2 needs "
                                                 "recover or plain")
@@ -77,6 +81,8 @@ def test_a_system_not_in_the_table_runs_one_rank_per_replica():
     assert runs("somebody", 1, 1, 1) and not runs("somebody", 1, 2, 1)
     assert str(refusal("somebody", 2, pp=2)) == ("--system: somebody runs one rank per replica; 2 x PP2 needs "
                                                  "recover or plain")
+    assert str(refusal("somebody", 3, shard=2)) == ("--system: somebody runs one rank per replica; 3 x S2 needs "
+                                                    "recover, plain, torchft, ckpt-restart or elastic")
 
 
 @pytest.mark.parametrize("system, layout", [c for c in CELLS if c[1] != (1, 1, 1)])

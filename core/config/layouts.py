@@ -6,8 +6,8 @@ Contract:
   system runs above 1. A system not in the table runs one rank per replica.
 - `refusal(system, replicas, shard, tp, pp)` is None when the system runs that
   layout, else the `ConfigError` to raise: flag "--system", and one line naming the
-  system, the layout and who runs it ("elastic runs one rank per replica;
-  3 x S2 needs recover, plain or torchft").
+  system, the layout and who runs it ("elastic runs replicas split by S and TP only;
+  3 x PP2 needs recover or plain").
 - Everything that takes a system and a layout asks this table: TrainConfig.validate
   (`recover train`, `recover launch`), experiments.systems (`System.layout`,
   `check_layout`: the grids of `recover experiment` and `recover bench recovery`),
@@ -29,9 +29,12 @@ SYSTEM_LAYOUTS: dict[str, tuple[str, ...]] = {
     # torchft's fault-tolerant HSDP: a Manager per rank, FSDP2 (and TP, as torchft's own FSDP
     # test splits a group) over each replica group (baselines/torchft_group.py); no PP.
     "torchft": ("shard", "tp"),
-    # These wrap one process per replica (DCP restart, torchrun agents).
-    "ckpt-restart": (),
-    "elastic": (),
+    # checkpoint-restart: the same grid inside each replica (baselines/ckpt_worker.py), sharded DCP
+    # checkpoints, the whole job restarted on a fault; no PP.
+    "ckpt-restart": ("shard", "tp"),
+    # elastic: torchrun agents, a node per replica, its S x T ranks the agent's workers
+    # (baselines/elastic_worker.py); no PP.
+    "elastic": ("shard", "tp"),
 }
 
 

@@ -10,8 +10,9 @@ Contract:
   at its window's first step (how the results before this option were measured).
   With `--shard S` > 1 each replica is S ranks and a kill strikes one of them,
   drawn per kill (any rank dying takes the replica). torchft runs S and T > 1 as
-  its fault-tolerant HSDP (baselines/torchft_group.py), so recover and torchft can
-  be measured at the same 3 x S2.
+  its fault-tolerant HSDP (baselines/torchft_group.py), and ckpt-restart and elastic
+  with sharded DCP checkpoints (baselines/ckpt_worker.py, elastic_worker.py), so
+  every system can be measured at the same 3 x S2.
 - torchft's lighthouse: `--torchft-heartbeat-timeout-ms` and `--torchft-join-timeout-ms`
   set it for every torchft run of the bench (default: BaselineConfig's, 1 s each, as
   `recover train` sets it); the summary records both (`torchft_lighthouse`), and a

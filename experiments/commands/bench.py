@@ -50,9 +50,9 @@ def add_parser(sub) -> None:
     r.add_argument("--replicas", type=int, default=4, help="replicas per run (default: 4)")
     r.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
     r.add_argument("--shard", type=int, default=1,
-                   help="ranks per replica S (HSDP; recover, plain or torchft: core/config/layouts.py): a kill strikes one rank "
+                   help="ranks per replica S (HSDP; every system: core/config/layouts.py): a kill strikes one rank "
                         "and takes its replica; the failure-free comparison runs plain at the same layout (default: 1)")
-    r.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica T (recover, plain or torchft; default: 1)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica T (every system; default: 1)")
     r.add_argument("--pp", type=int, default=1, help="pipeline stages per replica P (recover or plain; default: 1)")
     r.add_argument("--pp-schedule", default="1f1b", help="afab or 1f1b, with --pp > 1 (default: 1f1b)")
     r.add_argument("--seed", type=int, default=0, help="seed of the kill schedule and the runs (default: 0)")
