@@ -25,7 +25,9 @@ demo: $(STAMP)
 # load: the whole suite took 15 min with three workers where two took 24; every
 # fault-tolerance test bounds its waits by liveness and progress, not by wall time, so
 # the extra load slows the suite without failing it. Each test file stays on one worker
-# (--dist loadfile): module-scoped reference runs are made once, not per worker.
+# (--dist loadfile): module-scoped reference runs are made once, not per worker. Files go
+# out longest first (tests/conftest.py orders them by their real-process tests; xdist's
+# own reorder, by number of tests, is turned off because it would put them last).
 # TEST_WORKERS=0 runs serially, in one process (for a debugger, or -x bisection).
 TEST_WORKERS ?= 3
 
@@ -47,7 +49,7 @@ slurm-packages:
 
 # The 25 slowest tests are listed at the end: the suite's budget is 10 minutes on 2 cores.
 test: $(STAMP) slurm-packages
-	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The inner loop: pure and property tests only, no process started (RECOVER_FAST=1
 # makes any unmarked test that starts one fail; see tests/conftest.py).

@@ -192,6 +192,29 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The files with the most real-process tests first, each file's tests kept together.
+
+    The suite runs on pytest-xdist with --dist loadfile: a file is a unit of work,
+    handed to the workers in collection order (`make test` passes
+    --no-loadscope-reorder: xdist's own order, by number of tests, puts a file of a
+    hundred pure tests that take a second before a file of five tests that take
+    minutes). A test that starts processes costs seconds to a minute, a pure one
+    milliseconds, so a file's count of `procs` tests stands for its time: the
+    longest files start first and run beside each other, instead of one of them
+    starting last and setting the suite's wall time alone. The order among files of
+    equal count is the one collection gave (pytest-randomly's shuffle, the same on
+    every worker), so this adds no order of its own to what the tests may rely on."""
+    procs: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        f = item.nodeid.split("::", 1)[0]
+        first.setdefault(f, i)
+        procs[f] = procs.get(f, 0) + (item.get_closest_marker("procs") is not None)
+    items.sort(key=lambda item: (-procs[f := item.nodeid.split("::", 1)[0]], first[f]))
+
+
 @pytest.fixture(autouse=True)
 def _no_process_starts_in_the_fast_loop(request, monkeypatch):
     """Under RECOVER_FAST=1, a test without the `procs` marker may not start a process."""
