@@ -94,17 +94,21 @@ def fixed_point_shift(range_bits: int, microbatches: int) -> int:
     return s
 
 
+def _max_abs(g: torch.Tensor) -> float:
+    """max |g| in one pass (no |g| tensor); NaN when g holds a NaN; 0 when g is empty."""
+    if not g.numel():
+        return 0.0
+    lo, hi = torch.aminmax(g)  # NaN propagates into both
+    return max(-float(lo), float(hi)) if not (lo.isnan() or hi.isnan()) else math.nan
+
+
 def to_fixed(g: torch.Tensor, shift: int, range_bits: int, scratch: torch.Tensor | None = None,
              out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, float]:
     """(round(g * 2^shift) as int64, max |g|), or (None, max |g|) when an element is >= 2^range_bits
     or not finite. g * 2^shift is exact in fp32 (a power of two, far from fp32's limits once
     |g| < 2^range_bits); round-half-even of it is exact; the cast to int64 then is too.
     `scratch` (fp32) and `out` (int64), shaped as g, spare the allocations."""
-    if g.numel():
-        lo, hi = torch.aminmax(g)  # one pass, no |g| tensor; NaN propagates into both
-        amax = max(-float(lo), float(hi)) if not (lo.isnan() or hi.isnan()) else math.nan
-    else:
-        amax = 0.0
+    amax = _max_abs(g)
     if not amax < 2.0 ** range_bits:  # also catches NaN and inf (comparisons with NaN are False)
         return None, amax
     t = torch.mul(g, 2.0 ** shift, out=scratch) if scratch is not None else g * (2.0 ** shift)
@@ -145,11 +149,36 @@ def deterministic_kernels() -> None:
         torch.backends.cudnn.benchmark = False
 
 
-class ExactAccumulator(GradAccumulator):
-    """A GradAccumulator whose sums are int64 fixed point (see the module's contract)."""
+BAND_FULL, BAND_WIDE, BAND_BAD = 0, 1, 2  # where a microbatch's gradient goes: the full sums, the wide ones, none
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], microbatches: int, range_bits: int = DEFAULT_RANGE):
-        super().__init__(params)
+
+def band_of(amax: float, loss_fits: bool, range_bits: int) -> int:
+    """The band of a microbatch (or of one rank's part of it) from its max |element| and whether its
+    loss fits: BAND_FULL below 2^range_bits, BAND_WIDE below 2^(range_bits + WIDE_EXTRA_BITS), else
+    BAND_BAD (also a NaN or inf, whose comparisons are False). A replica of many ranks takes the
+    largest band of its ranks' parts (ExactSums._agree), so all its ranks sum the microbatch alike."""
+    if not loss_fits or not amax < 2.0 ** (range_bits + WIDE_EXTRA_BITS):
+        return BAND_BAD
+    return BAND_FULL if amax < 2.0 ** range_bits else BAND_WIDE
+
+
+class ExactSums:
+    """The int64 fixed-point sums over an accumulator's flat fp32 `buffer` = [gradient (or this rank's
+    shard of it)..., loss slot] (see the module's contract): a mixin placed before the accumulator it
+    makes exact (GradAccumulator here, core/parallel/fsdp.py's ShardedAccumulator for a replica of
+    many ranks), which provides `buffer`, `ledger` and `clear()`.
+
+    The two points where a rank of a replica of many ranks differs, as hooks: `_agree(band)`
+    returns the band the whole replica takes for a microbatch (here: this rank's own; a rank of
+    many: the largest over the replica's ranks, one small collective), so every rank sums it in
+    the same band and every rank's wide and bad counts are the same; `_loss_total(part)` turns
+    this rank's int64 loss part of a reduced buffer into the replica's loss sum (here: itself;
+    a rank of many: their exact int64 sum over the replica's ranks). `counts_loss` (False: this
+    rank's loss parts are counted by another rank) leaves the loss slot of the sums at 0."""
+
+    counts_loss = True
+
+    def _init_exact(self, microbatches: int, range_bits: int) -> None:
         self.microbatches = microbatches
         self.range_bits = range_bits
         self.shift = fixed_point_shift(range_bits, microbatches)
@@ -165,6 +194,12 @@ class ExactAccumulator(GradAccumulator):
         self.out_of_range: dict[int, str] = {}  # ids of the ledger that did not fit, and why
         self._spike: float | None = None
 
+    def _agree(self, band: int) -> int:
+        return band
+
+    def _loss_total(self, part: int) -> int:
+        return part
+
     def spike_next_fold(self, factor: float) -> None:
         """A test hook (the grad_spike fault kind): the next folded microbatch's gradient is
         multiplied by `factor` before it is converted, as a sudden gradient spike would be."""
@@ -178,29 +213,32 @@ class ExactAccumulator(GradAccumulator):
             g.mul_(self._spike)
             self._spike = None
         lq = loss_to_fixed(float(loss), self.microbatches)
+        amax = _max_abs(g)
+        own = band_of(amax, lq is not None, self.range_bits)
+        band = self._agree(own)
         # g is zeroed below whatever happens: it is its own scratch (no extra fp32 copy of the model);
-        # to_fixed scales it only once it fits, so a microbatch that does not is still whole for the wide try
-        q, amax = (None, math.nan) if lq is None else to_fixed(g, self.shift, self.range_bits, scratch=g, out=self._q)
-        if q is not None:
-            self.sums[:-3].add_(q)
-        elif lq is not None and amax < 2.0 ** self.wide_range_bits:  # a spike: the coarser sums take it
-            q, _ = to_fixed(g, self.wide_shift, self.wide_range_bits, scratch=g, out=self._q)
+        # the band says which shift; this rank's part fits it (the replica's band is at least its own)
+        if band == BAND_FULL:
+            self.sums[:-3].add_(self._q.copy_(torch.mul(g, 2.0 ** self.shift, out=g).round_()))
+        elif band == BAND_WIDE:  # a spike: the coarser sums take it
             if self.wide is None:
                 self.wide = torch.zeros(self.n, dtype=torch.int64, device=self.buffer.device)
-            self.wide.add_(q)
+            self.wide.add_(self._q.copy_(torch.mul(g, 2.0 ** self.wide_shift, out=g).round_()))
             self.sums[-2] += 1
-        if q is None:
+        if band == BAND_BAD:
             self.out_of_range[mb_id] = (
+                "another rank's part of it is outside the fixed-point range" if own != BAND_BAD else
                 f"loss {loss!r} is outside the fixed-point loss range" if lq is None else
                 f"max |gradient element| {amax:g} is not below 2^{self.wide_range_bits} = "
                 f"{2.0 ** self.wide_range_bits:g} (--exact-range {self.range_bits} + {WIDE_EXTRA_BITS})")
             self.sums[-1] += 1
-        else:
+        elif self.counts_loss:
             self.sums[-3] += lq
         g.zero_()
 
     @property
     def loss_sum(self) -> float:
+        """The folded loss sum (a rank of many: its part of it)."""
         return loss_from_fixed(int(self.sums[-3]))
 
     def pack(self) -> torch.Tensor:
@@ -219,7 +257,8 @@ class ExactAccumulator(GradAccumulator):
         return self.wide.clone()
 
     def reduced_loss_sum(self, reduced: torch.Tensor) -> float:
-        """The loss sum a reduced buffer holds (NaN when a microbatch of the step was out of range)."""
+        """The loss sum a reduced buffer holds (a rank of many: its part; NaN when a microbatch of
+        the step was out of range, read alike by every rank of a replica)."""
         if int(reduced[-1]):
             return math.nan
         return loss_from_fixed(int(reduced[-3]))
@@ -241,7 +280,7 @@ class ExactAccumulator(GradAccumulator):
         if self.wide_needed(reduced):
             t.add_(wide.to(torch.float64).mul_(2.0 ** -self.wide_shift / microbatches))
         self.buffer[:-1].copy_(t)
-        return loss_from_fixed(int(reduced[-3])) / microbatches
+        return loss_from_fixed(self._loss_total(int(reduced[-3]))) / microbatches
 
     def clear(self) -> None:
         super().clear()
@@ -249,3 +288,11 @@ class ExactAccumulator(GradAccumulator):
         if self.wide is not None:
             self.wide.zero_()
         self.out_of_range.clear()
+
+
+class ExactAccumulator(ExactSums, GradAccumulator):
+    """A GradAccumulator whose sums are int64 fixed point (see the module's contract)."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], microbatches: int, range_bits: int = DEFAULT_RANGE):
+        GradAccumulator.__init__(self, params)
+        self._init_exact(microbatches, range_bits)
