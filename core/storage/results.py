@@ -372,15 +372,19 @@ def write_summary(out: str | os.PathLike, status: str, wall_time: float, **extra
     return summary
 
 
-def write_final(out: str | os.PathLike, replica: int, step: int, checksum: float, digest: str | None = None) -> None:
+def write_final(out: str | os.PathLike, replica: int, step: int, checksum: float, digest: str | None = None,
+                shard_digests: list[str] | None = None) -> None:
     """Record this replica's final weights fingerprint (DIR/final/replica<r>.json); `digest`, when
-    given, is the sha256 of every weight's bytes (core.worker.accumulator.weights_digest)."""
+    given, is the sha256 of every weight's bytes (core.worker.accumulator.weights_digest);
+    `shard_digests`, a replica of many ranks', each rank's sha256 of its local shards, by local rank."""
     d = Path(out) / "final"
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".replica{replica}.tmp"
     rec: dict[str, Any] = {"replica": replica, "step": step, "weights_checksum": checksum}
     if digest is not None:
         rec["weights_digest"] = digest
+    if shard_digests is not None:
+        rec["shard_digests"] = list(shard_digests)
     tmp.write_text(json.dumps(rec))
     os.replace(tmp, d / f"replica{replica}.json")
 

@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     if metrics is not None:
         metrics.close()
     checksum = work.state_checksum()  # (a collective of a replica's ranks when it has many)
+    shards = work.shard_digests()  # likewise
     if local == 0:
-        write_final(cfg.out, replica, cfg.steps, checksum, digest=work.acc.weights_digest() if ctx is None else None)
+        write_final(cfg.out, replica, cfg.steps, checksum, digest=work.acc.weights_digest() if ctx is None else None,
+                    shard_digests=shards)
     return 0
 
 

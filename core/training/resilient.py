@@ -280,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         if saver is not None:
             saver.finish()
         checksum = work.state_checksum()  # (a collective of a replica's ranks when it has many)
+        shards = work.shard_digests()  # likewise
         if leader:
             write_final(cfg.out, args.replica, replica.step, checksum,
-                        digest=work.acc.weights_digest() if rctx is None else None)
+                        digest=work.acc.weights_digest() if rctx is None else None, shard_digests=shards)
     except CheckpointsFailing as e:
         # every rank of the replica counted the same failures (core/training/checkpoint.py): all are here
         if leader:

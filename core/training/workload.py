@@ -180,6 +180,15 @@ class Workload:
         """Empty the accumulator and ledger (a new iteration starts)."""
         self.acc.clear()
 
+    def shard_digests(self) -> list[str] | None:
+        """A replica of many ranks: every rank's `weights_digest()` of its local shards, by local rank
+        (a collective of the replica's ranks: all call it); None for a replica of one rank."""
+        if self.ctx is None:
+            return None
+        out: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(out, self.acc.weights_digest())
+        return out
+
     def state_checksum(self) -> float:
         """A cheap fingerprint of the weights, for tests comparing replicas."""
         with torch.no_grad():
