@@ -272,8 +272,8 @@ class TrainConfig:
         if self.exact:
             if self.system not in EXACT_SYSTEMS:
                 raise ConfigError("--exact", f"is for {', '.join(EXACT_SYSTEMS)}, not {self.system!r}")
-            if self.ranks_per_replica > 1:
-                raise ConfigError("--exact", "a replica of many ranks (--shard, --tp, --pp) is not exact yet")
+            if self.pp > 1:
+                raise ConfigError("--exact", "a replica split by --pp is not exact yet (--shard and --tp are)")
             shift = 62 - self.microbatches.bit_length() - self.exact_range  # core/exact.fixed_point_shift
             if not 1 <= shift <= 100:
                 raise ConfigError("--exact-range", f"{self.exact_range} with M={self.microbatches} leaves a "

@@ -209,6 +209,7 @@ class ReplicaFollower:
         g, step = msg["gen"], self.step
         should_abort = self.link.abort_check(g)
         buf = self.acc.pack()
+        wide = None
         ok = True
         try:
             if self.comm is None or self.comm.generation != g:
@@ -217,12 +218,15 @@ class ReplicaFollower:
                                                self.timeout, should_abort, namespace=f"pos{self.local_rank}/")
             self.comm.allreduce(buf, self.timeout, should_abort,
                                 while_in_flight=lambda: self.hooks.at(step, "allreduce"))
+            if self.acc.wide_needed(buf):  # --exact: the leader read the same count, and reduces its wide sums too
+                wide = self.acc.pack_wide()
+                self.comm.allreduce(wide, self.timeout, should_abort)
         except CollectiveError as e:
             self._abandon_comm()
             print(f"[replica {self.replica} rank {self.local_rank}] step {step}: {e}", flush=True)
             ok = False
         digest = self.acc.weights_bit_sums() if msg.get("digest") else None  # the weights of this step's gradient
-        _, loss_sum, _ = self.link.combine(ok, float(buf[-1]), bit_sums=digest)
+        _, loss_sum, _ = self.link.combine(ok, self.acc.reduced_loss_sum(buf), bit_sums=digest)
         if not math.isfinite(loss_sum):  # every rank reads the same sum: all of them name their ids
             self.link.nonfinite_ids(list(self.acc.ledger), self._nonfinite.held(self.acc.ledger))
         self.hooks.at(step, "vote")
@@ -234,7 +238,7 @@ class ReplicaFollower:
         if msg.get("skipped"):  # a non-finite loss and --on-nonfinite skip: no update, the schedule moves on
             self.stepper.skip(step)
         else:
-            self.acc.load_mean(buf, msg["microbatches"])
+            self.acc.load_mean(buf, msg["microbatches"], *(() if wide is None else (wide,)))
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1

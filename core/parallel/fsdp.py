@@ -60,6 +60,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
+from recover.core.worker.exact import DEFAULT_RANGE, ExactSums
 from recover.core.worker.accumulator import (FlatLedgerBuffer, Ledger, flip_largest_bit, weights_bit_sums,
                                              weights_digest, weights_fingerprint)
 
@@ -122,7 +123,7 @@ def _counted_here(p: torch.Tensor, grid: DeviceMesh) -> bool:
 
 class ShardedAccumulator(FlatLedgerBuffer):
     """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger
-    (a `core.worker.accumulator.Accumulator`; --exact is not taken here, so no wide reduction)."""
+    (a `core.worker.accumulator.Accumulator`; with --exact: `ExactShardedAccumulator`, below)."""
 
     def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None,
                  duplicates: Iterable[torch.Tensor] = ()):
@@ -244,3 +245,41 @@ class ShardedAccumulator(FlatLedgerBuffer):
         """Flip bit `bit` of this rank's largest-magnitude local weight, in place; say which
         (`core.worker.accumulator.flip_largest_bit`: silent data corruption in this rank's shard)."""
         return flip_largest_bit([_local(p) for p in self.params], bit)
+
+
+class ExactShardedAccumulator(ExactSums, ShardedAccumulator):
+    """`--exact` at a replica of many ranks: this rank's shard of each microbatch's gradient (what
+    FSDP2's SUM reduce-scatter, and TP's collectives, leave in its view of the buffer) is converted,
+    alone, into int64 fixed-point sums, as core/worker/exact.py's ExactAccumulator converts a whole
+    gradient; the cross-replica all-reduce of each position sums int64, exactly.
+
+    Why that is exact: inside a replica nothing is ever rebuilt (its groups live as long as it
+    does) and the kernels are deterministic, so the shard a rank at position i holds for microbatch
+    `id` is the same bits in every replica of the layout; the committed sum is then a function of
+    the set of ids alone. Not across layouts: the reduce-scatter sums the ranks' fp32 parts in
+    floating point, so 3 x S2 and 1 x S1 commit different bits.
+
+    The replica agrees (collectives of its group, `group`, every rank in the same order): each
+    fold takes the largest band (full, wide, out of range) of the ranks' parts (one all-reduce of
+    one int64 per microbatch), so every rank sums a microbatch in the same band, reads the same
+    wide and bad counts after its position's all-reduce, and so takes the same path (a wide
+    all-reduce, a non-finite loss naming the id, a refused commit) as its leader; `load_mean` sums
+    the ranks' int64 loss parts over the group, exactly, before converting (only `counts_loss`
+    ranks hold one). Pipeline parallelism is not taken (its schedule folds through the pipeline)."""
+
+    def __init__(self, model: nn.Module, microbatches: int, range_bits: int = DEFAULT_RANGE, group=None,
+                 mesh: DeviceMesh | None = None, duplicates: Iterable[torch.Tensor] = ()):
+        if mesh is not None and "pp" in (mesh.mesh_dim_names or ()):
+            raise ValueError("--exact at a replica split by --pp is not built (only --shard and --tp)")
+        ShardedAccumulator.__init__(self, model, group=group, mesh=mesh, duplicates=duplicates)
+        self._init_exact(microbatches, range_bits)
+
+    def _agree(self, band: int) -> int:
+        t = torch.tensor([band], dtype=torch.int64, device=self.buffer.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        return int(t)
+
+    def _loss_total(self, part: int) -> int:
+        t = torch.tensor([part], dtype=torch.int64, device=self.buffer.device)
+        torch.distributed.all_reduce(t, group=self.group)  # int64: exact, whatever the order
+        return int(t)

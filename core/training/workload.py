@@ -15,7 +15,9 @@ Contract:
 - Every replica built from the same config holds identical weights at step 0.
 - With `--exact` the accumulator is core/worker/exact.py's ExactAccumulator (int64 fixed
   point, summed per microbatch) and torch's deterministic algorithms are on: an id's
-  gradient and the committed mean are then the same bits on every replica.
+  gradient and the committed mean are then the same bits on every replica. In a
+  replica of many ranks (--shard, --tp) it is core/parallel/fsdp.py's
+  ExactShardedAccumulator: the same bits on every replica of the same layout.
 - In a replica of many ranks (`ctx`, a core.parallel ParallelContext: HSDP), the
   model is sharded with FSDP2 over the replica's ranks, the accumulator is the
   sharded one (core/parallel/fsdp.py), and each rank folds its rows of every
@@ -83,7 +85,13 @@ class Workload:
                 shard_model(self.model, ctx.shard_mesh)
             # after TP and FSDP2, which replace the parameters (a list taken before would name none)
             duplicates = self.model.duplicates() if a.pp > 1 else []
-            self.acc = ShardedAccumulator(self.model, mesh=ctx.mesh, duplicates=duplicates)
+            if cfg.exact:  # the int64 sums over this rank's shard (the config refuses --pp)
+                from recover.core.parallel.fsdp import ExactShardedAccumulator
+                from recover.core.worker.exact import deterministic_kernels
+                deterministic_kernels()
+                self.acc = ExactShardedAccumulator(self.model, cfg.microbatches, cfg.exact_range, mesh=ctx.mesh)
+            else:
+                self.acc = ShardedAccumulator(self.model, mesh=ctx.mesh, duplicates=duplicates)
             if a.pp > 1:
                 from recover.core.parallel.pp import Pipeline
                 rows = torch.tensor_split(torch.arange(cfg.batch_size), a.shard)[ctx.shard_index].numel()
