@@ -334,7 +334,8 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
         "needs --exact)", _spike_gradient, accepts=("factor",), requires=("factor",),
         at_phase="backward", at_phase_why="scales the gradient that backward is about to compute",
         sim_effect="none", sim_why="it changes a gradient, not membership",
-        one_rank_only="it needs --exact, which a replica of many ranks does not take yet",
+        # At any rank of a replica of many ranks (--shard, --tp): it scales that rank's shard, and
+        # the replica agrees on the microbatch's band (core/parallel/fsdp.py ExactShardedAccumulator).
     ),
     FaultKind(
         # A persistent fault: recover must exclude the replica (core.coordinator.fencing),

@@ -3,7 +3,10 @@ mid-step is bit-identical to the same layout's failure-free `--exact` run.
 
 Real processes: the failure-free run of a layout is the module's reference (one per
 layout); the faulted run loses replica 1 to a SIGKILL of its rank 1 (not the leader) in
-the backward of a microbatch, and the survivor redoes its ids. Every step's loss must be
+the backward of a microbatch, and the survivor redoes its ids. Both runs spike, in step 2,
+the shard of rank 1 (a follower) of replica 0 beyond the normal fixed-point range (the
+grad_spike fault): the replica agrees that the microbatch goes to the wide sums, which every
+rank then all-reduces. Every step's loss must be
 == the reference's, and every surviving rank's sha256 of its local shards (each replica's
 `final/replica<r>.json` `shard_digests`, by local rank) == the reference's at the same
 position. Equality across layouts is not claimed (docs/parallelism.md says why).
@@ -30,13 +33,26 @@ COMMON = ["--system", "recover", "--replicas", "2", "--microbatches", str(M), "-
 LAYOUTS = {"shard": ["--shard", "2"], "tp": ["--tp", "2"]}
 
 
-def _run(out: Path, layout: str, *extra: str) -> tuple[list[float], dict[int, list[str]]]:
-    proc = run_recover("train", *COMMON, *LAYOUTS[layout], *extra, "--out", str(out), timeout=240)
+# step 2's first id is microbatch 0 of replica 0 with 2 replicas or with 1 (contiguous quotas)
+SPIKE = {"kind": "grad_spike", "replica": 0, "rank": 1, "step": 2, "phase": "backward", "microbatch": 0,
+         "factor": 1e9}
+CRASH = {"kind": "crash", "replica": 1, "rank": 1, "step": 1, "phase": "backward", "microbatch": 1}
+
+
+def _run(out: Path, layout: str, faults: list[dict]) -> tuple[list[float], dict[int, list[str]]]:
+    plan = out.parent / f"{out.name}_plan.json"
+    plan.write_text(json.dumps({"faults": faults}))
+    proc = run_recover("train", *COMMON, *LAYOUTS[layout], "--faults", str(plan), "--out", str(out), timeout=240)
     logs = "".join(p.read_text() for p in sorted((out / "logs").glob("*.log"))) if (out / "logs").exists() else ""
     assert proc.returncode == 0, proc.stdout + proc.stderr + logs
     metrics = load_run(out)[1]
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)  # each id once per step
+    fired = assert_every_planned_fault_fired(out)
+    assert "the next microbatch's gradient x 1e+09" in (out / "logs" / "replica0_rank1.log").read_text()
+    pids = json.loads((out / "pids.json").read_text())["replicas"]
+    for f, planned in zip(fired, faults):
+        assert f["pid"] == pids[str(planned["replica"])][planned["rank"]]  # the rank itself, by its own PID
     finals = {}
     for f in (out / "final").glob("replica*.json"):
         rec = json.loads(f.read_text())
@@ -51,7 +67,7 @@ def references(tmp_path_factory):
 
     def get(layout: str) -> tuple[list[float], list[str]]:
         if layout not in cache:
-            losses, finals = _run(tmp_path_factory.mktemp("ref") / layout, layout)
+            losses, finals = _run(tmp_path_factory.mktemp("ref") / layout, layout, [SPIKE])
             assert sorted(finals) == [0, 1] and finals[0] == finals[1]  # the replicas agree, rank by rank
             assert len(set(finals[0])) == 2  # two ranks, two different shards
             cache[layout] = (losses, finals[0])
@@ -65,15 +81,7 @@ def references(tmp_path_factory):
 @pytest.mark.parametrize("layout", ["shard", "tp"])
 def test_a_rank_killed_mid_step_leaves_the_layouts_exact_trajectory(tmp_path, references, layout):
     ref_losses, ref_shards = references(layout)
-    plan = tmp_path / "plan.json"
-    # rank 1 of replica 1 (not the leader), in the backward of its second microbatch of step 1
-    plan.write_text(json.dumps({"faults": [
-        {"kind": "crash", "replica": 1, "rank": 1, "step": 1, "phase": "backward", "microbatch": 1}]}))
-    out = tmp_path / "run"
-    losses, finals = _run(out, layout, "--faults", str(plan))
-    [fired] = assert_every_planned_fault_fired(out)
-    pids = json.loads((out / "pids.json").read_text())["replicas"]
-    assert fired["pid"] == pids["1"][1]  # the rank itself recorded it, by its own PID
+    losses, finals = _run(tmp_path / "run", layout, [SPIKE, CRASH])
     assert losses == ref_losses  # bit for bit, every step
     assert finals == {0: ref_shards}  # the survivor's every shard, bit for bit; replica 1 is gone
 
