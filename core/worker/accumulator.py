@@ -20,8 +20,9 @@ Contract:
   `flip_bit(bit)` corrupts one bit of the largest weight in place, as a silent data
   corruption would (the bitflip fault kind's action, reached through the hooks).
 - `Accumulator` is the interface `Replica` holds an accumulator by: this module's
-  `GradAccumulator`, `core.worker.exact.ExactAccumulator` (one of them) and
-  `core.parallel.fsdp.ShardedAccumulator` all keep it, so the replica never asks an
+  `GradAccumulator`, `core.worker.exact.ExactAccumulator` (one of them),
+  `core.parallel.fsdp.ShardedAccumulator` and its exact form `ExactShardedAccumulator`
+  all keep it, so the replica never asks an
   accumulator which kind it is. What they share (the flat buffer's loss slot, the
   ledger, packing and clearing) is written once, in `FlatLedgerBuffer`.
 - Nothing here talks to other processes.
