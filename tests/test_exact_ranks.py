@@ -10,9 +10,10 @@ rank then all-reduces. Every step's loss must be
 == the reference's, and every surviving rank's sha256 of its local shards (each replica's
 `final/replica<r>.json` `shard_digests`, by local rank) == the reference's at the same
 position. Equality across layouts is not claimed (docs/parallelism.md says why).
+A part beyond the wide range at a follower stops the run naming the id, as at a leader.
 Pure tests of the replica's agreement on a microbatch's band need no process.
 
-Budget: 4 runs of the tiny model, 2 replicas of 2 ranks, 3 steps.
+Budget: 5 runs of the tiny model, 2 replicas of 2 ranks, at most 3 steps.
 """
 from __future__ import annotations
 
@@ -84,6 +85,25 @@ def test_a_rank_killed_mid_step_leaves_the_layouts_exact_trajectory(tmp_path, re
     losses, finals = _run(tmp_path / "run", layout, [SPIKE, CRASH])
     assert losses == ref_losses  # bit for bit, every step
     assert finals == {0: ref_shards}  # the survivor's every shard, bit for bit; replica 1 is gone
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(200)
+def test_a_followers_part_out_of_range_stops_the_run_naming_the_id(tmp_path):
+    # x 1e30 puts rank 1's part of id 6 (step 1's first id of replica 1) beyond the wide range too;
+    # the leader's own part fits, yet its vote names the id (the replica agreed), and the run stops
+    out = tmp_path / "run"
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{**SPIKE, "replica": 1, "step": 1, "factor": 1e30}]}))
+    proc = run_recover("train", *COMMON, *LAYOUTS["shard"], "--faults", str(plan), "--out", str(out), timeout=150)
+    logs = {p.name: p.read_text() for p in (out / "logs").glob("*.log")}
+    assert proc.returncode == 1, proc.stdout + proc.stderr + "".join(logs.values())
+    assert_every_planned_fault_fired(out)
+    _, metrics, summary = load_run(out)
+    assert [m["step"] for m in metrics] == [0]
+    assert "step 1" in summary["reason"] and "[6]" in summary["reason"]
+    assert "microbatch 6 is outside the exact fixed-point range: max |gradient element|" in logs["replica1_rank1.log"]
+    assert "microbatch 6 is outside the exact fixed-point range: another rank's part" in logs["replica1.log"]
 
 
 # ---- the replica's agreement, without processes ---------------------------------------------------

@@ -191,6 +191,9 @@ class ReplicaFollower:
 
     def fold(self, mb_id: int, loss: float) -> None:
         self.acc.fold(mb_id, loss)
+        if (why := self.acc.out_of_range.get(mb_id)) is not None:  # --exact: the leader's vote names it; say why here
+            print(f"[replica {self.replica} rank {self.local_rank}] step {self.step}: microbatch {mb_id} is outside "
+                  f"the exact fixed-point range: {why}", flush=True)
         self._nonfinite.record(mb_id, loss)
 
     def commit(self) -> bool:
