@@ -160,11 +160,15 @@ def test_a_rank_that_does_not_count_the_loss_adds_none_of_it():
     assert acc.load_mean(reduced, 4) == 0.0 and torch.equal(p.grad, torch.full((4,), 0.0625))
 
 
-def test_exact_with_pp_is_refused_in_one_line():
+def test_exact_with_pp_or_a_baseline_at_many_ranks_is_refused_in_one_line():
     from recover.core.config.train_config import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match="--pp is not exact yet") as e:
         TrainConfig(system="recover", replicas=2, microbatches=4, exact=True, pp=2).validate()
     assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="plain and recover") as e:
+        TrainConfig(system="ckpt-restart", replicas=2, microbatches=4, exact=True, shard=2).validate()
+    assert "\n" not in str(e.value)
     TrainConfig(system="recover", replicas=2, microbatches=4, exact=True, shard=2).validate()
+    TrainConfig(system="plain", replicas=2, microbatches=4, exact=True, shard=2).validate()
     TrainConfig(system="recover", replicas=2, microbatches=4, exact=True, tp=2).validate()

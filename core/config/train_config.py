@@ -274,6 +274,9 @@ class TrainConfig:
                 raise ConfigError("--exact", f"is for {', '.join(EXACT_SYSTEMS)}, not {self.system!r}")
             if self.pp > 1:
                 raise ConfigError("--exact", "a replica split by --pp is not exact yet (--shard and --tp are)")
+            if self.ranks_per_replica > 1 and self.system not in ("plain", "recover"):
+                # the baselines' loop reduces the wide sums over the job's group, not across a grid's positions
+                raise ConfigError("--exact", f"at a replica of many ranks is for plain and recover, not {self.system!r}")
             shift = 62 - self.microbatches.bit_length() - self.exact_range  # core/exact.fixed_point_shift
             if not 1 <= shift <= 100:
                 raise ConfigError("--exact-range", f"{self.exact_range} with M={self.microbatches} leaves a "
