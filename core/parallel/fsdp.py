@@ -19,7 +19,9 @@ Contract (the sharded form of core/worker/accumulator.py's, same interface):
   M)` sets every local shard to reduced/M (M global) and returns the iteration's
   mean microbatch loss, summing the loss parts of the replica's ranks over the
   replica's group (the one collective here; it runs once per step, after the
-  cross-replica reduction succeeded); `clear()` empties both. `absorb_detached()`
+  cross-replica reduction succeeded); `load_shard_mean(reduced, M)` is the same
+  without that collective (a resilient replica has its loss from the vote's
+  combine already); `clear()` empties both. `absorb_detached()`
   adds a `.grad` that code replaced (torch's pipeline stage setup sets FSDP
   modules' to None: core/parallel/pp.py) into its view and points `.grad` back.
 - `weights_digest()`/`weights_fingerprint()` name this rank's local shards: equal
@@ -165,11 +167,17 @@ class ShardedAccumulator(FlatLedgerBuffer):
 
     def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Set every local .grad shard to reduced/M; return the iteration's mean microbatch loss."""
-        self.buffer.copy_(reduced)
-        self.buffer.div_(microbatches)
+        self.load_shard_mean(reduced, microbatches)
         loss = self.buffer[-1:].clone()
         torch.distributed.all_reduce(loss, group=self.group)  # the parts of the replica's ranks
         return float(loss)
+
+    def load_shard_mean(self, reduced: torch.Tensor, microbatches: int) -> None:
+        """`load_mean` without its collective: for a rank that has the replica's loss already (a
+        resilient replica's combine, core/parallel/replica_link.py), so its commit has one
+        synchronisation of the replica's ranks fewer."""
+        self.buffer.copy_(reduced)
+        self.buffer.div_(microbatches)
 
     @property
     def counted(self) -> list[bool]:
