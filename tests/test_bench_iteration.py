@@ -58,3 +58,40 @@ def test_a_system_is_measured_only_at_the_layouts_it_runs_and_the_others_are_nam
     assert ("elastic at 3x2: not measured (elastic runs one rank per replica; 3 x S2 needs recover, plain, "
             "torchft or ckpt-restart)") in out
     assert json.loads((tmp_path / "iteration.json").read_text())["rows"] == []
+
+
+def test_the_profile_sums_each_steps_phases_per_process_and_summarizes_them_per_role(tmp_path, monkeypatch):
+    """--profile's recorder (experiments/benches/phases.py), in this process: a relay is named by its
+    message kind, a step ends with the optimizer step, and what it writes at exit is summarized per role."""
+    from recover.experiments.benches import phases
+
+    rec = phases._Recorder(str(tmp_path), "PROFILE_TEST_REPLICA", "PROFILE_TEST_LOCAL")
+
+    class ReplicaLink:
+        def share(self, obj=None):
+            return obj if obj is not None else {"t": "id"}
+
+    class CommittedStep:
+        def __call__(self, step):
+            return 0.0
+
+    rec.wrap(ReplicaLink, "share", "kind")
+    rec.wrap(CommittedStep, "__call__", None)
+    rec.wrap(ReplicaLink, "no_such_method", None)  # a tree without it: skipped
+    link, stepper = ReplicaLink(), CommittedStep()
+    for step in range(4):
+        link.share({"t": "quota"})
+        link.share()
+        link.share()
+        stepper(step)
+    monkeypatch.setenv("PROFILE_TEST_REPLICA", "1")
+    monkeypatch.setenv("PROFILE_TEST_LOCAL", "1")
+    rec.write()
+    rec.write()  # once only (atexit and os._exit both call it)
+    (written,) = tmp_path.glob("*-r1-l1-*.json")
+    assert [sorted(s) for s in json.loads(written.read_text())["steps"]] == \
+        [["CommittedStep.__call__", "ReplicaLink.share:id", "ReplicaLink.share:quota"]] * 4
+    (role, row), = phases.summarize(tmp_path, skip=1).items()
+    assert role.endswith("-follower") and {"step", "ReplicaLink.share:id", "ReplicaLink.share:quota"} <= set(row)
+    assert all(v >= 0 for v in row.values())
+    compile(phases.site_source(tmp_path, "A", "B"), "sitecustomize.py", "exec")  # what a run imports first

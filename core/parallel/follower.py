@@ -2,7 +2,7 @@
 
     replica = ReplicaFollower(acc, optimizer, link=link, ...)   # local rank >= 1
     while not replica.done:
-        for mb in replica.quota():          # the ids the leader hands out, one by one
+        for mb in replica.quota():          # the ids the leader hands out (relayed as one list)
             ...forward/backward of this rank's part of mb...
             replica.fold(mb, loss_part)
         replica.commit()
@@ -12,7 +12,10 @@ Contract:
   change with the rank it runs on. Every answer comes from the leader through the
   replica link (core/parallel/replica_link.py), in the leader's order: `quota()`
   yields exactly the ids the leader yields, stopping where it stops (an abort
-  between microbatches); `commit()` reduces when the leader reduces, votes
+  between microbatches). The ids come as one list (in the last commit's relay
+  when the leader could say them then, else in a "quota" message); the first is
+  folded at once, each later one after the leader's word ("id", or "stop"), which
+  it says only where its own `quota()` looks for an abort. `commit()` reduces when the leader reduces, votes
   nothing (the leader votes for the replica), and steps or recovers as the leader
   was told, returning what the leader's `commit()` returns.
 - The cross-replica all-reduce of this rank's shard runs on its position's
@@ -64,7 +67,7 @@ from recover.core.worker.recipe import CommittedStep, LRSchedule
 from recover.core.worker.state_transfer import transfer_position
 from recover.core.contract import worker_exit
 from recover.core.contract.nonfinite import NonfiniteLosses
-from recover.core.worker.replica import RunEnded
+from recover.core.worker.replica import RunEnded, load_shard_mean
 from recover.core.parallel.replica_link import ReplicaLink
 
 
@@ -106,6 +109,8 @@ class ReplicaFollower:
         self.committed_members: list[int] = []  # the generation that committed the last step
         self.after_step = None  # called with this handle right after each step (see the contract)
         self._rejoined = False  # quota() left its step for a rejoin: the commit() that follows returns False
+        self._announced: dict | None = None  # the next quota, as the leader's last commit relayed it
+        self._bit_sums: torch.Tensor | None = None  # this rank's weight bit sums for the step's vote
         while True:  # the leader's generation 0 (or, admitted into a running job, its first generation)
             try:
                 self._take(self._next("start"))
@@ -177,12 +182,25 @@ class ReplicaFollower:
 
     def quota(self) -> Iterator[int]:
         try:
-            self._take(self._next("quota"))
-            while True:
-                msg = self._next("id", "stop")
-                if msg["t"] == "stop":
-                    return
-                yield msg["id"]
+            msg = self._announced if self._announced is not None else self._next("quota")
+            self._announced = None
+            self._take(msg)
+            self._bit_sums = None
+            ids = msg["ids"]
+            for k, i in enumerate(ids):
+                if k:  # the first id goes at once; each later one waits for the leader's word (it may stop)
+                    word = self._next("id", "stop")
+                    if word["t"] == "stop":
+                        break
+                    if word["id"] != i:  # the same list on both sides: anything else is a bug, never a fault
+                        raise RuntimeError(f"replica {self.replica} rank {self.local_rank}: the leader handed out "
+                                           f"{word['id']} where its quota {ids} has {i}")
+                yield i
+            if msg.get("digest"):
+                # the vote carries the weights digest: this rank's part is read now, while its leader
+                # waits for `go`, not once the all-reduce is done (the weights do not change before
+                # the optimizer step)
+                self._bit_sums = self.acc.weights_bit_sums()
         except _Rejoined:  # as the leader's quota(): it ends, and the commit() that follows returns False
             self._rejoined = True
 
@@ -197,6 +215,7 @@ class ReplicaFollower:
         self._nonfinite.record(mb_id, loss)
 
     def commit(self) -> bool:
+        self._announced = None  # (as the leader's: a commit() without quota() has the next one relayed anew)
         if self._rejoined:
             self._rejoined = False
             return False
@@ -228,7 +247,9 @@ class ReplicaFollower:
             self._abandon_comm()
             print(f"[replica {self.replica} rank {self.local_rank}] step {step}: {e}", flush=True)
             ok = False
-        digest = self.acc.weights_bit_sums() if msg.get("digest") else None  # the weights of this step's gradient
+        digest = None
+        if msg.get("digest"):  # the weights of this step's gradient (read at the end of the quota, or now)
+            digest = self._bit_sums if self._bit_sums is not None else self.acc.weights_bit_sums()
         _, loss_sum, _ = self.link.combine(ok, self.acc.reduced_loss_sum(buf), bit_sums=digest)
         if not math.isfinite(loss_sum):  # every rank reads the same sum: all of them name their ids
             self.link.nonfinite_ids(list(self.acc.ledger), self._nonfinite.held(self.acc.ledger))
@@ -241,10 +262,14 @@ class ReplicaFollower:
         if msg.get("skipped"):  # a non-finite loss and --on-nonfinite skip: no update, the schedule moves on
             self.stepper.skip(step)
         else:
-            self.acc.load_mean(buf, msg["microbatches"], *(() if wide is None else (wide,)))
+            if wide is None:  # the replica's loss came with the combine: no collective of the replica here
+                load_shard_mean(self.acc, buf, msg["microbatches"])
+            else:  # as its leader does: an exact accumulator's wide sums go through load_mean, whole
+                self.acc.load_mean(buf, msg["microbatches"], wide)
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1
+        self._announced = msg.get("quota")  # step+1's, when the leader could say it now
         if msg.get("members") is not None:
             self.members = list(msg["members"])
             self.committed_members = list(msg["members"])

@@ -19,7 +19,9 @@ Contract (the sharded form of core/worker/accumulator.py's, same interface):
   M)` sets every local shard to reduced/M (M global) and returns the iteration's
   mean microbatch loss, summing the loss parts of the replica's ranks over the
   replica's group (the one collective here; it runs once per step, after the
-  cross-replica reduction succeeded); `clear()` empties both. `absorb_detached()`
+  cross-replica reduction succeeded); `load_shard_mean(reduced, M)` is the same
+  without that collective (a resilient replica has its loss from the vote's
+  combine already); `clear()` empties both. `absorb_detached()`
   adds a `.grad` that code replaced (torch's pipeline stage setup sets FSDP
   modules' to None: core/parallel/pp.py) into its view and points `.grad` back.
 - `weights_digest()`/`weights_fingerprint()` name this rank's local shards: equal
@@ -166,11 +168,17 @@ class ShardedAccumulator(FlatLedgerBuffer):
 
     def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
         """Set every local .grad shard to reduced/M; return the iteration's mean microbatch loss."""
-        self.buffer.copy_(reduced)
-        self.buffer.div_(microbatches)
+        self.load_shard_mean(reduced, microbatches)
         loss = self.buffer[-1:].clone()
         torch.distributed.all_reduce(loss, group=self.group)  # the parts of the replica's ranks
         return float(loss)
+
+    def load_shard_mean(self, reduced: torch.Tensor, microbatches: int) -> None:
+        """`load_mean` without its collective: for a rank that has the replica's loss already (a
+        resilient replica's combine, core/parallel/replica_link.py), so its commit has one
+        synchronisation of the replica's ranks fewer."""
+        self.buffer.copy_(reduced)
+        self.buffer.div_(microbatches)
 
     @property
     def counted(self) -> list[bool]:
@@ -265,7 +273,8 @@ class ExactShardedAccumulator(ExactSums, ShardedAccumulator):
     wide and bad counts after its position's all-reduce, and so takes the same path (a wide
     all-reduce, a non-finite loss naming the id, a refused commit) as its leader; `load_mean` sums
     the ranks' int64 loss parts over the group, exactly, before converting (only `counts_loss`
-    ranks hold one). Pipeline parallelism is not taken (its schedule folds through the pipeline)."""
+    ranks hold one); `load_shard_mean` is its gradients alone, for ranks whose combine carried
+    the loss (every rank of a replica takes the same one of the two). Pipeline parallelism is not taken (its schedule folds through the pipeline)."""
 
     def __init__(self, model: nn.Module, microbatches: int, range_bits: int = DEFAULT_RANGE, group=None,
                  mesh: DeviceMesh | None = None, duplicates: Iterable[torch.Tensor] = ()):
@@ -283,3 +292,9 @@ class ExactShardedAccumulator(ExactSums, ShardedAccumulator):
         t = torch.tensor([part], dtype=torch.int64, device=self.buffer.device)
         torch.distributed.all_reduce(t, group=self.group)  # int64: exact, whatever the order
         return int(t)
+
+    def load_shard_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> None:
+        """`load_mean` without the loss's collective (a resilient replica's combine carried the
+        loss already): the int64 sums converted into the mean gradient, as ShardedAccumulator's
+        (whose own would read the int64 buffer as fp32)."""
+        self._load_gradients(reduced, microbatches, wide)

@@ -266,6 +266,11 @@ class ExactSums:
     def load_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> float:
         """Set every .grad to the mean gradient; return the mean loss (loss sum / M, float64).
         `wide`: the reduced `pack_wide()`, required when `wide_needed(reduced)`."""
+        self._load_gradients(reduced, microbatches, wide)
+        return loss_from_fixed(self._loss_total(int(reduced[-3]))) / microbatches
+
+    def _load_gradients(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None) -> None:
+        """`load_mean`'s gradients: every .grad set to the mean; the loss left alone."""
         if int(reduced[-1]):
             raise ExactRangeError(
                 f"{int(reduced[-1])} microbatch(es) of the step had a gradient or loss outside the fixed-point "
@@ -280,7 +285,6 @@ class ExactSums:
         if self.wide_needed(reduced):
             t.add_(wide.to(torch.float64).mul_(2.0 ** -self.wide_shift / microbatches))
         self.buffer[:-1].copy_(t)
-        return loss_from_fixed(self._loss_total(int(reduced[-3]))) / microbatches
 
     def clear(self) -> None:
         super().clear()

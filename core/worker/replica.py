@@ -173,6 +173,17 @@ STARTUP_ANSWER_SECONDS = 30.0
 RECONNECT_ANSWER_SECONDS = 10.0
 
 
+def load_shard_mean(acc, reduced: torch.Tensor, microbatches: int) -> None:
+    """A rank of a replica of many ranks takes its reduced shard / M. Its replica's loss came with
+    the vote's combine (core/parallel/replica_link.py), so the loss's collective of `load_mean` is
+    left out where the accumulator can (core/parallel/fsdp.py `ShardedAccumulator.load_shard_mean`);
+    every rank of a replica holds the same kind of accumulator, so all of them leave it out alike."""
+    if hasattr(acc, "load_shard_mean"):
+        acc.load_shard_mean(reduced, microbatches)
+    else:
+        acc.load_mean(reduced, microbatches)
+
+
 class RunEnded(RuntimeError):
     """The job ended for this replica: the run failed, or this replica was fenced out.
 
@@ -197,6 +208,8 @@ class GradientDetached(RuntimeError):
 
 class Replica:
     """One replica's handle on the resilient job (quota, fold, commit)."""
+
+    _announced = False  # a replica of many ranks: the last commit's relay gave its ranks the next quota
 
     def __init__(
         self,
@@ -332,14 +345,14 @@ class Replica:
         of the coordinator depends on how long a quota takes.
         """
         gen = self.generation
-        first = True
-        self._relay({"t": "quota", **self._where()})
+        ids = self._still_to_fold()
+        if self.link is not None and not self._announced:  # (else a commit's relay gave the ranks these ids)
+            self._relay({"t": "quota", **self._next_quota(ids, self.step)})
+        self._announced = False
         self._set_working(True)
-        for i in self._quota:
-            if self.acc.has(i):
-                continue
+        for k, i in enumerate(ids):
             try:
-                if not first and (self._abort is not None or self._poll_abort(gen)):
+                if k and (self._abort is not None or self._poll_abort(gen)):
                     self._relay({"t": "stop"})
                     return
             except _Fenced:
@@ -349,15 +362,26 @@ class Replica:
             except RunEnded as e:
                 self._relay_end(e)
                 raise
-            first = False
-            self._relay({"t": "id", "id": i})
+            if k:  # the ranks know the ids and take the first at once; each later one waits for this word
+                self._relay({"t": "id", "id": i})
             self.meter.tick()
             yield i
-        self._relay({"t": "stop"})
 
     # ---- a replica of many ranks: the leader's relay ------------------------------------------
     def _where(self) -> dict:
         return {"gen": self.generation, "step": self.step, "steps": self.steps, "microbatches": self.microbatches}
+
+    def _next_quota(self, ids: list[int], step: int) -> dict:
+        """What a replica's other ranks need to fold `ids` of `step` (relayed once, not id by id):
+        where the replica stands and whether the step's vote carries the weights digest, so they
+        can add up their shards' bit sums while their leader waits for `go`."""
+        return {"gen": self.generation, "step": step, "steps": self.steps, "microbatches": self.microbatches,
+                "ids": ids, **({"digest": True} if self._digest_due(step) else {})}
+
+    def _digest_due(self, step: int) -> bool:
+        """Does step's vote carry the weights digest? Every `digest_every` steps, and the first vote
+        after an admission or a rebuild (the newcomer's, or every member's, weights are checked)."""
+        return bool(self.digest_every and step % self.digest_every == 0) or self._digest_next_vote
 
     def _relay(self, msg: dict) -> None:
         """Tell the replica's other ranks what this leader decided (nothing for a one-rank replica)."""
@@ -426,6 +450,7 @@ class Replica:
             raise
 
     def _commit(self) -> bool:
+        self._announced = False  # a loop that called commit() without quota(): the ranks are told anew
         if (msg := self._abort or self._pending_abort()) is not None:
             self._relay({"t": "recover"})
             return self._recover(msg)  # what was folded so far is kept
@@ -439,14 +464,22 @@ class Replica:
         # take; the wait has no deadline of its own (a peer that dies is seen by the
         # coordinator, whose abort ends it; a coordinator that dies, by its silence).
         self.control.send({"t": "ready", "gen": g, "step": step})
+        # the weights this step's gradient came from: a replica off the majority is corrupt
+        # (and after an admission: the newcomer's weights are the members'). They do not change
+        # before the optimizer step, so they are read here, while `ready` travels and the others
+        # finish their quotas, not after the all-reduce, on the way to the vote.
+        digest = self._digest_due(step)
+        bit_sums = fingerprint = None
+        if digest:
+            if self.link is not None:
+                bit_sums = self.acc.weights_bit_sums()  # this rank's part of the replica's (the combine below)
+            else:
+                fingerprint = self.acc.weights_fingerprint()
         go = self._wait_for({"go", "abort"}, min_gen=g, forever=True)
         if go["t"] == "abort":
             self._relay({"t": "recover"})
             return self._recover(go)
         rank = self.members.index(self.replica)
-        # the weights this step's gradient came from: a replica off the majority is corrupt
-        # (and after an admission: the newcomer's weights are the members')
-        digest = bool(self.digest_every and step % self.digest_every == 0) or self._digest_next_vote
         # every rank adds its shard's bit sums to the combine below when the vote carries the digest
         self._relay({"t": "reduce", "gen": g, "rank": rank, "size": len(self.members),
                      **({"digest": True} if digest else {})})
@@ -470,13 +503,12 @@ class Replica:
             self._log(f"step {step}: {e}")
             failure = e
         loss_sum = self.acc.reduced_loss_sum(buf)
-        fingerprint = None
         if self.link is not None:
             # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss, and
             # its fingerprint is of every rank's shard (the ranks' bit sums, added in the same all-reduce)
             ok, loss_sum, slots = self.link.combine(failure is None, loss_sum,
                                                     while_waiting=lambda: self._abort_reason(g),
-                                                    bit_sums=self.acc.weights_bit_sums() if digest else None)
+                                                    bit_sums=bit_sums)
             if slots is not None:
                 fingerprint = fingerprint_of(slots)  # core/parallel/replica_link.py from_chunks
             if not math.isfinite(loss_sum):
@@ -503,7 +535,7 @@ class Replica:
         if "nonfinite" in vote:
             self._log(f"step {step}: non-finite loss at microbatch(es) {idranges.to_ids(vote['nonfinite'])}")
         if digest:
-            vote["weights_fingerprint"] = fingerprint if fingerprint is not None else self.acc.weights_fingerprint()
+            vote["weights_fingerprint"] = fingerprint
             self._digest_next_vote = False
         self._last_vote = {"gen": g, "step": step, "ledger": vote["ledger"], "loss_sum": vote["loss_sum"],
                            "lr": vote["lr"]}
@@ -513,13 +545,22 @@ class Replica:
         if msg["t"] == "abort":
             self._relay({"t": "recover"})
             return self._recover(msg)
+        # step+1's quota rides on the commit's relay when nothing can come between (no admission, not
+        # the last step): the ranks then start it without waiting for their leader's quota()
+        next_quota = None
+        if self.link is not None and msg.get("next") is None and step + 1 < self.steps:
+            next_quota = self._next_quota(idranges.to_ids(quota_of(msg, self.member_ranges, self.replica)), step + 1)
         self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(msg.get("skipped")),
-                     "members": list(self.members)})  # generation g's: the checkpoint writer's rule
+                     "members": list(self.members),  # generation g's: the checkpoint writer's rule
+                     **({"quota": next_quota} if next_quota is not None else {})})
         self._committed_vote = self._last_vote
         self.hooks.at(step, "optimizer_step")
         if msg.get("skipped"):  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
             self._log(f"step {step} skipped: its loss was not finite")
             self.stepper.skip(step)
+        elif self.link is not None and wide is None:  # the replica's loss came with the combine
+            load_shard_mean(self.acc, buf, self.microbatches)
+            self.stepper(step)
         else:
             self.acc.load_mean(buf, self.microbatches, *(() if wide is None else (wide,)))
             self.stepper(step)
@@ -534,6 +575,7 @@ class Replica:
             self._wait_generation(msg["next"])
         else:
             self._set_quota(quota_of(msg, self.member_ranges, self.replica))
+            self._announced = next_quota is not None
         return True
 
     def _await_done(self) -> None:

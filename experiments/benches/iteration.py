@@ -17,6 +17,12 @@ Contract:
 - `--modes fp32 exact`: every configuration also runs with `--exact` (core/worker/exact.py),
   interleaved with its fp32 run; each row names its mode and its all-reduce buffer's
   bytes, and the ratios exact / fp32 (time and bytes) are added.
+- `--profile`: every run also records where its steps' time goes, per process
+  (experiments/benches/phases.py, installed as the run's `sitecustomize`, so a
+  `--baseline-tree` is profiled alike); iteration.json then holds, per
+  configuration, each role's (leader, follower) ms per step by phase, the mean
+  over rounds. The wrappers cost about a microsecond a call: compare a profiled
+  run's times with profiled runs only.
 - Writes OUT/iteration.json: per configuration its median seconds, the runs' own
   medians, and for every system beside plain (recover, torchft, ...) its ratio over
   plain for each (model, layout, tree) in the first mode: the median of the
@@ -90,8 +96,16 @@ def over_plain(system_runs: list[float], plain_runs: list[float], system: str = 
 
 
 def _run(work: Path, name: str, system: str, model: str, replicas: int, shard: int, steps: int,
-         microbatches: int, pythonpath: str | None, mode: str = "fp32") -> float:
+         microbatches: int, pythonpath: str | None, mode: str = "fp32", profile: dict | None = None) -> float:
     out = work / name
+    if profile is not None:  # the phases of every process of the run (experiments/benches/phases.py)
+        from recover.core.contract import env_names
+        from recover.experiments.benches import phases
+        site, found = work / f"{name}-site", work / f"{name}-phases"
+        site.mkdir(parents=True, exist_ok=True)
+        found.mkdir(parents=True, exist_ok=True)
+        (site / "sitecustomize.py").write_text(phases.site_source(found, env_names.REPLICA, env_names.LOCAL_RANK))
+        pythonpath = str(site) + (os.pathsep + pythonpath if pythonpath else "")
     argv = [sys.executable, "-m", "recover.experiments.cli", "train", "--system", system, "--model", model,
             "--replicas", str(replicas), "--microbatches", str(microbatches), "--steps", str(steps),
             "--out", str(out), "--no-progress"] + (["--exact"] if mode == "exact" else [])
@@ -103,7 +117,20 @@ def _run(work: Path, name: str, system: str, model: str, replicas: int, shard: i
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    if profile is not None:
+        profile.update(phases.summarize(found))
     return _iteration_seconds(out / "metrics.jsonl")
+
+
+def _mean_profile(rounds: list[dict]) -> dict:
+    """Each role's phases, ms per step, the mean over the rounds that have it."""
+    out: dict = {}
+    for role in sorted({r for p in rounds for r in p}):
+        have = [p[role] for p in rounds if role in p]
+        names = {n for p in have for n in p}
+        out[role] = dict(sorted(((n, statistics.mean(p.get(n, 0.0) for p in have)) for n in names),
+                                key=lambda kv: -kv[1]))
+    return out
 
 
 def bench_iteration(args: argparse.Namespace) -> int:
@@ -125,12 +152,16 @@ def bench_iteration(args: argparse.Namespace) -> int:
             if (refused := refusal(system, r, s)) is not None:
                 print(f"{system} at {r}x{s}: not measured ({refused.message})", flush=True)
     runs: dict[tuple, list[float]] = {c: [] for c in configs}
+    profiles: dict[tuple, list[dict]] = {c: [] for c in configs}
     for k in range(args.repeats):
         for c in configs:
             model, r, s, tree, system, mode = c
             name = f"{model}-{r}x{s}-{tree}-{system}-{mode}-{k}"
+            prof = {} if getattr(args, "profile", False) else None
             runs[c].append(_run(work, name, system, model, r, s, args.steps, args.microbatches_per_replica * r,
-                                trees[tree], mode))
+                                trees[tree], mode, prof))
+            if prof is not None:
+                profiles[c].append(prof)
             print(f"round {k + 1}/{args.repeats} {name}: {1000 * runs[c][-1]:.1f} ms per iteration", flush=True)
     rows = [{"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system, "mode": mode,
              "iteration_s": statistics.median(v), "runs_s": v,
@@ -159,6 +190,10 @@ def bench_iteration(args: argparse.Namespace) -> int:
               "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
               "baseline_tree": args.baseline_tree or None, "steps": args.steps, "repeats": args.repeats,
               "rows": rows, "ratios": ratios}
+    if getattr(args, "profile", False):
+        result["profile"] = [{"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system, "mode": mode,
+                              "ms_per_step": _mean_profile(profiles[(m, r, s, tree, system, mode)])}
+                             for (m, r, s, tree, system, mode) in configs]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / args.name).write_text(json.dumps(result, indent=1))
@@ -169,5 +204,9 @@ def bench_iteration(args: argparse.Namespace) -> int:
         else:
             print(f"{x['model']:6s} {x['layout']:5s} {x['tree']:8s} {x['system']}/plain = {x['over_plain']:.3f} "
                   f"(rounds: {x['over_plain_min']:.3f}-{x['over_plain_max']:.3f}, n={len(x['per_round'])})")
+    for p in result.get("profile", []):
+        for role, phases_ms in p["ms_per_step"].items():
+            print(f"{p['model']} {p['layout']} {p['tree']} {role}: " + ", ".join(
+                f"{n} {v:.1f}" for n, v in phases_ms.items() if v >= 0.05) + " (ms per step)")
     print(f"-> {out / args.name}")
     return 0

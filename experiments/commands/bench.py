@@ -119,6 +119,9 @@ def add_parser(sub) -> None:
     it.add_argument("--modes", nargs="+", default=["fp32"], choices=["fp32", "exact"],
                     help="accumulation modes: fp32, and/or exact (--exact: int64 fixed point, deterministic "
                          "kernels); with both, each configuration runs in both, interleaved (default: fp32)")
+    it.add_argument("--profile", action="store_true",
+                    help="also record each step's phases per process (relay, waits, all-reduce, digest, ...) "
+                         "and write their ms per step beside the times (experiments/benches/phases.py)")
     it.add_argument("--name", default="iteration.json", help="file name under --out (default: iteration.json)")
     it.add_argument("--out", default="results/bench", help="where to write it (default: results/bench)")
     it.add_argument("--work", default="", help="directory for the runs (default: a temp dir)")
