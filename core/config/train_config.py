@@ -88,7 +88,8 @@ class TrainConfig:
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
     exact: bool = _f(False, "bit-identical trajectories: each microbatch's gradient summed as int64 fixed point "
                             "(order-free, core/worker/exact.py) and deterministic kernels; the same ids give the same "
-                            "weights whatever replicas fold or die (plain, recover, ckpt-restart; one rank per replica)")
+                            "weights whatever replicas fold or die (plain, recover, ckpt-restart; plain and recover also at "
+                            "--shard and --tp, bit for bit within one layout)")
     exact_range: int = _f(12, "with --exact: a microbatch whose gradient elements are all below 2^this in magnitude "
                               "is summed at full resolution; up to 2^(this+30) in coarser wide sums (a spike); beyond, "
                               "it is reported as non-finite (--on-nonfinite), never wrapped")
