@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from recover.core.launch.end_policy import EndVerdict, JobView
 from recover.core.launch.launcher import LaunchResult, ProcessExit
+from recover.core.launch.replica_processes import ENDED_WITH_THEIR_REPLICA
 
 
 @dataclass
@@ -44,7 +45,11 @@ def proc_status(pid: int) -> tuple[str, int] | None:
 
 
 def killed_or_frozen(pid: int) -> bool:
-    """True for a zombie killed by a signal, or a stopped process."""
+    """True for a zombie killed by a signal, or a stopped process; not for a rank the launcher
+    itself killed because another rank of its replica had ended (a replica of many ranks ends
+    whole: that kill is the consequence of the sibling's end, which says whose fault it was)."""
+    if pid in ENDED_WITH_THEIR_REPLICA:
+        return False
     st = proc_status(pid)
     if st is None:
         return False  # already reaped: we cannot tell, so do not blame it

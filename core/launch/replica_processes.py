@@ -12,6 +12,8 @@ Contract:
   coordinator learns that the replica is gone). `poll()` returns the replica's
   code only once every rank is reaped: the code of the first rank that failed (a
   SIGKILLed rank's -9; of failures first seen together, a death by signal), else 0.
+- The ranks it kills for their replica are named in `ENDED_WITH_THEIR_REPLICA` (their
+  death by signal is the replica's end, not a fault of theirs).
 - `pids` lists every rank's PID, rank order (pids.json, and the fault injector's
   launcher-side faults, which address `rank` within `replica`); `pid` is the leader's.
 """
@@ -22,6 +24,13 @@ import signal
 from typing import Sequence
 
 from recover.core.launch.forkserver import PolledProcess
+
+
+# The PIDs of ranks this launcher SIGKILLed because another rank of their replica had ended:
+# a death by signal that is the replica's end, not a fault of the rank's own. A supervisor
+# telling who was killed or frozen (the checkpoint-restart baseline's culprits) reads it, so a
+# replica whose rank merely exited on a broken collective is not blamed for its siblings' kill.
+ENDED_WITH_THEIR_REPLICA: set[int] = set()
 
 
 class ReplicaProcesses(PolledProcess):
@@ -58,6 +67,9 @@ class ReplicaProcesses(PolledProcess):
 
     def _kill_running(self) -> None:
         self._killed = True
+        for p in self.procs:
+            if p.poll() is None:
+                ENDED_WITH_THEIR_REPLICA.add(p.pid)
         self.send_signal(signal.SIGKILL)
 
     def send_signal(self, sig: int) -> None:
