@@ -47,6 +47,7 @@ def test_a_rank_that_exits_ends_its_replica_and_the_ranks_killed_for_it_are_not_
         assert killed_or_frozen(stranger.pid)  # a death by signal of its own still counts
         _until(lambda: replica.poll() is not None, "the replica did not end")
         assert replica.returncode == -signal.SIGTERM  # the first rank's end is the replica's
+        assert ranks[1].pid not in ENDED_WITH_THEIR_REPLICA  # reaped: its PID may be reused, and blamed then
     finally:
         for p in [*ranks, stranger]:
             if p.poll() is None:

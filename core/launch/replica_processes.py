@@ -13,7 +13,8 @@ Contract:
   code only once every rank is reaped: the code of the first rank that failed (a
   SIGKILLed rank's -9; of failures first seen together, a death by signal), else 0.
 - The ranks it kills for their replica are named in `ENDED_WITH_THEIR_REPLICA` (their
-  death by signal is the replica's end, not a fault of theirs).
+  death by signal is the replica's end, not a fault of theirs) until it reaps them (a reaped
+  PID may be reused).
 - `pids` lists every rank's PID, rank order (pids.json, and the fault injector's
   launcher-side faults, which address `rank` within `replica`); `pid` is the leader's.
 """
@@ -52,6 +53,9 @@ class ReplicaProcesses(PolledProcess):
         if self.returncode is not None:
             return self.returncode
         codes = [p.poll() for p in self.procs]
+        for p, c in zip(self.procs, codes):
+            if c is not None:  # reaped: its PID may now be reused by another process, never blamed
+                ENDED_WITH_THEIR_REPLICA.discard(p.pid)
         if self._first_failure is None:
             # among failures first seen together, a death by signal is the cause and the others its
             # consequence (a rank killed, its leader then exiting on the lost rank): as the launcher's _reap

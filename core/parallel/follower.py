@@ -67,7 +67,7 @@ from recover.core.worker.recipe import CommittedStep, LRSchedule
 from recover.core.worker.state_transfer import transfer_position
 from recover.core.contract import worker_exit
 from recover.core.contract.nonfinite import NonfiniteLosses
-from recover.core.worker.replica import RunEnded, load_shard_mean
+from recover.core.worker.replica import RunEnded, load_reduced
 from recover.core.parallel.replica_link import ReplicaLink
 
 
@@ -262,10 +262,7 @@ class ReplicaFollower:
         if msg.get("skipped"):  # a non-finite loss and --on-nonfinite skip: no update, the schedule moves on
             self.stepper.skip(step)
         else:
-            if wide is None:  # the replica's loss came with the combine: no collective of the replica here
-                load_shard_mean(self.acc, buf, msg["microbatches"])
-            else:  # as its leader does: an exact accumulator's wide sums go through load_mean, whole
-                self.acc.load_mean(buf, msg["microbatches"], wide)
+            load_reduced(self.acc, buf, msg["microbatches"], wide, loss_combined=True)  # as its leader
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1

@@ -175,17 +175,7 @@ class ReplicaLink:
         t = torch.tensor(head, dtype=torch.float64)
         if bit_sums is not None:
             t = torch.cat([t, to_chunks(bit_sums)])
-        work = dist.all_reduce(t, group=self.group, async_op=True)
-        while True:
-            try:
-                work.wait(WAIT_SLICE)
-                break
-            except Exception:
-                if work.is_completed():
-                    work.wait()
-                    break
-            if while_waiting is not None:
-                while_waiting()
+        self._wait(dist.all_reduce(t, group=self.group, async_op=True), while_waiting)
         slots = from_chunks(t[2:]) if bit_sums is not None else None
         return float(t[0]) == 0.0, float(t[1]), slots
 

@@ -173,15 +173,19 @@ STARTUP_ANSWER_SECONDS = 30.0
 RECONNECT_ANSWER_SECONDS = 10.0
 
 
-def load_shard_mean(acc, reduced: torch.Tensor, microbatches: int) -> None:
-    """A rank of a replica of many ranks takes its reduced shard / M. Its replica's loss came with
-    the vote's combine (core/parallel/replica_link.py), so the loss's collective of `load_mean` is
-    left out where the accumulator can (core/parallel/fsdp.py `ShardedAccumulator.load_shard_mean`);
-    every rank of a replica holds the same kind of accumulator, so all of them leave it out alike."""
-    if hasattr(acc, "load_shard_mean"):
+def load_reduced(acc, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None,
+                 loss_combined: bool = False) -> None:
+    """Set `acc`'s gradients to the step's mean from its reduced `pack()` (and `wide`, an exact
+    accumulator's reduced wide sums). `loss_combined`: a rank of a replica of many ranks, whose
+    vote's combine (core/parallel/replica_link.py) carried the replica's loss, so `load_mean`'s own
+    loss collective is left out where the accumulator can (core/parallel/fsdp.py
+    `load_shard_mean`) and there are no wide sums (those go through `load_mean`, whole). The
+    leader and its followers all call this one function with the same `wide`/`loss_combined`, so
+    every rank of a replica runs the same collectives (one that took the other branch would hang)."""
+    if loss_combined and wide is None and hasattr(acc, "load_shard_mean"):
         acc.load_shard_mean(reduced, microbatches)
     else:
-        acc.load_mean(reduced, microbatches)
+        acc.load_mean(reduced, microbatches, *(() if wide is None else (wide,)))
 
 
 class RunEnded(RuntimeError):
@@ -558,11 +562,8 @@ class Replica:
         if msg.get("skipped"):  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
             self._log(f"step {step} skipped: its loss was not finite")
             self.stepper.skip(step)
-        elif self.link is not None and wide is None:  # the replica's loss came with the combine
-            load_shard_mean(self.acc, buf, self.microbatches)
-            self.stepper(step)
-        else:
-            self.acc.load_mean(buf, self.microbatches, *(() if wide is None else (wide,)))
+        else:  # (at a replica of many ranks, its loss came with the combine)
+            load_reduced(self.acc, buf, self.microbatches, wide, loss_combined=self.link is not None)
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1
