@@ -163,6 +163,10 @@ class _Checkpointer:
 
     def _save(self, step: int) -> bool:
         self._wait()  # a save still in flight: its failure is its own step's
+        if self.failures >= self.max_failures:
+            # that failure was the last one allowed: the run stops at the next check(), and no
+            # save starts before it (on a slow machine the loop reaches the next save first)
+            return False
         # no save is in flight now, so no entry is still owed a record: one entry at most, however long the run
         self.started.clear()
         self.started[step] = (time.perf_counter(), 0.0)
