@@ -1,4 +1,5 @@
-"""The fork server keeps Popen's contract for `python -m` workers (core/launch/forkserver.py).
+"""The fork server keeps Popen's contract for `python -m` and `python script.py` workers
+(core/launch/forkserver.py).
 
 Real processes throughout: the child is a real fork, killed by its PID.
 """
@@ -99,8 +100,36 @@ def test_a_worker_dies_with_its_launcher(tmp_path):
             launcher.wait()
 
 
-def test_only_this_interpreters_module_runs_are_forkable():
+def test_a_forked_script_runs_as_main_with_its_folder_first_on_the_path(tmp_path):
+    # A user's loop under `recover launch` is `python script.py`: forked, it must see what
+    # a fresh interpreter would (__main__, its argv, its folder first on sys.path).
+    folder = tmp_path / "loop"
+    folder.mkdir()
+    (folder / "sibling.py").write_text("VALUE = 'from the script folder'\n")
+    (folder / "loop.py").write_text(
+        "import json, os, sys\n"
+        "import sibling\n"
+        "print(json.dumps({'name': __name__, 'argv': sys.argv, 'path0': sys.path[0], 'pid': os.getpid(),\n"
+        "                  'sibling': sibling.VALUE, 'torch_loaded': 'torch' in sys.modules}), flush=True)\n"
+        "sys.exit(3)\n")
+    argv = [sys.executable, str(folder / "loop.py"), "--steps", "2"]
+    assert forkable(argv)
+    log = tmp_path / "s.log"
+    p = ForkServer.shared().start(argv, _env(), str(log))
+    assert p.wait(30) == 3
+    r = _report(log)
+    assert r["name"] == "__main__" and r["pid"] == p.pid
+    assert r["argv"] == [str(folder / "loop.py"), "--steps", "2"]
+    assert r["path0"] == str(folder) and r["sibling"] == "from the script folder"
+    assert r["torch_loaded"]
+
+
+def test_only_this_interpreters_module_and_script_runs_are_forkable(tmp_path):
     assert forkable(python_module_argv("recover.core.training.plain", "--replica", "0"))
-    assert not forkable(["/bin/sleep", "1"]) and not forkable([sys.executable, "script.py"])
+    assert not forkable(["/bin/sleep", "1"]) and not forkable([sys.executable, "script.py"])  # no such file
+    (tmp_path / "s.py").write_text("")
+    assert forkable([sys.executable, str(tmp_path / "s.py")])
+    assert not forkable(["/usr/bin/python3", str(tmp_path / "s.py")])  # another interpreter
+    assert not forkable([sys.executable, "-c", "print(1)"]) and not forkable([sys.executable, "-m"])
     with pytest.raises(ValueError, match="only"):
         ForkServer.start(None, ["/bin/true"], {}, "/dev/null")  # refused before any use of the server

@@ -1,4 +1,5 @@
-"""A fork server for `python -m module` workers: torch is imported once, not once per process.
+"""A fork server for `python -m module` and `python script.py` workers: torch is imported once,
+not once per process.
 
 Why: a worker's first seconds are `import torch` (1.5-4 s of CPU here). A test suite
 or a grid that starts hundreds of short runs pays that for every process, and on
@@ -8,13 +9,15 @@ milliseconds and shares the imported pages.
 
 Contract:
 - `ForkServer.start(argv, env, log)` starts `argv` (which must be
-  `python_module_argv(module, ...)`: `[sys.executable, "-m", module, *args]`) as a
-  new process that behaves as `subprocess.Popen(argv, env=env, stdout=log,
+  `python_module_argv(module, ...)`: `[sys.executable, "-m", module, *args]`, or
+  `[sys.executable, "path/to/script.py", *args]`, a user's own loop under
+  `recover launch`) as a new process that behaves as `subprocess.Popen(argv, env=env, stdout=log,
   stderr=STDOUT, process_group=0)` with PR_SET_PDEATHSIG=SIGKILL would:
   - a process of its own with its own PID (faults are injected by that PID), in a
     process group of its own (a "lost node" kills the group);
   - `os.environ` is exactly `env`; `sys.argv` is what `python -m` would set;
-    stdout and stderr go to `log`, stdin is /dev/null;
+    stdout and stderr go to `log`, stdin is /dev/null; a script runs as `__main__`
+    with its own folder first on `sys.path`, as `python script.py` puts it there;
   - it is SIGKILLed by the kernel when the launcher dies;
   - its exit code is what the module's `sys.exit` (or an uncaught exception: 1)
     gives, and a signal shows as a negative code, as with Popen.
@@ -27,8 +30,8 @@ Contract:
   variables that torch reads at import time (OMP_NUM_THREADS and the like) are the
   server's, so `ForkServer` is used only where those do not vary between workers;
   the project sets threads through `torch.set_num_threads` at run time.
-- Who uses it: the launcher, when RECOVER_WORKER_START=fork, for the workers and
-  the coordinator (whose first stdout line reaches the launcher through a FIFO). The default stays
+- Who uses it: the launcher, when RECOVER_WORKER_START=fork, for the workers (the
+  project's modules, or a user's script under `recover launch`) and the coordinator (whose first stdout line reaches the launcher through a FIFO). The default stays
   `spawn` (a fresh interpreter per worker), because a benchmark of restart time
   must pay what a restart on a cluster pays; the test suite sets `fork`
   (tests/conftest.py), where start-up cost is only waiting.
@@ -78,8 +81,13 @@ def wanted() -> bool:
 
 
 def forkable(argv: Sequence[str]) -> bool:
-    """True for the argv the server can start: this interpreter's `-m module ...`."""
-    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m"
+    """True for the argv the server can start: this interpreter's `-m module ...` or
+    `script.py ...` (a file that exists; an option such as `-c` or `-X` is not forkable)."""
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return False
+    if argv[1] == "-m":
+        return len(argv) >= 3
+    return argv[1].endswith(".py") and not argv[1].startswith("-") and os.path.isfile(argv[1])
 
 
 class PolledProcess:
@@ -172,8 +180,10 @@ class ForkServer:
         for it) appended to `log_path`; in a session of its own if `new_session`
         (Popen's start_new_session), else in a process group of its own."""
         if not forkable(argv):
-            raise ValueError(f"the fork server starts only `{sys.executable} -m module ...`, not {list(argv)!r}")
-        request = {"argv": list(argv[2:]), "env": dict(env), "log": str(log_path), "launcher": os.getpid(),
+            raise ValueError(f"the fork server starts only `{sys.executable} -m module ...` or "
+                             f"`{sys.executable} script.py ...`, not {list(argv)!r}")
+        script = argv[1] != "-m"
+        request = {"argv": list(argv[1:] if script else argv[2:]), "script": script, "env": dict(env), "log": str(log_path), "launcher": os.getpid(),
                    "stdout": None if stdout_path is None else str(stdout_path), "session": new_session}
         with self._lock:
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -231,19 +241,27 @@ def _become_worker(request: dict, report_fd: int) -> None:
         sys.path[1:1] = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         import runpy
 
-        module = request["argv"][0]
-        sys.argv = [module, *request["argv"][1:]]  # runpy sets argv[0] to the module's file
         try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            if request.get("script"):
+                path = request["argv"][0]
+                sys.argv = list(request["argv"])
+                # `python script.py` puts the script's folder first on sys.path (where `-m`
+                # put the working directory): its sibling modules import as they would.
+                sys.path[0] = os.path.dirname(os.path.realpath(path))
+                runpy.run_path(path, run_name="__main__")
+            else:
+                module = request["argv"][0]
+                sys.argv = [module, *request["argv"][1:]]  # runpy sets argv[0] to the module's file
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, (int, type(None))):
                 print(e.code, file=sys.stderr)
         except BaseException:
-            import traceback
-
-            traceback.print_exc()
+            # What the interpreter does with an uncaught exception: the process's own
+            # sys.excepthook (a worker's ends a RunEnded with its one line and exit code).
+            sys.excepthook(*sys.exc_info())
             code = 1
     finally:
         # Never unwind into the server's loop, and never run its atexit handlers.
