@@ -44,12 +44,13 @@ def add_parser(sub) -> None:
     p.add_argument("--replicas", type=int, default=None, help="replicas of trajectory/throughput runs (default: the scale's)")
     p.add_argument("--steps", type=int, default=None, help="steps of every run (default: the scale's)")
     p.add_argument("--shard", type=int, default=None,
-                   help="ranks per replica S (HSDP: FSDP2 shards the model over them; recover only, so give "
-                        "--systems recover; default: the scale's, 1)")
+                   help="ranks per replica S (HSDP: FSDP2 shards the model over them; every system runs it; "
+                        "default: the scale's, 1)")
     p.add_argument("--tp", type=int, default=None,
-                   help="tensor-parallel ranks T per replica (recover only; default: the scale's, 1)")
+                   help="tensor-parallel ranks T per replica (every system runs it; default: the scale's, 1)")
     p.add_argument("--pp", type=int, default=None,
-                   help="pipeline stages P per replica (recover only; default: the scale's, 1)")
+                   help="pipeline stages P per replica (recover and plain only, so give --systems recover; "
+                        "default: the scale's, 1)")
     p.add_argument("--pp-schedule", choices=["afab", "1f1b"], default=None,
                    help="pipeline schedule of --pp runs (default: the scale's, 1f1b)")
     p.add_argument("--recovery-replicas", type=int, nargs="+", default=None,
