@@ -145,11 +145,12 @@ class Pipeline:
 
     def __init__(self, stage: GPTStage, ctx, schedule: str = "1f1b", seed: int = 0,
                  rows: int = 1, share: float = 1.0, device: torch.device | str = "cpu",
-                 rebind: Callable[[], None] | None = None):
+                 rebind: Callable[[], None] | None = None, take: Callable[[int, float], None] | None = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"--pp-schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.module = stage
         self.rebind = rebind
+        self.take = take  # --exact: each id through a schedule of its own, then take(id, loss) (see the contract)
         self.schedule_cls = SCHEDULES[schedule]
         self.group = ctx.pp_mesh.get_group()
         self.last_rank = dist.get_global_rank(self.group, stage.stages - 1)  # in the replica's group
@@ -171,7 +172,22 @@ class Pipeline:
 
     def run(self, ids: list[int], xs: list[torch.Tensor], ys: list[torch.Tensor],
             at: Callable[[str, int], None] | None = None) -> list[float]:
-        """Forward and backward of the microbatches `ids` (inputs xs, targets ys) through the schedule."""
+        """Forward and backward of the microbatches `ids` (inputs xs, targets ys) through the schedule
+        (with `take`: through one schedule per id, each taken right after its run)."""
+        if self.take is None:
+            return self._run(ids, xs, ys, at)
+        losses: list[float] = []
+        for i, (mb, x, y) in enumerate(zip(ids, xs, ys)):
+            # the hooks count the ids of the whole call, as one schedule's would
+            shifted = None if at is None else (lambda phase, k, i=i: at(phase, i + k))
+            [loss] = self._run([mb], [x], [y], shifted)
+            self.take(mb, loss)
+            losses.append(loss)
+        return losses
+
+    def _run(self, ids: list[int], xs: list[torch.Tensor], ys: list[torch.Tensor],
+             at: Callable[[str, int], None] | None) -> list[float]:
+        """One run of the schedule over `ids`: `run` without `take`."""
         n = len(ids)
         if n == 0:
             return []
