@@ -48,6 +48,10 @@ Contract (the sharded form of core/worker/accumulator.py's, same interface):
   only the last stage adds loss parts (it alone computes them). `duplicates`
   are parameters counted on another rank (the last stage's copy of the tied
   embedding), never here.
+- `--exact` (`ExactShardedAccumulator`; `ExactPipelineAccumulator` with --pp, which
+  takes each id's stage gradient from the pipeline right after that id's own schedule
+  run, and whose `fold` only records the id): int64 fixed-point sums of this rank's
+  shard of each microbatch's gradient, the same bits in every replica of the layout.
 - Dropout: every part of microbatch `id` reseeds from (seed, id) as a one-rank
   replica does, but draws masks only for its own rows, so with dropout > 0 an
   HSDP run matches a one-rank replica in distribution, not bit for bit.

@@ -59,6 +59,17 @@ Contract:
   before the tied weights are summed: each fresh `.grad` is added into its view and
   `.grad` points at the view again (earlier runs of the step stay in the views).
   Without it the committed gradient would be empty.
+- `--exact` (`take`, given: core/parallel/fsdp.py's ExactPipelineAccumulator.take): the
+  int64 sums need each id's gradient alone, and one schedule over many ids leaves in
+  `.grad` only their fp32 sum (whose bits depend on which ids this replica ran: quotas
+  change after a failure), FSDP2 inside it reduce-scattering once, after the last
+  backward. So `run` runs each id through a schedule of its own, in order, and after
+  each (its rebind and tied-weight sum done: both stages then hold the same fp32
+  gradient of the tied weight for that id) calls `take(id, loss)` on every stage,
+  which converts and zeroes `.grad`. The hooks see the same k as in one schedule. The
+  cost: the stages no longer overlap (a run of n ids takes about n x P stage-steps
+  instead of 1F1B's n + P - 1), one stage setup, one loss broadcast and one tied-weight
+  all-reduce per id instead of per run, and the one-int64 band agreement per id.
 - Shapes are given to torch (each stage's input and output for one microbatch),
   so its stages skip the runtime shape inference, which would run a forward and
   backward of the stage's module outside any microbatch.
