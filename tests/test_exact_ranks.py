@@ -183,3 +183,45 @@ def test_exact_with_a_baseline_at_many_ranks_is_refused_in_one_line():
     TrainConfig(system="recover", replicas=2, microbatches=4, exact=True, tp=2).validate()
     TrainConfig(system="recover", replicas=2, microbatches=4, exact=True, pp=2).validate()
     TrainConfig(system="plain", replicas=2, microbatches=4, exact=True, pp=2, shard=2).validate()
+
+
+# ---- --exact at --pp: one schedule per id, each taken before the next, without processes -----------
+
+def test_an_exact_pipeline_runs_each_id_through_its_own_schedule_and_takes_it_before_the_next():
+    from recover.core.parallel.pp import Pipeline
+
+    pipe = Pipeline.__new__(Pipeline)  # the loop alone: `_run` (one torch schedule) is real-process tested above
+    events, seen = [], []
+
+    def one_schedule(ids, xs, ys, at):
+        events.append(("run", list(ids), [int(x) for x in xs]))
+        at("between_microbatches", 0)
+        at("backward", 0)
+        return [10.0 + ids[0]]
+
+    pipe._run = one_schedule
+    pipe.take = lambda mb, loss: events.append(("take", mb, loss))
+    xs = [torch.tensor(7), torch.tensor(3)]
+    losses = pipe.run([7, 3], xs, xs, lambda phase, k: seen.append((phase, k)))
+    assert events == [("run", [7], [7]), ("take", 7, 17.0), ("run", [3], [3]), ("take", 3, 13.0)]
+    assert losses == [17.0, 13.0]
+    # the hooks count the ids of the whole call, as one schedule over both would
+    assert seen == [("between_microbatches", 0), ("backward", 0), ("between_microbatches", 1), ("backward", 1)]
+
+
+def test_an_exact_pipeline_accumulator_folds_only_ids_it_took_and_takes_each_once():
+    from recover.core.parallel.fsdp import ExactPipelineAccumulator
+    from recover.core.worker.accumulator import Ledger
+
+    acc = ExactPipelineAccumulator.__new__(ExactPipelineAccumulator)  # the bookkeeping alone (no replica group)
+    acc.ledger, acc._taken, summed = Ledger(), set(), []
+    acc._sum_microbatch = lambda mb, loss: summed.append((mb, loss))
+    with pytest.raises(ValueError, match="microbatch 5 was not taken"):
+        acc.fold(5, 1.0)  # its gradient is not in the sums: never recorded as if it were
+    acc.take(5, 2.0)
+    with pytest.raises(ValueError, match="folded twice"):
+        acc.take(5, 2.0)
+    acc.fold(5, 2.0)
+    with pytest.raises(ValueError, match="folded twice"):
+        acc.take(5, 2.0)  # in the ledger now
+    assert summed == [(5, 2.0)] and list(acc.ledger) == [5] and not acc._taken
