@@ -33,7 +33,8 @@ Contract:
 - With pipeline parallelism (`ctx.args.pp` = P > 1) this rank's model is its stage
   of the GPT (core/parallel/pp.py), then TP and FSDP2 as above; microbatches are
   not folded one by one but a list at a time through the pipeline's schedule
-  (`forward_backward_many`), which gives every id's loss on every stage.
+  (`forward_backward_many`), which gives every id's loss on every stage (under
+  --exact, through one schedule per id, each id's gradient taken before the next).
 """
 from __future__ import annotations
 
