@@ -89,7 +89,8 @@ class TrainConfig:
     exact: bool = _f(False, "bit-identical trajectories: each microbatch's gradient summed as int64 fixed point "
                             "(order-free, core/worker/exact.py) and deterministic kernels; the same ids give the same "
                             "weights whatever replicas fold or die (plain, recover, ckpt-restart; plain and recover also at "
-                            "--shard and --tp, bit for bit within one layout)")
+                            "--shard, --tp and --pp, bit for bit within one layout; with --pp each microbatch runs "
+                            "through a schedule of its own, so the stages do not overlap)")
     exact_range: int = _f(12, "with --exact: a microbatch whose gradient elements are all below 2^this in magnitude "
                               "is summed at full resolution; up to 2^(this+30) in coarser wide sums (a spike); beyond, "
                               "it is reported as non-finite (--on-nonfinite), never wrapped")
@@ -273,8 +274,6 @@ class TrainConfig:
         if self.exact:
             if self.system not in EXACT_SYSTEMS:
                 raise ConfigError("--exact", f"is for {', '.join(EXACT_SYSTEMS)}, not {self.system!r}")
-            if self.pp > 1:
-                raise ConfigError("--exact", "a replica split by --pp is not exact yet (--shard and --tp are)")
             if self.ranks_per_replica > 1 and self.system not in ("plain", "recover"):
                 # the baselines' loop reduces the wide sums over the job's group, not across a grid's positions
                 raise ConfigError("--exact", f"at a replica of many ranks is for plain and recover, not {self.system!r}")

@@ -48,6 +48,10 @@ Contract (the sharded form of core/worker/accumulator.py's, same interface):
   only the last stage adds loss parts (it alone computes them). `duplicates`
   are parameters counted on another rank (the last stage's copy of the tied
   embedding), never here.
+- `--exact` (`ExactShardedAccumulator`; `ExactPipelineAccumulator` with --pp, which
+  takes each id's stage gradient from the pipeline right after that id's own schedule
+  run, and whose `fold` only records the id): int64 fixed-point sums of this rank's
+  shard of each microbatch's gradient, the same bits in every replica of the layout.
 - Dropout: every part of microbatch `id` reseeds from (seed, id) as a one-rank
   replica does, but draws masks only for its own rows, so with dropout > 0 an
   HSDP run matches a one-rank replica in distribution, not bit for bit.
@@ -274,12 +278,16 @@ class ExactShardedAccumulator(ExactSums, ShardedAccumulator):
     all-reduce, a non-finite loss naming the id, a refused commit) as its leader; `load_mean` sums
     the ranks' int64 loss parts over the group, exactly, before converting (only `counts_loss`
     ranks hold one); `load_shard_mean` is its gradients alone, for ranks whose combine carried
-    the loss (every rank of a replica takes the same one of the two). Pipeline parallelism is not taken (its schedule folds through the pipeline)."""
+    the loss (every rank of a replica takes the same one of the two). A replica split by --pp
+    takes `ExactPipelineAccumulator` (below): its schedule runs many microbatches into one `.grad`."""
+
+    pipelined = False  # whether this accumulator takes a pipeline's gradients (ExactPipelineAccumulator)
 
     def __init__(self, model: nn.Module, microbatches: int, range_bits: int = DEFAULT_RANGE, group=None,
                  mesh: DeviceMesh | None = None, duplicates: Iterable[torch.Tensor] = ()):
-        if mesh is not None and "pp" in (mesh.mesh_dim_names or ()):
-            raise ValueError("--exact at a replica split by --pp is not built (only --shard and --tp)")
+        if not self.pipelined and mesh is not None and "pp" in (mesh.mesh_dim_names or ()):
+            raise ValueError("a replica split by --pp takes ExactPipelineAccumulator: a schedule of many "
+                             "microbatches leaves their gradients summed in fp32")
         ShardedAccumulator.__init__(self, model, group=group, mesh=mesh, duplicates=duplicates)
         self._init_exact(microbatches, range_bits)
 
@@ -298,3 +306,45 @@ class ExactShardedAccumulator(ExactSums, ShardedAccumulator):
         loss already): the int64 sums converted into the mean gradient, as ShardedAccumulator's
         (whose own would read the int64 buffer as fp32)."""
         self._load_gradients(reduced, microbatches, wide)
+
+
+class ExactPipelineAccumulator(ExactShardedAccumulator):
+    """`--exact` at a replica split by --pp (stages, with or without --shard and --tp inside them).
+
+    A schedule over many microbatches leaves in `.grad` their fp32 sum, whose bits depend on
+    which ids this replica ran (and FSDP2 inside a pipeline reduce-scatters only after the
+    schedule's last backward), so no per-id gradient is ever there to convert. So each id runs
+    through a schedule of its own (core/parallel/pp.py, `Pipeline(take=...)`), and right after
+    that run `take(id, loss)` converts what it left in `.grad` (this stage's shard of the id's
+    gradient alone) into the int64 sums, as `fold` does elsewhere: the replica agrees on its
+    band, the last stage's loss part goes into the loss slot, `.grad` is zeroed. `fold(id, loss)`,
+    called by the loop once the pipeline has run all of its ids, then only records the id in
+    the ledger; it refuses an id that was not taken. An id taken and never folded stays in the
+    sums without a ledger entry: that happens only when the run raised, which ends the
+    replica. `clear()` forgets the taken ids with the sums."""
+
+    pipelined = True
+
+    def __init__(self, model: nn.Module, microbatches: int, range_bits: int = DEFAULT_RANGE, group=None,
+                 mesh: DeviceMesh | None = None, duplicates: Iterable[torch.Tensor] = ()):
+        super().__init__(model, microbatches, range_bits, group=group, mesh=mesh, duplicates=duplicates)
+        self._taken: set[int] = set()  # ids whose gradient is in the sums, waiting for their ledger entry
+
+    def take(self, mb_id: int, loss: float) -> None:
+        """Convert the gradient one schedule run of `mb_id` alone left in `.grad` into the sums."""
+        if mb_id in self._taken or mb_id in self.ledger:
+            raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
+        self._sum_microbatch(mb_id, loss)
+        self._taken.add(mb_id)
+
+    def fold(self, mb_id: int, loss: float) -> None:
+        """Record `mb_id`, taken already, in the ledger (its gradient and loss are in the sums)."""
+        if mb_id not in self._taken:
+            raise ValueError(f"microbatch {mb_id} was not taken after a schedule run of its own: its gradient "
+                             f"is not in the exact sums")
+        self.ledger.append(mb_id)
+        self._taken.discard(mb_id)
+
+    def clear(self) -> None:
+        super().clear()
+        self._taken.clear()

@@ -42,11 +42,13 @@ Contract:
   (examples/pp_loop.py runs torch's pipelining over it).
 - With T > 1, `join` has the committed step clip with the accumulator's
   `clip_grad_norm_` (torch's refuses a model split over two meshes and plain tensors).
-- Bit-identical runs (what `recover train --exact` does at --shard and --tp): call
+- Bit-identical runs (what `recover train --exact` does at --shard, --tp and --pp): call
   `core.worker.exact.deterministic_kernels()` and pass
   `ExactShardedAccumulator(model, M, range_bits, mesh=ctx.mesh)` (core/parallel/fsdp.py)
   instead; every rank must fold every id (its band is agreed over the replica in `fold`).
-  Not with a pipeline (P > 1).
+  With a pipeline (P > 1) it is `ExactPipelineAccumulator`, whose `take(id, loss)` every
+  stage calls right after a schedule run of that id alone (core/parallel/pp.py's
+  `Pipeline(take=...)`), before `fold`.
 """
 from __future__ import annotations
 

@@ -59,6 +59,17 @@ Contract:
   before the tied weights are summed: each fresh `.grad` is added into its view and
   `.grad` points at the view again (earlier runs of the step stay in the views).
   Without it the committed gradient would be empty.
+- `--exact` (`take`, given: core/parallel/fsdp.py's ExactPipelineAccumulator.take): the
+  int64 sums need each id's gradient alone, and one schedule over many ids leaves in
+  `.grad` only their fp32 sum (whose bits depend on which ids this replica ran: quotas
+  change after a failure), FSDP2 inside it reduce-scattering once, after the last
+  backward. So `run` runs each id through a schedule of its own, in order, and after
+  each (its rebind and tied-weight sum done: both stages then hold the same fp32
+  gradient of the tied weight for that id) calls `take(id, loss)` on every stage,
+  which converts and zeroes `.grad`. The hooks see the same k as in one schedule. The
+  cost: the stages no longer overlap (a run of n ids takes about n x P stage-steps
+  instead of 1F1B's n + P - 1), one stage setup, one loss broadcast and one tied-weight
+  all-reduce per id instead of per run, and the one-int64 band agreement per id.
 - Shapes are given to torch (each stage's input and output for one microbatch),
   so its stages skip the runtime shape inference, which would run a forward and
   backward of the stage's module outside any microbatch.
@@ -145,11 +156,12 @@ class Pipeline:
 
     def __init__(self, stage: GPTStage, ctx, schedule: str = "1f1b", seed: int = 0,
                  rows: int = 1, share: float = 1.0, device: torch.device | str = "cpu",
-                 rebind: Callable[[], None] | None = None):
+                 rebind: Callable[[], None] | None = None, take: Callable[[int, float], None] | None = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"--pp-schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.module = stage
         self.rebind = rebind
+        self.take = take  # --exact: each id through a schedule of its own, then take(id, loss) (see the contract)
         self.schedule_cls = SCHEDULES[schedule]
         self.group = ctx.pp_mesh.get_group()
         self.last_rank = dist.get_global_rank(self.group, stage.stages - 1)  # in the replica's group
@@ -171,7 +183,22 @@ class Pipeline:
 
     def run(self, ids: list[int], xs: list[torch.Tensor], ys: list[torch.Tensor],
             at: Callable[[str, int], None] | None = None) -> list[float]:
-        """Forward and backward of the microbatches `ids` (inputs xs, targets ys) through the schedule."""
+        """Forward and backward of the microbatches `ids` (inputs xs, targets ys) through the schedule
+        (with `take`: through one schedule per id, each taken right after its run)."""
+        if self.take is None:
+            return self._run(ids, xs, ys, at)
+        losses: list[float] = []
+        for i, (mb, x, y) in enumerate(zip(ids, xs, ys)):
+            # the hooks count the ids of the whole call, as one schedule's would
+            shifted = None if at is None else (lambda phase, k, i=i: at(phase, i + k))
+            [loss] = self._run([mb], [x], [y], shifted)
+            self.take(mb, loss)
+            losses.append(loss)
+        return losses
+
+    def _run(self, ids: list[int], xs: list[torch.Tensor], ys: list[torch.Tensor],
+             at: Callable[[str, int], None] | None) -> list[float]:
+        """One run of the schedule over `ids`: `run` without `take`."""
         n = len(ids)
         if n == 0:
             return []

@@ -51,7 +51,7 @@ leader (`Replica`, the only one talking to the coordinator), the others run
 `ReplicaFollower` in the same loop; TP splits each block over the "tp" ranks and
 FSDP2 shards the model over the "shard" ranks (core/parallel/). With P > 1
 each rank holds one stage; the loop collects the quota's ids, then runs them
-through one pipeline schedule and folds them (`fold.fold_pipelined`). Only the leader writes the
+through one pipeline schedule (under --exact, one schedule per id) and folds them (`fold.fold_pipelined`). Only the leader writes the
 replica's final file. With --shard S or --tp T (PP layouts are refused by the config), every
 rank of the writing replica checkpoints its own shards, collectively over a gloo group
 of the replica's own: followers learn the committing generation's members (and a stop's

@@ -16,8 +16,10 @@ Contract:
 - With `--exact` the accumulator is core/worker/exact.py's ExactAccumulator (int64 fixed
   point, summed per microbatch) and torch's deterministic algorithms are on: an id's
   gradient and the committed mean are then the same bits on every replica. In a
-  replica of many ranks (--shard, --tp) it is core/parallel/fsdp.py's
-  ExactShardedAccumulator: the same bits on every replica of the same layout.
+  replica of many ranks (--shard, --tp, --pp) it is core/parallel/fsdp.py's
+  ExactShardedAccumulator (with --pp, its ExactPipelineAccumulator, which the pipeline
+  hands each id's gradient as soon as that id's own schedule run is over): the same bits
+  on every replica of the same layout.
 - In a replica of many ranks (`ctx`, a core.parallel ParallelContext: HSDP), the
   model is sharded with FSDP2 over the replica's ranks, the accumulator is the
   sharded one (core/parallel/fsdp.py), and each rank folds its rows of every
@@ -31,7 +33,8 @@ Contract:
 - With pipeline parallelism (`ctx.args.pp` = P > 1) this rank's model is its stage
   of the GPT (core/parallel/pp.py), then TP and FSDP2 as above; microbatches are
   not folded one by one but a list at a time through the pipeline's schedule
-  (`forward_backward_many`), which gives every id's loss on every stage.
+  (`forward_backward_many`), which gives every id's loss on every stage (under
+  --exact, through one schedule per id, each id's gradient taken before the next).
 """
 from __future__ import annotations
 
@@ -85,11 +88,13 @@ class Workload:
                 shard_model(self.model, ctx.shard_mesh)
             # after TP and FSDP2, which replace the parameters (a list taken before would name none)
             duplicates = self.model.duplicates() if a.pp > 1 else []
-            if cfg.exact:  # the int64 sums over this rank's shard (the config refuses --pp)
-                from recover.core.parallel.fsdp import ExactShardedAccumulator
+            if cfg.exact:  # the int64 sums over this rank's shard (its stage's, taken id by id, with --pp)
+                from recover.core.parallel.fsdp import ExactPipelineAccumulator, ExactShardedAccumulator
                 from recover.core.worker.exact import deterministic_kernels
                 deterministic_kernels()
-                self.acc = ExactShardedAccumulator(self.model, cfg.microbatches, cfg.exact_range, mesh=ctx.mesh)
+                exact_cls = ExactPipelineAccumulator if a.pp > 1 else ExactShardedAccumulator
+                self.acc = exact_cls(self.model, cfg.microbatches, cfg.exact_range, mesh=ctx.mesh,
+                                     duplicates=duplicates)
             else:
                 self.acc = ShardedAccumulator(self.model, mesh=ctx.mesh, duplicates=duplicates)
             if a.pp > 1:
@@ -97,7 +102,8 @@ class Workload:
                 rows = torch.tensor_split(torch.arange(cfg.batch_size), a.shard)[ctx.shard_index].numel()
                 self.pipeline = Pipeline(self.model, ctx, cfg.pp_schedule, cfg.seed, rows=rows,
                                          share=rows / cfg.batch_size, device=self.device,
-                                         rebind=self.acc.absorb_detached)
+                                         rebind=self.acc.absorb_detached,
+                                         take=self.acc.take if cfg.exact else None)
         self.schedule = cfg.lr_schedule()
         self.optimizer = build_adamw(self.acc.params, self.schedule(0), cfg.weight_decay)
         self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip,

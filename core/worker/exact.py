@@ -208,6 +208,11 @@ class ExactSums:
     def fold(self, mb_id: int, loss: float) -> None:
         """Convert the microbatch gradient in `.grad` (this id's alone) into the int64 sums."""
         self.ledger.append(mb_id)  # raises, with nothing changed, on an id folded twice
+        self._sum_microbatch(mb_id, loss)
+
+    def _sum_microbatch(self, mb_id: int, loss: float) -> None:
+        """`fold` without the ledger entry: the gradient in `.grad` into the sums (in the replica's
+        band), its loss into the loss slot, `.grad` zeroed."""
         g = self.buffer[:-1]
         if self._spike is not None:
             g.mul_(self._spike)
