@@ -147,7 +147,8 @@ import torch
 import torch.distributed as dist
 
 from recover.core.contract import idranges, worker_exit
-from recover.core.worker.accumulator import Accumulator, GradAccumulator, fingerprint_of
+from recover.core.worker.accumulator import GradAccumulator, fingerprint_of
+from recover.core.worker.accumulator_interface import Accumulator
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.worker.control import ControlClient
 from recover.core.worker.progress import ProgressMeter
@@ -173,19 +174,19 @@ STARTUP_ANSWER_SECONDS = 30.0
 RECONNECT_ANSWER_SECONDS = 10.0
 
 
-def load_reduced(acc, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None,
+def load_reduced(acc: Accumulator, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None,
                  loss_combined: bool = False) -> None:
     """Set `acc`'s gradients to the step's mean from its reduced `pack()` (and `wide`, an exact
     accumulator's reduced wide sums). `loss_combined`: a rank of a replica of many ranks, whose
     vote's combine (core/parallel/replica_link.py) carried the replica's loss, so `load_mean`'s own
-    loss collective is left out where the accumulator can (core/parallel/fsdp.py
-    `load_shard_mean`) and there are no wide sums (those go through `load_mean`, whole). The
-    leader and its followers all call this one function with the same `wide`/`loss_combined`, so
-    every rank of a replica runs the same collectives (one that took the other branch would hang)."""
-    if loss_combined and wide is None and hasattr(acc, "load_shard_mean"):
+    loss collective is left out (`load_shard_mean`, which every accumulator has) unless there are
+    wide sums (those go through `load_mean`, whole). The leader and its followers all call this
+    one function with the same `wide`/`loss_combined`, so every rank of a replica runs the same
+    collectives (one that took the other branch would hang)."""
+    if loss_combined and wide is None:
         acc.load_shard_mean(reduced, microbatches)
     else:
-        acc.load_mean(reduced, microbatches, *(() if wide is None else (wide,)))
+        acc.load_mean(reduced, microbatches, wide)
 
 
 class RunEnded(RuntimeError):
@@ -217,7 +218,7 @@ class Replica:
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter] | GradAccumulator,
+        params: Iterable[torch.nn.Parameter] | Accumulator,
         optimizer: torch.optim.Optimizer,
         *,
         replica: int,
@@ -239,7 +240,7 @@ class Replica:
         can_heal: bool = True,
     ):
         worker_exit.install(f"replica {replica}")  # an uncaught RunEnded: one line and its exit code
-        # an accumulator (GradAccumulator, or core.parallel's ShardedAccumulator), or parameters
+        # an accumulator (core/worker/accumulator_interface.py: any kind), or parameters
         self.acc: Accumulator = params if isinstance(params, Accumulator) else GradAccumulator(params)
         self.link = link  # a replica of many ranks: this is its leader (see the contract)
         self.can_heal = can_heal  # what the hello says: whether a donor's state can make this replica whole
