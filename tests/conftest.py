@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from recover.core.contract import env_names
+
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("dev")
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # suite starts hundreds of short runs, and a fresh `import torch` per worker was most
 # of their time on two cores. Set here, so the `recover` CLIs the tests start inherit
 # it too. A test about a real interpreter start (a kill during the import) sets spawn.
-os.environ.setdefault("RECOVER_WORKER_START", "fork")
+os.environ.setdefault(env_names.WORKER_START, "fork")
 
 
 def as_read(msg: dict, r: int, members: list | None = None) -> dict:

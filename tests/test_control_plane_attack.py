@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from recover.core.contract import env_names
+
 sys.path.insert(0, str(Path(__file__).parent))
 from hostile_client import attack  # noqa: E402
 
@@ -65,9 +67,9 @@ def _cpu_seconds(pid: int) -> float:
 def _control_addr(pid: int) -> tuple[str, int] | None:
     """The control port a worker was started with (None until its environment shows it)."""
     env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv)
-    if "RECOVER_CONTROL_ADDR" not in env:
+    if env_names.CONTROL_ADDR not in env:
         return None
-    host, port = env["RECOVER_CONTROL_ADDR"].rsplit(":", 1)
+    host, port = env[env_names.CONTROL_ADDR].rsplit(":", 1)
     return host, int(port)
 
 
@@ -94,7 +96,7 @@ def run_under_attack(out: Path, connections: int, attack_for: float = 600.0, wai
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limit_nofile,
         # spawned workers (the default outside the test suite): a forked one's /proc/PID/environ
         # is the fork server's, without the RECOVER_CONTROL_ADDR this reads from it
-        env={**os.environ, "RECOVER_WORKER_START": "spawn"})
+        env={**os.environ, env_names.WORKER_START: "spawn"})
     result: dict = {"connections": connections}
     try:
         deadline = time.monotonic() + 120

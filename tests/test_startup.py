@@ -16,7 +16,7 @@ import pytest
 
 from conftest import as_read, load_run, run_recover
 
-from recover.core.contract import idranges
+from recover.core.contract import env_names, idranges
 from recover.core.components.data import iteration_ids
 from recover.core.coordinator.protocol import ProtocolStateMachine
 from recover.core.storage.results import read_jsonl, step_ids
@@ -68,7 +68,7 @@ def test_every_replica_exiting_during_start_up_ends_the_run_at_once():
 @pytest.mark.procs
 def test_a_worker_killed_before_its_hello_does_not_sink_the_job(tmp_path, monkeypatch):
     # a fresh interpreter per worker, so that the kill lands in its `import torch`
-    monkeypatch.setenv("RECOVER_WORKER_START", "spawn")
+    monkeypatch.setenv(env_names.WORKER_START, "spawn")
     r, m, steps = 3, 6, 3
     common = ["--replicas", str(r), "--microbatches", str(m), "--steps", str(steps), "--seed", "5",
               "--heartbeat-timeout", "3", "--collective-timeout", "5", "--no-progress"]

@@ -61,6 +61,7 @@ from typing import Iterator
 
 import torch
 
+from recover.core.worker.accumulator_interface import Accumulator
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.launch.hooks import WorkerHooks
 from recover.core.worker.recipe import CommittedStep, LRSchedule
@@ -79,8 +80,8 @@ class _Rejoined(Exception):
 class ReplicaFollower:
     """A non-leader rank's handle on the resilient job (quota, fold, commit), fed by its leader."""
 
-    def __init__(self, acc, optimizer: torch.optim.Optimizer, *, replica: int, local_rank: int, link: ReplicaLink,
-                 open_store, backend: str = "gloo", collective_timeout: float = 30.0, grad_clip: float = 0.0,
+    def __init__(self, acc: Accumulator, optimizer: torch.optim.Optimizer, *, replica: int, local_rank: int,
+                 link: ReplicaLink, open_store, backend: str = "gloo", collective_timeout: float = 30.0, grad_clip: float = 0.0,
                  lr_schedule: LRSchedule | None = None, hooks: WorkerHooks | None = None):
         if link.leader:
             raise ValueError("the leader rank runs core.worker.replica.Replica, not a follower")

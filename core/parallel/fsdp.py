@@ -129,7 +129,7 @@ def _counted_here(p: torch.Tensor, grid: DeviceMesh) -> bool:
 
 class ShardedAccumulator(FlatLedgerBuffer):
     """This rank's shard of the replica's gradient sum (+ its loss part) with the replica's ledger
-    (a `core.worker.accumulator.Accumulator`; with --exact: `ExactShardedAccumulator`, below)."""
+    (a `core.worker.accumulator_interface.Accumulator`; with --exact: `ExactShardedAccumulator`, below)."""
 
     def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None,
                  duplicates: Iterable[torch.Tensor] = ()):
@@ -170,19 +170,13 @@ class ShardedAccumulator(FlatLedgerBuffer):
         if self.counts_loss:
             self.buffer[-1] += float(loss)
 
-    def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
-        """Set every local .grad shard to reduced/M; return the iteration's mean microbatch loss."""
-        self.load_shard_mean(reduced, microbatches)
+    def load_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> float:
+        """Set every local .grad shard to reduced/M; return the iteration's mean microbatch loss.
+        `wide`: never given (no wide sums here). Without the loss's collective: `load_shard_mean`."""
+        self.load_shard_mean(reduced, microbatches, wide)
         loss = self.buffer[-1:].clone()
         torch.distributed.all_reduce(loss, group=self.group)  # the parts of the replica's ranks
         return float(loss)
-
-    def load_shard_mean(self, reduced: torch.Tensor, microbatches: int) -> None:
-        """`load_mean` without its collective: for a rank that has the replica's loss already (a
-        resilient replica's combine, core/parallel/replica_link.py), so its commit has one
-        synchronisation of the replica's ranks fewer."""
-        self.buffer.copy_(reduced)
-        self.buffer.div_(microbatches)
 
     @property
     def counted(self) -> list[bool]:
@@ -300,12 +294,6 @@ class ExactShardedAccumulator(ExactSums, ShardedAccumulator):
         t = torch.tensor([part], dtype=torch.int64, device=self.buffer.device)
         torch.distributed.all_reduce(t, group=self.group)  # int64: exact, whatever the order
         return int(t)
-
-    def load_shard_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> None:
-        """`load_mean` without the loss's collective (a resilient replica's combine carried the
-        loss already): the int64 sums converted into the mean gradient, as ShardedAccumulator's
-        (whose own would read the int64 buffer as fp32)."""
-        self._load_gradients(reduced, microbatches, wide)
 
 
 class ExactPipelineAccumulator(ExactShardedAccumulator):

@@ -64,6 +64,7 @@ from recover.core.parallel.context import ParallelContext, replica_prefix
 from recover.core.parallel.fsdp import microbatch_part
 from recover.core.parallel.rank_beats import RankBeats, local_address
 from recover.core.parallel.replica_link import LINK_TIMEOUT, ReplicaLink
+from recover.core.worker.accumulator_interface import Accumulator
 from recover.core.contract import env_names
 
 
@@ -142,7 +143,7 @@ class ReplicaContext:
         """This rank's rows of one microbatch, and their share of its rows (scale the loss by it)."""
         return microbatch_part(x, y, self.parallel.shard_index, self.parallel.args.shard)
 
-    def join(self, acc, optimizer: torch.optim.Optimizer, **kw):
+    def join(self, acc: Accumulator, optimizer: torch.optim.Optimizer, **kw):
         """The replica handle for this rank: `Replica` on the leader, `ReplicaFollower` elsewhere."""
         kw.setdefault("collective_timeout", self.collective_timeout)
         if self.leader:
@@ -155,7 +156,7 @@ class ReplicaContext:
                                      link=self.link, open_store=connect_store, backend=kw.get("backend", "gloo"),
                                      collective_timeout=kw["collective_timeout"], grad_clip=kw.get("grad_clip", 0.0),
                                      lr_schedule=kw.get("lr_schedule"), hooks=kw.get("hooks"))
-        clipper = getattr(acc, "grad_norm_clipper", None)
+        clipper = acc.grad_norm_clipper
         if clipper is not None:  # tensor parallelism: see the contract
             handle.stepper.clip_grad_norm = clipper
         return handle

@@ -73,7 +73,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from recover.core.worker.accumulator import GradAccumulator
+from recover.core.contract.iteration import iteration_range
+from recover.core.worker.accumulator_interface import Accumulator
 from recover.core.storage.checkpoint_dir import CheckpointDir
 from recover.core.worker.recipe import CommittedStep
 
@@ -90,7 +91,7 @@ class TrainingState:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     stepper: CommittedStep  # the committed step count and LR schedule state
-    acc: GradAccumulator  # emptied around a load (its .grad views must stay attached)
+    acc: Accumulator  # emptied around a load (its .grad views must stay attached)
     seed: int  # the run's seed: with M, fixes data order and per-microbatch randomness
     microbatches: int  # M: iteration s starts at global microbatch id s*M
 
@@ -116,7 +117,7 @@ class _MidSaveWriter(dcp.FileSystemWriter):
 
 
 def _progress(state: TrainingState, step: int) -> dict:
-    return {"step": step, "next_microbatch_id": step * state.microbatches, "seed": state.seed,
+    return {"step": step, "next_microbatch_id": iteration_range(step, state.microbatches)[0], "seed": state.seed,
             "microbatches": state.microbatches}
 
 

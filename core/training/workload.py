@@ -107,7 +107,7 @@ class Workload:
         self.schedule = cfg.lr_schedule()
         self.optimizer = build_adamw(self.acc.params, self.schedule(0), cfg.weight_decay)
         self.stepper = CommittedStep(self.optimizer, self.acc.params, self.schedule, cfg.grad_clip,
-                                     getattr(self.acc, "grad_norm_clipper", None))
+                                     self.acc.grad_norm_clipper)
         self.autocast_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
 
     @property
@@ -185,7 +185,7 @@ class Workload:
               wide: torch.Tensor | None = None) -> tuple[float, float]:
         """Commit step `step` with reduced/M; empty accumulator and ledger; return (mean loss, lr).
         `wide`: with --exact, the reduced wide sums when the step had a spike (core/worker/exact.py)."""
-        mean_loss = self.acc.load_mean(reduced, microbatches, *(() if wide is None else (wide,)))
+        mean_loss = self.acc.load_mean(reduced, microbatches, wide)
         lr = self.stepper(step)
         self.acc.clear()
         return mean_loss, lr

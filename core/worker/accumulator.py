@@ -19,18 +19,19 @@ Contract:
   but never to a flipped bit;
   `flip_bit(bit)` corrupts one bit of the largest weight in place, as a silent data
   corruption would (the bitflip fault kind's action, reached through the hooks).
-- `Accumulator` is the interface `Replica` holds an accumulator by: this module's
-  `GradAccumulator`, `core.worker.exact.ExactAccumulator` (one of them),
-  `core.parallel.fsdp.ShardedAccumulator` and its exact form `ExactShardedAccumulator`
-  all keep it, so the replica never asks an
-  accumulator which kind it is. What they share (the flat buffer's loss slot, the
-  ledger, packing and clearing) is written once, in `FlatLedgerBuffer`.
+- Every accumulator keeps core/worker/accumulator_interface.py's `Accumulator`: this
+  module's `GradAccumulator`, `core.worker.exact.ExactAccumulator` (one of them),
+  `core.parallel.fsdp.ShardedAccumulator` and its exact form `ExactShardedAccumulator`,
+  so nothing asks an accumulator which kind it is. What they share (the flat buffer's
+  loss slot, the ledger, packing, loading without a collective, clearing, and the
+  answers of an fp32 accumulator: no wide sums, no out-of-range ids, torch's clipping)
+  is written once, in `FlatLedgerBuffer`.
 - Nothing here talks to other processes.
 """
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable
 
 import torch
 
@@ -137,23 +138,10 @@ class Ledger(list):
         self._ids.clear()
 
 
-@runtime_checkable
-class Accumulator(Protocol):
-    """What a replica needs of its accumulator (see the contract)."""
-
-    params: list
-    ledger: "Ledger"
-    out_of_range: dict  # id -> why its gradient was not summed (--exact's fixed-point range); else empty
-
-    def has(self, mb_id: int) -> bool: ...
-    def fold(self, mb_id: int, loss: float) -> None: ...
-    def pack(self) -> torch.Tensor: ...
-    def wide_needed(self, reduced: torch.Tensor) -> bool: ...
-    def reduced_loss_sum(self, reduced: torch.Tensor) -> float: ...
-    def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float: ...
-    def clear(self) -> None: ...
-    def weights_digest(self) -> str: ...
-    def weights_fingerprint(self) -> str: ...
+def _no_wide_sums(acc: object, wide: torch.Tensor | None) -> None:
+    """Refuse reduced wide sums given to an accumulator that has none (a caller's bug, said loudly)."""
+    if wide is not None:
+        raise ValueError(f"{type(acc).__name__} has no wide sums: wide_needed() is always False")
 
 
 class FlatLedgerBuffer:
@@ -164,6 +152,7 @@ class FlatLedgerBuffer:
     buffer: torch.Tensor
     ledger: Ledger
     out_of_range: dict = {}  # never written here: every fp32 gradient is summed (read-only, shared)
+    grad_norm_clipper: Callable | None = None  # torch's clip_grad_norm_ is right (a TP rank's sets its own)
 
     def has(self, mb_id: int) -> bool:
         """Whether `mb_id` is in the ledger (O(1))."""
@@ -186,6 +175,19 @@ class FlatLedgerBuffer:
     def wide_needed(self, reduced: torch.Tensor) -> bool:
         """Whether the step needs a second, wide reduction (only --exact's spikes do)."""
         return False
+
+    def pack_wide(self) -> torch.Tensor:
+        """Refused: an fp32 accumulator has no wide sums (`wide_needed` is always False)."""
+        raise RuntimeError(f"{type(self).__name__} has no wide sums: wide_needed() is always False")
+
+    def load_shard_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> None:
+        """Set the buffer (every .grad, or this rank's shard of it) to reduced/M, with no collective:
+        for a rank that has the replica's loss already (a resilient replica's combine,
+        core/parallel/replica_link.py), so its commit has one synchronisation of the replica's
+        ranks fewer. `wide`: never given (no wide sums here)."""
+        _no_wide_sums(self, wide)
+        self.buffer.copy_(reduced)
+        self.buffer.div_(microbatches)
 
     def clear(self) -> None:
         """Empty the accumulator and the ledger (the next iteration starts)."""
@@ -216,8 +218,10 @@ class GradAccumulator(FlatLedgerBuffer):
         self.ledger.append(mb_id)  # raises, with nothing changed, on an id folded twice
         self.buffer[-1] += float(loss)
 
-    def load_mean(self, reduced: torch.Tensor, microbatches: int) -> float:
-        """Set every .grad to reduced/M; return the iteration's mean microbatch loss."""
+    def load_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> float:
+        """Set every .grad to reduced/M; return the iteration's mean microbatch loss. `wide`: never
+        given (no wide sums here)."""
+        _no_wide_sums(self, wide)
         self.buffer.copy_(reduced)
         self.buffer.div_(microbatches)
         return float(self.buffer[-1])

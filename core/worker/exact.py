@@ -274,6 +274,12 @@ class ExactSums:
         self._load_gradients(reduced, microbatches, wide)
         return loss_from_fixed(self._loss_total(int(reduced[-3]))) / microbatches
 
+    def load_shard_mean(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None) -> None:
+        """`load_mean` without the loss (a rank of many: without its collective; the resilient replica's
+        combine carried the loss already): the int64 sums converted into the mean gradient (an fp32
+        accumulator's own would read the int64 buffer as fp32)."""
+        self._load_gradients(reduced, microbatches, wide)
+
     def _load_gradients(self, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None) -> None:
         """`load_mean`'s gradients: every .grad set to the mean; the loss left alone."""
         if int(reduced[-1]):

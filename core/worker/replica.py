@@ -140,6 +140,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterable, Iterator
 
@@ -147,7 +148,8 @@ import torch
 import torch.distributed as dist
 
 from recover.core.contract import idranges, worker_exit
-from recover.core.worker.accumulator import Accumulator, GradAccumulator, fingerprint_of
+from recover.core.worker.accumulator import GradAccumulator, fingerprint_of
+from recover.core.worker.accumulator_interface import Accumulator
 from recover.core.worker.comm import CollectiveError, Communicator, Graveyard
 from recover.core.worker.control import ControlClient
 from recover.core.worker.progress import ProgressMeter
@@ -173,19 +175,28 @@ STARTUP_ANSWER_SECONDS = 30.0
 RECONNECT_ANSWER_SECONDS = 10.0
 
 
-def load_reduced(acc, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None,
+def load_reduced(acc: Accumulator, reduced: torch.Tensor, microbatches: int, wide: torch.Tensor | None = None,
                  loss_combined: bool = False) -> None:
     """Set `acc`'s gradients to the step's mean from its reduced `pack()` (and `wide`, an exact
     accumulator's reduced wide sums). `loss_combined`: a rank of a replica of many ranks, whose
     vote's combine (core/parallel/replica_link.py) carried the replica's loss, so `load_mean`'s own
-    loss collective is left out where the accumulator can (core/parallel/fsdp.py
-    `load_shard_mean`) and there are no wide sums (those go through `load_mean`, whole). The
-    leader and its followers all call this one function with the same `wide`/`loss_combined`, so
-    every rank of a replica runs the same collectives (one that took the other branch would hang)."""
-    if loss_combined and wide is None and hasattr(acc, "load_shard_mean"):
+    loss collective is left out (`load_shard_mean`, which every accumulator has) unless there are
+    wide sums (those go through `load_mean`, whole). The leader and its followers all call this
+    one function with the same `wide`/`loss_combined`, so every rank of a replica runs the same
+    collectives (one that took the other branch would hang)."""
+    if loss_combined and wide is None:
         acc.load_shard_mean(reduced, microbatches)
     else:
-        acc.load_mean(reduced, microbatches, *(() if wide is None else (wide,)))
+        acc.load_mean(reduced, microbatches, wide)
+
+
+@dataclass
+class _Reduction:
+    """One step's cross-replica reduction, as the leader saw it (`Replica._reduce`)."""
+
+    buf: torch.Tensor  # the reduced pack() (partly reduced, or not at all, after a failure)
+    wide: torch.Tensor | None  # an exact accumulator's reduced wide sums, when the step has a spike
+    failure: CollectiveError | None  # why this rank's (or, once combined, any rank's) reduction failed
 
 
 class RunEnded(RuntimeError):
@@ -217,7 +228,7 @@ class Replica:
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter] | GradAccumulator,
+        params: Iterable[torch.nn.Parameter] | Accumulator,
         optimizer: torch.optim.Optimizer,
         *,
         replica: int,
@@ -239,7 +250,7 @@ class Replica:
         can_heal: bool = True,
     ):
         worker_exit.install(f"replica {replica}")  # an uncaught RunEnded: one line and its exit code
-        # an accumulator (GradAccumulator, or core.parallel's ShardedAccumulator), or parameters
+        # an accumulator (core/worker/accumulator_interface.py: any kind), or parameters
         self.acc: Accumulator = params if isinstance(params, Accumulator) else GradAccumulator(params)
         self.link = link  # a replica of many ranks: this is its leader (see the contract)
         self.can_heal = can_heal  # what the hello says: whether a donor's state can make this replica whole
@@ -454,37 +465,80 @@ class Replica:
             raise
 
     def _commit(self) -> bool:
+        """The commit protocol's steps, in order; each exit is one of the returns below (False: an
+        abort, or a failed reduction, sent this replica into recovery with what it folded kept)."""
         self._announced = False  # a loop that called commit() without quota(): the ranks are told anew
-        if (msg := self._abort or self._pending_abort()) is not None:
-            self._relay({"t": "recover"})
-            return self._recover(msg)  # what was folded so far is kept
+        if (abort := self._abort or self._pending_abort()) is not None:
+            return self._recover_replica(abort)  # what was folded so far is kept
+        self._check_quota_folded()
+        g, step = self.generation, self.step
+        self._send_ready(g, step)
+        digest = self._digest_due(step)
+        bit_sums, fingerprint = self._read_vote_weights(digest)
+        if (abort := self._wait_go(g)) is not None:
+            return self._recover_replica(abort)
+        reduction = self._reduce(g, step, digest)
+        loss_sum, fingerprint = self._combine_in_replica(g, reduction, bit_sums, fingerprint)
+        if reduction.failure is not None:
+            return self._recover_replica(self._report_failure(g, step, reduction.failure))
+        self._vote(g, step, loss_sum, digest, fingerprint)
+        verdict = self._wait_verdict(step)
+        if verdict["t"] == "abort":
+            return self._recover_replica(verdict)
+        next_quota = self._relay_commit(verdict, step)
+        self._apply_step(verdict, step, reduction)
+        if self.after_step is not None:
+            self.after_step(self)
+        self._start_next_step(verdict, next_quota)
+        return True
+
+    # ---- the commit's steps, in the order `_commit` takes them ------------------------------------
+    def _recover_replica(self, abort: dict) -> bool:
+        """Leave the step for recovery: the replica's ranks first (they recover too), then this one; False."""
+        self._relay({"t": "recover"})
+        return self._recover(abort)
+
+    def _check_quota_folded(self) -> None:
+        """Refuse a commit before the whole quota is folded, or with a .grad that left the accumulator."""
         if missing := self._still_to_fold():
             raise RuntimeError(f"commit() before folding the whole quota; still to fold: {missing}")
         self._check_attached("commit")
-        g, step = self.generation, self.step
-        should_abort = lambda: self._abort_reason(g)  # noqa: E731
-        # Readiness (core/coordinator/readiness.py): the all-reduce starts once every member folded its
-        # quota, so its deadline times the collective alone, however long the peers' quotas
-        # take; the wait has no deadline of its own (a peer that dies is seen by the
-        # coordinator, whose abort ends it; a coordinator that dies, by its silence).
+
+    def _send_ready(self, g: int, step: int) -> None:
+        """Tell the coordinator this replica folded its quota of `step` (readiness, core/coordinator/readiness.py).
+
+        The all-reduce starts once every member folded its quota, so its deadline times the
+        collective alone, however long the peers' quotas take; the wait for `go` has no deadline of
+        its own (a peer that dies is seen by the coordinator, whose abort ends it; a coordinator that
+        dies, by its silence)."""
         self.control.send({"t": "ready", "gen": g, "step": step})
-        # the weights this step's gradient came from: a replica off the majority is corrupt
-        # (and after an admission: the newcomer's weights are the members'). They do not change
-        # before the optimizer step, so they are read here, while `ready` travels and the others
-        # finish their quotas, not after the all-reduce, on the way to the vote.
-        digest = self._digest_due(step)
-        bit_sums = fingerprint = None
-        if digest:
-            if self.link is not None:
-                bit_sums = self.acc.weights_bit_sums()  # this rank's part of the replica's (the combine below)
-            else:
-                fingerprint = self.acc.weights_fingerprint()
+
+    def _read_vote_weights(self, digest: bool) -> tuple[torch.Tensor | None, str | None]:
+        """The weights this step's gradient came from, when the vote carries them (`digest`): this
+        rank's bit sums at a replica of many ranks (the combine adds them up), else the fingerprint.
+
+        A replica off the majority is corrupt (and after an admission: the newcomer's weights are
+        the members'). They do not change before the optimizer step, so they are read here, while
+        `ready` travels and the others finish their quotas, not after the all-reduce."""
+        if not digest:
+            return None, None
+        if self.link is not None:
+            return self.acc.weights_bit_sums(), None  # this rank's part of the replica's (the combine below)
+        return None, self.acc.weights_fingerprint()
+
+    def _wait_go(self, g: int) -> dict | None:
+        """Wait, with no deadline of its own (see `_send_ready`), until every member is ready: None
+        on `go`, the abort when the coordinator aborts generation g instead."""
         go = self._wait_for({"go", "abort"}, min_gen=g, forever=True)
-        if go["t"] == "abort":
-            self._relay({"t": "recover"})
-            return self._recover(go)
+        return go if go["t"] == "abort" else None
+
+    def _reduce(self, g: int, step: int, digest: bool) -> _Reduction:
+        """All-reduce a fresh copy of the accumulator (and an exact one's wide sums, when a member
+        folded a spike) with the generation's members; a failure is returned, never raised, and
+        never touches the accumulator. The replica's ranks are told first (they reduce their
+        shards alike, and add their bit sums to the combine when `digest`)."""
+        should_abort = lambda: self._abort_reason(g)  # noqa: E731
         rank = self.members.index(self.replica)
-        # every rank adds its shard's bit sums to the combine below when the vote carries the digest
         self._relay({"t": "reduce", "gen": g, "rank": rank, "size": len(self.members),
                      **({"digest": True} if digest else {})})
         buf = self.acc.pack()
@@ -506,28 +560,41 @@ class Replica:
             self._abandon_comm()  # never reuse a communicator that failed
             self._log(f"step {step}: {e}")
             failure = e
-        loss_sum = self.acc.reduced_loss_sum(buf)
-        if self.link is not None:
-            # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss, and
-            # its fingerprint is of every rank's shard (the ranks' bit sums, added in the same all-reduce)
-            ok, loss_sum, slots = self.link.combine(failure is None, loss_sum,
-                                                    while_waiting=lambda: self._abort_reason(g),
-                                                    bit_sums=bit_sums)
-            if slots is not None:
-                fingerprint = fingerprint_of(slots)  # core/parallel/replica_link.py from_chunks
-            if not math.isfinite(loss_sum):
-                # a loss part of another rank's rows may be the one that is not finite: the vote names
-                # its ids as this rank's own (every rank reads this sum, so all of them take part)
-                self._nonfinite.mark(self.link.nonfinite_ids(list(self.acc.ledger),
-                                                             self._nonfinite.held(self.acc.ledger)))
-            if ok is False and failure is None:
-                failure = CollectiveError(g, "the all-reduce of another rank of this replica failed")
-        if failure is not None:
-            if self.control.abort_reason(g) is None:
-                self.control.send({"t": "fail", "gen": g, "step": step, "reason": failure.reason})
-            abort = self._wait_for({"abort"})
-            self._relay({"t": "recover"})
-            return self._recover(abort)
+        return _Reduction(buf, wide, failure)
+
+    def _combine_in_replica(self, g: int, reduction: _Reduction, bit_sums: torch.Tensor | None,
+                            fingerprint: str | None) -> tuple[float, str | None]:
+        """The vote's loss sum and weights fingerprint, for the whole replica: a one-rank replica's
+        own; a replica of many ranks adds its ranks' (`ReplicaLink.combine`), and a failure of any
+        rank's all-reduce becomes `reduction.failure` here, so every rank of it recovers alike."""
+        loss_sum = self.acc.reduced_loss_sum(reduction.buf)
+        if self.link is None:
+            return loss_sum, fingerprint
+        # every rank's all-reduce must have succeeded; the vote carries the replica's whole loss, and
+        # its fingerprint is of every rank's shard (the ranks' bit sums, added in the same all-reduce)
+        ok, loss_sum, slots = self.link.combine(reduction.failure is None, loss_sum,
+                                                while_waiting=lambda: self._abort_reason(g),
+                                                bit_sums=bit_sums)
+        if slots is not None:
+            fingerprint = fingerprint_of(slots)  # core/parallel/replica_link.py from_chunks
+        if not math.isfinite(loss_sum):
+            # a loss part of another rank's rows may be the one that is not finite: the vote names
+            # its ids as this rank's own (every rank reads this sum, so all of them take part)
+            self._nonfinite.mark(self.link.nonfinite_ids(list(self.acc.ledger),
+                                                         self._nonfinite.held(self.acc.ledger)))
+        if ok is False and reduction.failure is None:
+            reduction.failure = CollectiveError(g, "the all-reduce of another rank of this replica failed")
+        return loss_sum, fingerprint
+
+    def _report_failure(self, g: int, step: int, failure: CollectiveError) -> dict:
+        """Tell the coordinator the reduction failed (unless it aborted g already); its abort, once it comes."""
+        if self.control.abort_reason(g) is None:
+            self.control.send({"t": "fail", "gen": g, "step": step, "reason": failure.reason})
+        return self._wait_for({"abort"})
+
+    def _vote(self, g: int, step: int, loss_sum: float, digest: bool, fingerprint: str | None) -> None:
+        """Send the replica's vote for `step`: its ledger, loss sum (or non-finite ids), learning rate,
+        progress, and the weights fingerprint when `digest`; remembered for a report."""
         self.hooks.at(step, "vote")
         n = len(self.acc.ledger)
         vote = {
@@ -544,40 +611,54 @@ class Replica:
         self._last_vote = {"gen": g, "step": step, "ledger": vote["ledger"], "loss_sum": vote["loss_sum"],
                            "lr": vote["lr"]}
         self.control.send(self.hooks.outgoing_vote(vote))
+
+    def _wait_verdict(self, step: int) -> dict:
+        """The coordinator's verdict on the votes: `commit` (every member voted for exactly the
+        iteration's ids) or `abort`."""
         self.hooks.at(step, "commit")
-        msg = self._wait_for({"commit", "abort"})
-        if msg["t"] == "abort":
-            self._relay({"t": "recover"})
-            return self._recover(msg)
-        # step+1's quota rides on the commit's relay when nothing can come between (no admission, not
-        # the last step): the ranks then start it without waiting for their leader's quota()
+        return self._wait_for({"commit", "abort"})
+
+    def _relay_commit(self, commit: dict, step: int) -> dict | None:
+        """Tell the replica's ranks the step commits (skipped or not, and generation g's members: the
+        checkpoint writer's rule); returns step+1's quota when it rode along.
+
+        step+1's quota rides on the commit's relay when nothing can come between (no admission, not
+        the last step): the ranks then start it without waiting for their leader's quota()."""
         next_quota = None
-        if self.link is not None and msg.get("next") is None and step + 1 < self.steps:
-            next_quota = self._next_quota(idranges.to_ids(quota_of(msg, self.member_ranges, self.replica)), step + 1)
-        self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(msg.get("skipped")),
+        if self.link is not None and commit.get("next") is None and step + 1 < self.steps:
+            next_quota = self._next_quota(idranges.to_ids(quota_of(commit, self.member_ranges, self.replica)),
+                                          step + 1)
+        self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(commit.get("skipped")),
                      "members": list(self.members),  # generation g's: the checkpoint writer's rule
                      **({"quota": next_quota} if next_quota is not None else {})})
+        return next_quota
+
+    def _apply_step(self, commit: dict, step: int, reduction: _Reduction) -> None:
+        """Step the optimizer with the reduced mean (or skip the step, --on-nonfinite skip), empty the
+        accumulator and count the step: from here the replica holds step+1's weights."""
         self._committed_vote = self._last_vote
         self.hooks.at(step, "optimizer_step")
-        if msg.get("skipped"):  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
+        if commit.get("skipped"):  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
             self._log(f"step {step} skipped: its loss was not finite")
             self.stepper.skip(step)
         else:  # (at a replica of many ranks, its loss came with the combine)
-            load_reduced(self.acc, buf, self.microbatches, wide, loss_combined=self.link is not None)
+            load_reduced(self.acc, reduction.buf, self.microbatches, reduction.wide,
+                         loss_combined=self.link is not None)
             self.stepper(step)
         self.acc.clear()
         self.step = step + 1
         self.committed_members = list(self.members)  # generation g's: an admission switches `members` below
-        if self.after_step is not None:
-            self.after_step(self)
+
+    def _start_next_step(self, commit: dict, next_quota: dict | None) -> None:
+        """Where the replica goes after a commit: the run's end (wait for `done`), an admitting
+        generation, or step+1's quota (already relayed to the ranks when `next_quota`)."""
         if self.done:
             self._await_done()
-        elif msg.get("next") is not None:  # step+1 belongs to an admitting generation
-            self._wait_generation(msg["next"])
+        elif commit.get("next") is not None:  # step+1 belongs to an admitting generation
+            self._wait_generation(commit["next"])
         else:
-            self._set_quota(quota_of(msg, self.member_ranges, self.replica))
+            self._set_quota(quota_of(commit, self.member_ranges, self.replica))
             self._announced = next_quota is not None
-        return True
 
     def _await_done(self) -> None:
         """After the last commit: stay for the coordinator's `done`, which it sends once the

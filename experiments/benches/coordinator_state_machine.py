@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from recover.core.coordinator.gc_pacing import settle, take_over
+from recover.core.contract.iteration import iteration_range
 from recover.core.contract.policy import quota_of
 from recover.core.coordinator.protocol import ProtocolStateMachine, Out
 from recover.core.storage.results import step_ids_are
@@ -135,7 +136,7 @@ class _Run:
         now = self._tick()
         outs, parse_s, machine_s = _parse_and_feed(lines, p.on_vote, now)
         commits = [a for a in outs if a.kind == "commit"]
-        if len(commits) != 1 or not step_ids_are(commits[0].msg, step * self.M, (step + 1) * self.M):
+        if len(commits) != 1 or not step_ids_are(commits[0].msg, *iteration_range(step, self.M)):
             raise RuntimeError(f"R={self.R}: step {step} did not commit exactly its M ids")
         enc_s, enc_b = _encode(outs)
         self.quota = _quotas(outs, "commit", p.member_ranges)
