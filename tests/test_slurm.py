@@ -245,6 +245,75 @@ def test_replicas_of_two_ranks_a_node_down_takes_one_replica_and_the_run_goes_on
     assert losses(run) == pytest.approx([m["loss"] for m in reference], rel=1e-4)
 
 
+@pytest.mark.parametrize("shard", [1, 2])
+def test_with_replace_after_a_replica_lost_with_its_node_is_replaced_when_the_node_returns(
+        cluster: SlurmCluster, local_runs: Path, tmp_path: Path, monkeypatch, shard: int) -> None:
+    """--replace-after on Slurm, one-rank replicas and 2 x S2: replica 1's leader sets its node (n2)
+    DOWN at step 1; task 0 submits a one-node replacement job for replica 1, which stays pending
+    while n2 is down (n1 is the run's); n2 returns, Slurm starts it there, its ranks join as
+    newcomers, are healed, and the run ends at full strength (--min-replicas 2 holds step 2 for them)."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, _wait_slurm, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS,
+                        shard=shard if shard > 1 else None)
+    spec = next(r for r in grid.runs if r.label == "recover")
+    spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 1, "phase": "backward"}]}
+    spec.overrides.update(replace_after=1.0, min_replicas=2)
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=shard, cpus_per_task=1, time_min=10, poll_s=1.0)
+    [submitted] = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts,
+                              wait=False)
+    job = submitted.detail.split()[1].rstrip(";")
+    end = time.monotonic() + 120
+    # the replacement job is queued while n2 is down, and cannot start: n1 holds the run's replica 0
+    while not [j for j in cluster.queue() if j != job]:
+        assert time.monotonic() < end, (cluster.queue(), cluster.node_state("n2"))
+        time.sleep(0.5)
+    [replacement] = [j for j in cluster.queue() if j != job]
+    assert cluster.node_state("n2").startswith("down") and cluster.job_state(replacement) == "PENDING"
+    cluster.resume("n2")  # the node is repaired
+    import submitit
+    sjob = submitit.SlurmExecutor(folder=tmp_path / "submitit").job_class(tmp_path / "submitit", job, tasks=[0, 1])
+    outcome = _wait_slurm(spec.name, sjob, opts)
+    assert outcome.status == "ok", outcome
+    run = spec.out_dir(tmp_path / "results")
+    config, metrics, summary = load_run(run)
+    assert config["train"]["shard"] == shard
+    [fired] = assert_every_planned_fault_fired(run)
+    assert fired["kind"] == "node_down" and fired["step"] == 1
+    # Slurm's account: the run's job lost n2, the replacement job ran there and has left the queue
+    assert cluster.job_nodes(summary["slurm_job"]) == "n[1-2]"
+    [record] = summary["replacements"]
+    assert (record["replica"], record["incarnation"], record["job_id"]) == (1, 1, replacement), record
+    assert record["started_at"] is not None and record["outcome"].startswith("ran to the run's end"), record
+    assert cluster.job_nodes(replacement) == "n2"
+    assert cluster.final_job_states(replacement)[-1] in ("COMPLETED", "CANCELLED"), cluster.job_states(replacement)
+    assert replacement not in cluster.queue()
+    # From the workers' reports: the newcomer was admitted with the live state and healed ...
+    events = read_jsonl(run / "events.jsonl")
+    [recovery] = [e for e in events if e["kind"] == "recovery"]
+    assert (recovery["step"], recovery["survivors"]) == (1, [0]), recovery
+    [join] = [e for e in events if e["kind"] == "join"]
+    assert (join["replica"], join["why"], join["donor"]) == (1, "replacement", 0), join
+    assert join["pid"] != fired["pid"]
+    assert set(join["member_digests"]) == {"0", "1"} and set(join["member_digests"].values()) == {join["weights_digest"]}
+    if shard > 1:  # rank to rank: each position its own shard
+        assert len(set(join["shard_fingerprints"][str(i)] for i in range(shard))) == shard, join
+    # ... and the last steps were folded by every replica, every step with the failure-free ids
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert [m["members"] for m in metrics[:2]] == [[0, 1], [0]], metrics
+    assert join["first_commit_step"] == 2
+    assert all(m["members"] == [0, 1] for m in metrics[2:]), metrics
+    for m in metrics:  # the ids the members' own ledgers name
+        assert reported_ids(m) == iteration_ids(m["step"], config["train"]["microbatches"]), m
+    finals = summary["final_checksums"]  # each finisher's own final file
+    assert sorted(finals) == ["0", "1"] and len(set(finals.values())) == 1, finals
+    reference = read_metrics(local_runs / "trajectory" / "failure-free_s0" / "metrics.jsonl")
+    assert losses(run) == pytest.approx([m["loss"] for m in reference], rel=REL if shard == 1 else 1e-4)
+
+
 @pytest.mark.parametrize("bad, says", [
     # sbatch refuses it: nothing is queued
     (["--partition", "nosuch"], ["sbatch refused the job", "invalid partition", ".submission_file_"]),
