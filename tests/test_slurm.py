@@ -314,6 +314,43 @@ def test_with_replace_after_a_replica_lost_with_its_node_is_replaced_when_the_no
     assert losses(run) == pytest.approx([m["loss"] for m in reference], rel=REL if shard == 1 else 1e-4)
 
 
+def test_a_replacement_job_that_can_never_start_is_one_line_and_nothing_is_left_queued(
+        cluster: SlurmCluster, tmp_path: Path, monkeypatch, capsys) -> None:
+    """Task 0's replacer, on the real cluster: replica 1's task reported its worker SIGKILLed; the
+    replacement job it submits asks for more CPUs than a node has, so Slurm keeps it pending for
+    PartitionConfig. The replacer cancels it, says so in one line, and gives the slot up."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmTask
+    from recover.experiments.slurm_replacements import ReplaceOptions, SlurmReplacements
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    [spec] = [r for r in E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS).runs
+              if r.label == "recover"]
+    root = tmp_path / "results"
+    task = SlurmTask(rank=0, job_id="999999", host0="n1", restart=0, spec=spec, out=spec.out_dir(root),
+                     ranks_per_replica=1)
+    task.sync.mkdir(parents=True)
+    (task.sync / "done-1").write_text("-9")  # what replica 1's task writes when its worker is SIGKILLed
+    opts = ReplaceOptions(folder=str(tmp_path / "submitit"), poll_s=0.2,
+                          params={"name": "recover-never", "nodes": 1, "tasks_per_node": 1, "cpus_per_task": 64,
+                                  "timeout_min": 10})
+    replacer = SlurmReplacements(task, str(root), opts, replace_after=0.0, reconnect_timeout=5.0, t0=time.time())
+    replacer.start()
+    end = time.monotonic() + 60
+    while not (replacer.jobs and replacer.jobs[0].outcome):
+        assert time.monotonic() < end, replacer.record()
+        time.sleep(0.2)
+    replacer.close()
+    [job] = replacer.record()
+    assert job["replica"] == 1 and job["started_at"] is None, job
+    assert job["outcome"] == "cannot start: pending for a reason that will not pass (PartitionConfig); cancelled"
+    said = [line for line in capsys.readouterr().err.splitlines() if "cannot start" in line]
+    assert len(said) == 1 and f"replacement job {job['job_id']} cannot start" in said[0], said
+    assert "the run goes on without it" in said[0]
+    assert job["job_id"] not in cluster.queue()
+    assert 1 not in replacer._due  # given up: no second job for the slot
+
+
 @pytest.mark.parametrize("bad, says", [
     # sbatch refuses it: nothing is queued
     (["--partition", "nosuch"], ["sbatch refused the job", "invalid partition", ".submission_file_"]),
