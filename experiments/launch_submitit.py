@@ -39,6 +39,10 @@ Contract:
   tasks (`SlurmTask`: task g is local rank g % K of replica g // K), and `slurm_shape`
   puts whole replicas on each node, so a node that fails takes whole replicas; within a
   replica, the ranks' beats to their leader end the replica when one rank is gone.
+- recover with `replace_after` >= 0: task 0 replaces a lost replica (a rank's non-zero
+  exit, or its node gone from the job) with a one-node job of its own, which joins the
+  run as a newcomer and is healed; none is left queued when the run ends
+  (experiments/slurm_replacements.py). summary.json lists them (`replacements`).
 - A failed run is reported with the path of its logs (the run's moved logs, or the
   submitit job's stderr when the job itself died).
 - Waiting on Slurm (`_wait_slurm`) follows task 0 only (it writes the summary; a

@@ -21,6 +21,12 @@ when it runs as root, as CI does).
 - Replicas of two ranks (2 x S2): a replica's ranks share a node; a `node_down` from
   replica 1's leader takes its node and both its ranks, and replica 0 trains on with the
   failure-free run's microbatches.
+- Replacements (`replace_after`, `min_replicas` 2), one-rank replicas and 2 x S2: a
+  `node_down` of replica 1 at step 1; task 0 submits a one-node replacement job, pending
+  while n2 is down; n2 returns, the job runs there, its ranks are admitted and healed,
+  and the last steps are folded by both replicas with the failure-free ids (the
+  workers' ledgers and final checksums); the job has left the queue. A replacement job
+  that can never start (PartitionConfig) is cancelled with one line.
 - Bad input: an unknown partition (sbatch refuses it) and a job no node can hold
   (queued, pending for PartitionConfig) are each one failed line per run, at once,
   naming Slurm's reason and the job's script and log; nothing is left queued.
