@@ -54,9 +54,6 @@ class ReplaceOptions:
     poll_s: float = 5.0  # how often Slurm is asked about the run's job and its replacements
     start_timeout_min: float = 0.0  # cancel a replacement still pending after this long (0: no limit)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
 class Replacement:
@@ -83,11 +80,11 @@ class SlurmReplacements:
     t0: float  # the run's clock (time.time() at its start)
     jobs: list[Replacement] = field(default_factory=list)
     _due: dict[int, float] = field(default_factory=dict)  # replica -> monotonic time its next replacement is submitted
-    _quick_deaths: dict[int, int] = field(default_factory=dict)
-    _given_up: set[int] = field(default_factory=set)
-    _next_poll: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _quick_deaths: dict[int, int] = field(default_factory=dict)  # replica -> its replacements that died at once, in a row
+    _given_up: set[int] = field(default_factory=set)  # slots left empty (a job that cannot start, a crash loop)
+    _next_poll: float = 0.0  # monotonic time Slurm may be asked again
+    _stop: threading.Event = field(default_factory=threading.Event)  # set by `close`: the watching thread ends
+    _thread: threading.Thread | None = None  # the watching thread (`start`)
 
     def _say(self, line: str) -> None:
         print(f"[slurm replacements {time.time() - self.t0:8.3f}s] {line}", file=sys.stderr, flush=True)
