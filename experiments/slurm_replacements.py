@@ -5,7 +5,8 @@ Contract:
   worker exited is not started again, so a lost replica cannot come back inside the run's
   job. Task 0 (which hosts the coordinator) submits a one-node replacement job for it
   instead: K tasks (the replica's ranks), the run's own Slurm options, excluding the nodes
-  the run's job still holds (its other replicas' ranks fill them). Slurm starts it when a
+  of the run's job where a replica still runs (they are full; a node whose replicas are all
+  lost may take it). Slurm starts it when a
   node is free (e.g. when the failed node returns); its tasks run the replica's ranks with
   the coordinator's address and join token from the job's sync directory, numbered as the
   local launcher numbers a slot's process sets (RECOVER_INCARNATION n: the n-th
@@ -120,6 +121,21 @@ class SlurmReplacements:
             return None
         return set(names.stdout.split()) if names.returncode == 0 else None
 
+    def _busy_nodes(self) -> list[str]:
+        """The run's job's nodes that still run a replica of its own: a replacement goes elsewhere.
+        A node whose every replica is lost may take it (its task slots are dead; where Slurm
+        shares nodes it fits there, else it waits for a free node)."""
+        nodes = self._job_nodes()
+        if not nodes:
+            return []
+        k = self.task.ranks_per_replica
+        busy = set()
+        for r in range(self.task.spec.replicas):
+            node_file = self.task.sync / f"node-{r * k}"
+            if self._current(r) is None and not self._first_lost(r, nodes) and node_file.exists():
+                busy.add(node_file.read_text().strip())
+        return sorted(busy & nodes)
+
     def _first_lost(self, replica: int, nodes: set[str] | None) -> str:
         """Why the slot's first process set is gone ('' when it is not)."""
         k = self.task.ranks_per_replica
@@ -224,8 +240,8 @@ class SlurmReplacements:
         incarnation = len([j for j in self.jobs if j.replica == replica]) + 1
         params = dict(self.opts.params)
         extra = dict(params.pop("slurm_additional_parameters", {}))
-        held = sorted(self._job_nodes() or ())
-        if held:  # the run's other replicas hold them; a replica's ranks share a node of their own
+        held = self._busy_nodes()
+        if held:  # the run's live replicas fill them; a replica's ranks share a node of their own
             extra["exclude"] = ",".join(held)
         params["slurm_additional_parameters"] = extra
         params["name"] = f"{params.get('name', 'recover')}-replica{replica}"

@@ -18,6 +18,8 @@ when it runs as root, as CI does).
 - A node failure: recover's worker on n2 sets its own node DOWN mid-step (a
   `node_down` fault); Slurm ends the task there, the job (submitted --no-kill) runs on
   n1, and the trajectory equals failure-free; faults.jsonl and events.jsonl record it.
+  With --replace-after, the replacement job queued for it finds no node (n2 down, n1
+  the run's) and is cancelled when the run ends.
 - Replicas of two ranks (2 x S2): a replica's ranks share a node; a `node_down` from
   replica 1's leader takes its node and both its ranks, and replica 0 trains on with the
   failure-free run's microbatches.
@@ -26,7 +28,9 @@ when it runs as root, as CI does).
   while n2 is down; n2 returns, the job runs there, its ranks are admitted and healed,
   and the last steps are folded by both replicas with the failure-free ids (the
   workers' ledgers and final checksums); the job has left the queue. A replacement job
-  that can never start (PartitionConfig) is cancelled with one line.
+  that can never start (PartitionConfig) is cancelled with one line. A replica whose
+  worker SIGKILLed itself (its node still in the job) is replaced on that node, healed,
+  and the run ends at full strength.
 - Bad input: an unknown partition (sbatch refuses it) and a job no node can hold
   (queued, pending for PartitionConfig) are each one failed line per run, at once,
   naming Slurm's reason and the job's script and log; nothing is left queued.
@@ -181,7 +185,8 @@ def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, 
 
 def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_runs: Path, tmp_path: Path,
                                                   monkeypatch) -> None:
-    """Replica 1's worker sets its own node (n2) DOWN at step 2: Slurm ends its task, the job runs on."""
+    """Replica 1's worker sets its own node (n2) DOWN at step 2: Slurm ends its task, the job runs on;
+    the replacement job task 0 queues for it (--replace-after) is cancelled when the run ends."""
     from recover.experiments import grids as E
     from recover.experiments.launch_submitit import SlurmOptions, submit_grid
 
@@ -189,8 +194,9 @@ def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_r
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS)
     spec = next(r for r in grid.runs if r.label == "recover")
     spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 2, "phase": "backward"}]}
+    spec.overrides.update(replace_after=0.0)  # its replacement finds no node: n2 is down, n1 is replica 0's
     grid.runs = [spec]
-    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=1.0)
+    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=0.5)
     out = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts)
     assert [(o.status) for o in out] == ["submitted", "ok"], out
     run = spec.out_dir(tmp_path / "results")
@@ -212,6 +218,13 @@ def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_r
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert metrics[-1]["members"] == [0], metrics[-1]
     assert_close(losses(run), losses(local_runs / "trajectory" / "failure-free_s0"))
+    # --replace-after: a replacement job was queued for replica 1, found no node before the run
+    # ended, and was cancelled then: nothing left in the queue
+    [record] = summary["replacements"]
+    assert (record["replica"], record["started_at"]) == (1, None), record
+    assert record["outcome"] == "cancelled: still pending when the run ended", record
+    assert record["job_id"] not in cluster.queue()
+    assert cluster.final_job_states(record["job_id"]) == ["CANCELLED"], cluster.job_states(record["job_id"])
 
 
 def test_replicas_of_two_ranks_a_node_down_takes_one_replica_and_the_run_goes_on(cluster: SlurmCluster,
@@ -318,6 +331,40 @@ def test_with_replace_after_a_replica_lost_with_its_node_is_replaced_when_the_no
     assert sorted(finals) == ["0", "1"] and len(set(finals.values())) == 1, finals
     reference = read_metrics(local_runs / "trajectory" / "failure-free_s0" / "metrics.jsonl")
     assert losses(run) == pytest.approx([m["loss"] for m in reference], rel=REL if shard == 1 else 1e-4)
+
+
+def test_with_replace_after_a_replica_whose_worker_was_killed_is_replaced_on_its_own_node(
+        cluster: SlurmCluster, tmp_path: Path, monkeypatch) -> None:
+    """Replica 1's worker SIGKILLs itself at step 1; its node (n2) stays in the run's job. Task 1
+    reports the exit, task 0 submits a replacement job that may use n2 (no live replica there; this
+    cluster shares nodes), whose rank joins and is healed: the run ends at full strength."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS,
+                        recover={"replace_after": 0.0, "min_replicas": 2})
+    spec = next(r for r in grid.runs if r.label == "recover")
+    spec.plan = {"faults": [{"kind": "crash", "replica": 1, "step": 1, "phase": "backward"}]}
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=0.5)
+    out = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts)
+    assert [o.status for o in out] == ["submitted", "ok"], out
+    run = spec.out_dir(tmp_path / "results")
+    config, metrics, summary = load_run(run)
+    [fired] = assert_every_planned_fault_fired(run)
+    assert fired["kind"] == "crash" and fired["step"] == 1
+    [record] = summary["replacements"]
+    assert (record["replica"], record["incarnation"]) == (1, 1) and record["started_at"] is not None, record
+    assert cluster.job_nodes(record["job_id"]) == "n2" and record["job_id"] not in cluster.queue()
+    [join] = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "join"]
+    assert (join["replica"], join["why"], join["first_commit_step"]) == (1, "replacement", 2), join
+    assert join["pid"] != fired["pid"]
+    assert [m["members"] for m in metrics] == [[0, 1], [0], [0, 1], [0, 1]], metrics
+    for m in metrics:
+        assert reported_ids(m) == iteration_ids(m["step"], config["train"]["microbatches"]), m
+    finals = summary["final_checksums"]
+    assert sorted(finals) == ["0", "1"] and len(set(finals.values())) == 1, finals
 
 
 def test_a_replacement_job_that_can_never_start_is_one_line_and_nothing_is_left_queued(
