@@ -396,13 +396,14 @@ def build_grid(name: str, seeds: list[int] | None = None, scale: str = "local",
                systems: list[str] | None = None, replicas: int | None = None, steps: int | None = None,
                recovery_replicas: tuple[int, ...] | None = None, shard: int | None = None,
                tp: int | None = None, pp: int | None = None, pp_schedule: str | None = None,
-               baseline: dict[str, Any] | None = None) -> Grid:
+               baseline: dict[str, Any] | None = None, recover: dict[str, Any] | None = None) -> Grid:
     """The validated grid of experiment `name` (see the module docstring).
 
     `systems` keeps only runs with these labels (and their failure-free references);
     `replicas`, `steps`, `recovery_replicas` and the layout (`shard`, `tp`, `pp`, `pp_schedule`) resize
     the scale (`resize`);
-    `baseline` sets BaselineConfig fields (e.g. ckpt_every) of every run whose system has them.
+    `baseline` sets BaselineConfig fields (e.g. ckpt_every) of every run whose system has them;
+    `recover` sets TrainConfig fields (e.g. replace_after, min_replicas) of every recover run.
     """
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)}")
@@ -442,6 +443,8 @@ def build_grid(name: str, seeds: list[int] | None = None, scale: str = "local",
     for r in kept:
         if baseline and SYSTEMS[r.system].settings is not None:
             r.settings = {**r.settings, **baseline}
+        if recover and r.system == "recover":
+            r.overrides = {**r.overrides, **recover}
         try:
             r.validate()
         except (ConfigError, PlanError) as e:

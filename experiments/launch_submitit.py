@@ -39,6 +39,10 @@ Contract:
   tasks (`SlurmTask`: task g is local rank g % K of replica g // K), and `slurm_shape`
   puts whole replicas on each node, so a node that fails takes whole replicas; within a
   replica, the ranks' beats to their leader end the replica when one rank is gone.
+- recover with `replace_after` >= 0: task 0 replaces a lost replica (a rank's non-zero
+  exit, or its node gone from the job) with a one-node job of its own, which joins the
+  run as a newcomer and is healed; none is left queued when the run ends
+  (experiments/slurm_replacements.py). summary.json lists them (`replacements`).
 - A failed run is reported with the path of its logs (the run's moved logs, or the
   submitit job's stderr when the job itself died).
 - Waiting on Slurm (`_wait_slurm`) follows task 0 only (it writes the summary; a
@@ -67,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from recover.baselines.runlog import fault_notice_path
-from recover.core.storage.results import read_metrics, write_summary
+from recover.core.storage.results import read_finals, read_metrics, write_summary
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.fault_injection.injector import attach_plan
 from recover.core.contract import env_names
@@ -216,19 +220,27 @@ class SlurmTask:
         return self.out / ".slurm" / self.job_id / str(self.restart)
 
 
-def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
+def slurm_task(spec_dict: dict[str, Any], root: str, replace: dict[str, Any] | None = None) -> dict[str, Any]:
     """The body of every task of a run's Slurm job: one rank of the run (see the module docstring).
 
     Three roles, in order: task 0 hosts the run's coordinator (`_host_coordinator`); every
     task of a member replica runs its rank (`_run_rank`); task 0 then waits for the run's
-    end and writes its summary (`_finish_run`)."""
+    end, replacing lost replicas meanwhile when the run has `replace_after` (`replace`: how
+    to submit their jobs, experiments/slurm_replacements.py), and writes its summary (`_finish_run`)."""
     task = SlurmTask.from_env(spec_dict, root)
     if task.rank >= task.ranks:  # the last node's spare task slots
         return {"rank": task.rank, "idle": True}
     system = SYSTEMS[task.spec.system]
     coordinator = _host_coordinator(task, system, root) if task.rank == 0 else None
+    task.sync.mkdir(parents=True, exist_ok=True)
+    # which node this task runs on: task 0 sees a replica's node leave the job by it
+    (task.sync / f"node-{task.rank}").write_text(os.environ.get("SLURMD_NODENAME", ""))
     ready = _wait_for(task.sync / "ready.json", timeout=600, failed=task.sync / "failed.txt")
     members = _members(task.spec, system, task.out, task.restart)
+    # task 0 runs replica 0's first rank too: the replacer watches beside it, from the run's start
+    replacements = _replacements(task, system, ready, root, replace) if task.rank == 0 else None
+    if replacements is not None:
+        replacements.start()
     if task.replica not in members:  # a replica lost earlier in a survivors-mode run: its slot stays empty
         (task.sync / f"done-{task.rank}").write_text("0")
         if task.rank != 0:
@@ -239,7 +251,27 @@ def slurm_task(spec_dict: dict[str, Any], root: str) -> dict[str, Any]:
         (task.sync / f"done-{task.rank}").write_text(str(code))
     if task.rank != 0:
         return {"rank": task.rank, "returncode": code}
-    return _finish_run(task, system, coordinator, ready, members, code)
+    return _finish_run(task, system, coordinator, ready, members, code, replacements)
+
+
+def replacement_task(spec_dict: dict[str, Any], root: str, replica: int, incarnation: int,
+                     sync: str) -> dict[str, Any]:
+    """The body of every task of a replacement job (experiments/slurm_replacements.py): local rank
+    SLURM_PROCID of `replica`, its `incarnation`-th process set, joining the run whose coordinator
+    the run's job's sync directory names; its exit goes to SYNC/replacement-<replica>-<incarnation>/."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    spec = RunSpec.from_dict(spec_dict)
+    k = spec.layout().ranks
+    if env.global_rank >= k:
+        return {"rank": env.global_rank, "idle": True}
+    task = SlurmTask(rank=replica * k + env.global_rank, job_id=str(env.job_id), host0=env.hostnames[0], restart=0,
+                     spec=spec, out=spec.out_dir(root), ranks_per_replica=k)
+    ready = json.loads((Path(sync) / "ready.json").read_text())
+    code = _run_rank(task, SYSTEMS[spec.system], root, ready, list(range(spec.replicas)), incarnation=incarnation)
+    (Path(sync) / f"replacement-{replica}-{incarnation}" / f"done-{env.global_rank}").write_text(str(code))
+    return {"replica": replica, "incarnation": incarnation, "rank": env.global_rank, "returncode": code}
 
 
 def _host_coordinator(task: SlurmTask, system: Any, root: str) -> subprocess.Popen:
@@ -272,9 +304,10 @@ def _host_coordinator(task: SlurmTask, system: Any, root: str) -> subprocess.Pop
     return coordinator
 
 
-def _run_rank(task: SlurmTask, system: Any, root: str, ready: dict, members: list[int]) -> int:
+def _run_rank(task: SlurmTask, system: Any, root: str, ready: dict, members: list[int], incarnation: int = 0) -> int:
     """Every task of a member replica: the system's worker for its rank (or, for elastic, the
-    node's torchrun agent), until it exits. Returns its exit code."""
+    node's torchrun agent), until it exits. Returns its exit code. A replacement's ranks carry
+    their process set's number (`incarnation`), as the local launcher's do."""
     host = ready["host"]
     worker_env = {
         **os.environ,
@@ -286,6 +319,8 @@ def _run_rank(task: SlurmTask, system: Any, root: str, ready: dict, members: lis
         worker_env.update({env_names.LOCAL_RANK: str(task.local_rank),
                            env_names.RANKS_PER_REPLICA: str(task.ranks_per_replica),
                            env_names.REPLICAS: str(task.spec.replicas)})
+    if incarnation:  # a replacement's groups inside its replica must not meet its predecessor's store keys
+        worker_env[env_names.INCARNATION] = str(incarnation)
     if system.on_slurm == "requeue":  # every start trains at full size from the last complete checkpoint
         worker_env.update(RECOVER_MEMBERS=",".join(map(str, members)), RECOVER_ATTEMPT=str(task.restart))
     config_path = task.out / "config.json"
@@ -300,8 +335,9 @@ def _run_rank(task: SlurmTask, system: Any, root: str, ready: dict, members: lis
 
 
 def _finish_run(task: SlurmTask, system: Any, coordinator: subprocess.Popen, ready: dict, members: list[int],
-                code: int) -> dict[str, Any]:
-    """Task 0, after its own rank: keep the coordinator until the run is over, requeue the job
+                code: int, replacements: Any = None) -> dict[str, Any]:
+    """Task 0, after its own rank: keep the coordinator until the run is over (its `replacements`
+    replacing lost replicas meanwhile, when the run has `replace_after`), requeue the job
     (checkpoint-restart) or write the run's summary.json."""
     sync, out, spec = task.sync, task.out, task.spec
     # A "recover" coordinator exits by itself; a bare store waits for every rank's done marker
@@ -318,6 +354,8 @@ def _finish_run(task: SlurmTask, system: Any, coordinator: subprocess.Popen, rea
     if coordinator.poll() is None:
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(30)
+    if replacements is not None:
+        replacements.close()  # none left queued or running; a running one's ranks have reported their exit
     settings = spec.settings_obj()
     if failed and system.on_slurm == "requeue" and task.restart < settings.max_restarts:
         # the job's other ranks fail within moments of the first (their collectives break):
@@ -331,6 +369,9 @@ def _finish_run(task: SlurmTask, system: Any, coordinator: subprocess.Popen, rea
     committed = len(read_metrics(out / "metrics.jsonl"))
     ok = committed == spec.steps and (coordinator.returncode == 0 or system.coordinator_mode != "recover")
     extra = {"restarts": task.restart} if system.on_slurm == "requeue" else {}
+    if replacements is not None:
+        extra["replacements"] = replacements.record()
+    extra.update(read_finals(out))  # every finisher's weights checksum, a replacement's among them
     elastic = out / "baseline" / "elastic.json"  # the agents' restarts, numbered by the workers' rank 0
     if system.on_slurm == "agents" and elastic.exists():
         extra["restarts"] = json.loads(elastic.read_text())["generation"]
@@ -338,6 +379,17 @@ def _finish_run(task: SlurmTask, system: Any, coordinator: subprocess.Popen, rea
                             reason="" if ok else f"{committed} of {spec.steps} steps committed", slurm_job=task.job_id,
                             **extra)
     return {"rank": 0, "returncode": code, "status": summary["status"]}
+
+
+def _replacements(task: SlurmTask, system: Any, ready: dict, root: str, replace: dict[str, Any] | None) -> Any:
+    """Task 0's replacer of lost replicas, when the run replaces them (recover with replace_after >= 0)."""
+    train = json.loads((task.out / "config.json").read_text())["train"]  # as the run resolved it
+    if not replace or system.coordinator_mode != "recover" or train["replace_after"] < 0:
+        return None
+    from .slurm_replacements import ReplaceOptions, SlurmReplacements
+
+    return SlurmReplacements(task, root, ReplaceOptions(**replace), float(train["replace_after"]),
+                             float(train["reconnect_timeout"]), ready["t0"])
 
 
 def _run_agent(spec: RunSpec, root: str, out: Path, config_path: Path, rank: int, run_id: str,
@@ -487,6 +539,21 @@ def slurm_shape(spec: RunSpec, opts: SlurmOptions) -> tuple[int, int, int]:
     per_node = min(max(want // per_replica, 1) * per_replica, ranks)
     nodes = -(-ranks // per_node)
     return nodes, per_node, gpn
+
+
+def _replacement_options(spec: RunSpec, opts: SlurmOptions, folder: str | Path, params: dict[str, Any]) -> dict[str, Any]:
+    """How the run's task 0 submits a replacement job (experiments/slurm_replacements.py): one node,
+    the replica's K ranks, the run's job's other Slurm options (no array, no requeue)."""
+    k = spec.layout().ranks
+    one = {key: v for key, v in params.items() if key not in ("nodes", "tasks_per_node", "slurm_array_parallelism",
+                                                               "gpus_per_node", "slurm_additional_parameters")}
+    one.update(nodes=1, tasks_per_node=k)
+    if params.get("gpus_per_node"):
+        one["gpus_per_node"] = k  # one GPU per rank
+    extra = {key: v for key, v in params.get("slurm_additional_parameters", {}).items() if key != "requeue"}
+    if extra:
+        one["slurm_additional_parameters"] = extra
+    return {"folder": str(folder), "params": one, "poll_s": opts.poll_s, "start_timeout_min": opts.start_timeout_min}
 
 
 # Slurm's states of a job that may still run its tasks (sacct); any other state is final.
@@ -640,8 +707,9 @@ def _submit_slurm(todo: list[RunSpec], root: str, folder: str | Path, opts: Slur
         if extra:
             params["slurm_additional_parameters"] = extra
         ex.update_parameters(**params)
+        replace = [_replacement_options(s, opts, folder, params) for s in specs]
         try:
-            jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs))
+            jobs = ex.map_array(slurm_task, [s.to_dict() for s in specs], [root] * len(specs), replace)
         except FailedJobError as e:  # sbatch refused the array: nothing was queued
             why = " ".join(str(e).split()) or "no message"
             script = _newest(Path(folder), ".submission_file_*.sh")

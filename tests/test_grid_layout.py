@@ -54,6 +54,18 @@ def test_a_recover_grid_with_shard_2_validates_and_passes_s_to_its_config(name):
         assert len(same) == 1  # the same microbatches of the same rows: the same trajectory
 
 
+def test_recover_fields_reach_every_recover_run_and_only_those_and_a_bad_one_is_refused_naming_it():
+    grid = E.build_grid("trajectory", seeds=[0], replicas=2, recover={"replace_after": 1.0, "min_replicas": 2})
+    for r in grid.runs:
+        cfg = r.train_config("results")
+        if r.system == "recover":
+            assert (cfg.replace_after, cfg.min_replicas) == (1.0, 2)
+        else:  # the other systems keep their own (and plain would refuse a replacement)
+            assert (cfg.replace_after, cfg.min_replicas) == (-1.0, 1), r.name
+    with pytest.raises(ValueError, match="recover_s0: --min-replicas: must be in"):
+        E.build_grid("trajectory", seeds=[0], replicas=2, recover={"min_replicas": 3})
+
+
 def test_throughput_failures_are_per_gpu_so_a_replica_of_2_fails_twice_as_often():
     plan = next(r.plan for r in E.build_grid("throughput", seeds=[0], systems=["recover"], shard=2).runs
                 if r.plan)

@@ -104,7 +104,8 @@ def test_a_grid_asking_baselines_for_pp_names_the_system_and_every_one_runs_tp()
 def _cli(**kw) -> Namespace:
     base = dict(name="recovery", executor="local", seeds=[0], scale="local", systems=["recover"], replicas=None,
                 steps=None, shard=None, tp=None, pp=None, pp_schedule=None, recovery_replicas=None,
-                checkpoint_every=None, nodes=None, gpus_per_node=None, tasks_per_node=None, parallel=1,
+                checkpoint_every=None, replace_after=None, min_replicas=None, nodes=None, gpus_per_node=None,
+                tasks_per_node=None, parallel=1,
                 dry_run=True)
     return Namespace(**{**base, **kw})
 

@@ -18,9 +18,20 @@ when it runs as root, as CI does).
 - A node failure: recover's worker on n2 sets its own node DOWN mid-step (a
   `node_down` fault); Slurm ends the task there, the job (submitted --no-kill) runs on
   n1, and the trajectory equals failure-free; faults.jsonl and events.jsonl record it.
+  With --replace-after, the replacement job queued for it finds no node (n2 down, n1
+  the run's) and is cancelled when the run ends.
 - Replicas of two ranks (2 x S2): a replica's ranks share a node; a `node_down` from
   replica 1's leader takes its node and both its ranks, and replica 0 trains on with the
   failure-free run's microbatches.
+- Replacements (`replace_after`, `min_replicas` 2), at 2 x S2 (parametrized by S; S=1 passes
+  too, left out to keep the file's time): a
+  `node_down` of replica 1 at step 1; task 0 submits a one-node replacement job, pending
+  while n2 is down; n2 returns, the job runs there, its ranks are admitted and healed,
+  and the last steps are folded by both replicas with the failure-free ids (the
+  workers' ledgers and final checksums); the job has left the queue. A replacement job
+  that can never start (PartitionConfig) is cancelled with one line. A replica whose
+  worker SIGKILLed itself (its node still in the job) is replaced on that node, healed,
+  and the run ends at full strength.
 - Bad input: an unknown partition (sbatch refuses it) and a job no node can hold
   (queued, pending for PartitionConfig) are each one failed line per run, at once,
   naming Slurm's reason and the job's script and log; nothing is left queued.
@@ -175,7 +186,8 @@ def test_trajectory_grid_on_two_slurm_nodes_equals_local(cluster: SlurmCluster, 
 
 def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_runs: Path, tmp_path: Path,
                                                   monkeypatch) -> None:
-    """Replica 1's worker sets its own node (n2) DOWN at step 2: Slurm ends its task, the job runs on."""
+    """Replica 1's worker sets its own node (n2) DOWN at step 2: Slurm ends its task, the job runs on;
+    the replacement job task 0 queues for it (--replace-after) is cancelled when the run ends."""
     from recover.experiments import grids as E
     from recover.experiments.launch_submitit import SlurmOptions, submit_grid
 
@@ -183,8 +195,9 @@ def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_r
     grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS)
     spec = next(r for r in grid.runs if r.label == "recover")
     spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 2, "phase": "backward"}]}
+    spec.overrides.update(replace_after=0.0)  # its replacement finds no node: n2 is down, n1 is replica 0's
     grid.runs = [spec]
-    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=1.0)
+    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=0.5)
     out = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts)
     assert [(o.status) for o in out] == ["submitted", "ok"], out
     run = spec.out_dir(tmp_path / "results")
@@ -206,6 +219,13 @@ def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_r
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert metrics[-1]["members"] == [0], metrics[-1]
     assert_close(losses(run), losses(local_runs / "trajectory" / "failure-free_s0"))
+    # --replace-after: a replacement job was queued for replica 1, found no node before the run
+    # ended, and was cancelled then: nothing left in the queue
+    [record] = summary["replacements"]
+    assert (record["replica"], record["started_at"]) == (1, None), record
+    assert record["outcome"] == "cancelled: still pending when the run ended", record
+    assert record["job_id"] not in cluster.queue()
+    assert cluster.final_job_states(record["job_id"]) == ["CANCELLED"], cluster.job_states(record["job_id"])
 
 
 def test_replicas_of_two_ranks_a_node_down_takes_one_replica_and_the_run_goes_on(cluster: SlurmCluster,
@@ -243,6 +263,148 @@ def test_replicas_of_two_ranks_a_node_down_takes_one_replica_and_the_run_goes_on
     reference = read_metrics(local_runs / "trajectory" / "failure-free_s0" / "metrics.jsonl")
     # S2 against one rank per replica: the same sums in another order (rel 1e-4, as locally)
     assert losses(run) == pytest.approx([m["loss"] for m in reference], rel=1e-4)
+
+
+# 2 x S2 only: a one-rank replica's replacement is the worker-killed test's, and its node's
+# loss the node_down test's; this one adds the node's return and the heal rank to rank.
+@pytest.mark.parametrize("shard", [2])
+def test_with_replace_after_a_replica_lost_with_its_node_is_replaced_when_the_node_returns(
+        cluster: SlurmCluster, local_runs: Path, tmp_path: Path, monkeypatch, shard: int) -> None:
+    """--replace-after on Slurm, at 2 x S2 (or S=1): replica 1's leader sets its node (n2)
+    DOWN at step 1; task 0 submits a one-node replacement job for replica 1, which stays pending
+    while n2 is down (n1 is the run's); n2 returns, Slurm starts it there, its ranks join as
+    newcomers, are healed, and the run ends at full strength (--min-replicas 2 holds step 2 for them)."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, _wait_slurm, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS,
+                        shard=shard if shard > 1 else None)
+    spec = next(r for r in grid.runs if r.label == "recover")
+    spec.plan = {"faults": [{"kind": "node_down", "replica": 1, "step": 1, "phase": "backward"}]}
+    spec.overrides.update(replace_after=1.0, min_replicas=2)
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=shard, cpus_per_task=1, time_min=10, poll_s=1.0)
+    [submitted] = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts,
+                              wait=False)
+    job = submitted.detail.split()[1].rstrip(";")
+    end = time.monotonic() + 120
+    # the replacement job is queued while n2 is down, and cannot start: n1 holds the run's replica 0
+    while not [j for j in cluster.queue() if j != job]:
+        assert time.monotonic() < end, (cluster.queue(), cluster.node_state("n2"))
+        time.sleep(0.5)
+    [replacement] = [j for j in cluster.queue() if j != job]
+    assert cluster.node_state("n2").startswith("down") and cluster.job_state(replacement) == "PENDING"
+    cluster.resume("n2")  # the node is repaired
+    import submitit
+    sjob = submitit.SlurmExecutor(folder=tmp_path / "submitit").job_class(tmp_path / "submitit", job, tasks=[0, 1])
+    outcome = _wait_slurm(spec.name, sjob, opts)
+    assert outcome.status == "ok", outcome
+    run = spec.out_dir(tmp_path / "results")
+    config, metrics, summary = load_run(run)
+    assert config["train"]["shard"] == shard
+    [fired] = assert_every_planned_fault_fired(run)
+    assert fired["kind"] == "node_down" and fired["step"] == 1
+    # Slurm's account: the run's job lost n2, the replacement job ran there and has left the queue
+    assert cluster.job_nodes(summary["slurm_job"]) == "n[1-2]"
+    [record] = summary["replacements"]
+    assert (record["replica"], record["incarnation"], record["job_id"]) == (1, 1, replacement), record
+    assert record["started_at"] is not None and record["outcome"].startswith("ran to the run's end"), record
+    assert cluster.job_nodes(replacement) == "n2"
+    assert cluster.final_job_states(replacement)[-1] in ("COMPLETED", "CANCELLED"), cluster.job_states(replacement)
+    assert replacement not in cluster.queue()
+    # From the workers' reports: the newcomer was admitted with the live state and healed ...
+    events = read_jsonl(run / "events.jsonl")
+    [recovery] = [e for e in events if e["kind"] == "recovery"]
+    assert (recovery["step"], recovery["survivors"]) == (1, [0]), recovery
+    [join] = [e for e in events if e["kind"] == "join"]
+    assert (join["replica"], join["why"], join["donor"]) == (1, "replacement", 0), join
+    assert join["pid"] != fired["pid"]
+    assert set(join["member_digests"]) == {"0", "1"} and set(join["member_digests"].values()) == {join["weights_digest"]}
+    if shard > 1:  # rank to rank: each position its own shard
+        assert len(set(join["shard_fingerprints"][str(i)] for i in range(shard))) == shard, join
+    # ... and the last steps were folded by every replica, every step with the failure-free ids
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert [m["members"] for m in metrics[:2]] == [[0, 1], [0]], metrics
+    assert join["first_commit_step"] == 2
+    assert all(m["members"] == [0, 1] for m in metrics[2:]), metrics
+    for m in metrics:  # the ids the members' own ledgers name
+        assert reported_ids(m) == iteration_ids(m["step"], config["train"]["microbatches"]), m
+    finals = summary["final_checksums"]  # each finisher's own final file
+    assert sorted(finals) == ["0", "1"] and len(set(finals.values())) == 1, finals
+    reference = read_metrics(local_runs / "trajectory" / "failure-free_s0" / "metrics.jsonl")
+    assert losses(run) == pytest.approx([m["loss"] for m in reference], rel=REL if shard == 1 else 1e-4)
+
+
+def test_with_replace_after_a_replica_whose_worker_was_killed_is_replaced_on_its_own_node(
+        cluster: SlurmCluster, tmp_path: Path, monkeypatch) -> None:
+    """Replica 1's worker SIGKILLs itself at step 1; its node (n2) stays in the run's job. Task 1
+    reports the exit, task 0 submits a replacement job that may use n2 (no live replica there; this
+    cluster shares nodes), whose rank joins and is healed: the run ends at full strength."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmOptions, submit_grid
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    grid = E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS,
+                        recover={"replace_after": 0.0, "min_replicas": 2})
+    spec = next(r for r in grid.runs if r.label == "recover")
+    spec.plan = {"faults": [{"kind": "crash", "replica": 1, "step": 1, "phase": "backward"}]}
+    grid.runs = [spec]
+    opts = SlurmOptions(tasks_per_node=1, cpus_per_task=1, time_min=10, poll_s=0.5)
+    out = submit_grid(grid, "slurm", root=tmp_path / "results", folder=tmp_path / "submitit", slurm=opts)
+    assert [o.status for o in out] == ["submitted", "ok"], out
+    run = spec.out_dir(tmp_path / "results")
+    config, metrics, summary = load_run(run)
+    [fired] = assert_every_planned_fault_fired(run)
+    assert fired["kind"] == "crash" and fired["step"] == 1
+    [record] = summary["replacements"]
+    assert (record["replica"], record["incarnation"]) == (1, 1) and record["started_at"] is not None, record
+    assert cluster.job_nodes(record["job_id"]) == "n2" and record["job_id"] not in cluster.queue()
+    [join] = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "join"]
+    assert (join["replica"], join["why"], join["first_commit_step"]) == (1, "replacement", 2), join
+    assert join["pid"] != fired["pid"]
+    assert [m["members"] for m in metrics] == [[0, 1], [0], [0, 1], [0, 1]], metrics
+    for m in metrics:
+        assert reported_ids(m) == iteration_ids(m["step"], config["train"]["microbatches"]), m
+    finals = summary["final_checksums"]
+    assert sorted(finals) == ["0", "1"] and len(set(finals.values())) == 1, finals
+
+
+def test_a_replacement_job_that_can_never_start_is_one_line_and_nothing_is_left_queued(
+        cluster: SlurmCluster, tmp_path: Path, monkeypatch, capsys) -> None:
+    """Task 0's replacer, on the real cluster: replica 1's task reported its worker SIGKILLed; the
+    replacement job it submits asks for more CPUs than a node has, so Slurm keeps it pending for
+    PartitionConfig. The replacer cancels it, says so in one line, and gives the slot up."""
+    from recover.experiments import grids as E
+    from recover.experiments.launch_submitit import SlurmTask
+    from recover.experiments.slurm_replacements import ReplaceOptions, SlurmReplacements
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    [spec] = [r for r in E.build_grid("trajectory", seeds=[0], systems=["recover"], replicas=2, steps=STEPS).runs
+              if r.label == "recover"]
+    root = tmp_path / "results"
+    task = SlurmTask(rank=0, job_id="999999", host0="n1", restart=0, spec=spec, out=spec.out_dir(root),
+                     ranks_per_replica=1)
+    task.sync.mkdir(parents=True)
+    (task.sync / "done-1").write_text("-9")  # what replica 1's task writes when its worker is SIGKILLed
+    opts = ReplaceOptions(folder=str(tmp_path / "submitit"), poll_s=0.2,
+                          params={"name": "recover-never", "nodes": 1, "tasks_per_node": 1, "cpus_per_task": 64,
+                                  "timeout_min": 10})
+    replacer = SlurmReplacements(task, str(root), opts, replace_after=0.0, reconnect_timeout=5.0, t0=time.time())
+    replacer.start()
+    end = time.monotonic() + 60
+    while not (replacer.jobs and replacer.jobs[0].outcome):
+        assert time.monotonic() < end, replacer.record()
+        time.sleep(0.2)
+    replacer.close()
+    [job] = replacer.record()
+    assert job["replica"] == 1 and job["started_at"] is None, job
+    assert job["outcome"] == "cannot start: pending for a reason that will not pass (PartitionConfig); cancelled"
+    said = [line for line in capsys.readouterr().err.splitlines() if "cannot start" in line]
+    assert len(said) == 1 and f"replacement job {job['job_id']} cannot start" in said[0], said
+    assert "the run goes on without it" in said[0]
+    assert job["job_id"] not in cluster.queue()
+    assert 1 not in replacer._due  # given up: no second job for the slot
 
 
 @pytest.mark.parametrize("bad, says", [

@@ -14,6 +14,10 @@ Contract:
   per replica) is refused by the grid's validation in one line naming it and the layout, before
   anything starts (keep such grids to `--systems recover`, and torchft without `--pp`; the
   failure-free reference, plain, runs them all).
+- `--replace-after S` and `--min-replicas N` set those TrainConfig fields of every recover
+  run (checked with the grid: a bad value is one line before anything starts). On Slurm,
+  task 0 of a run's job replaces a lost replica with a job of its own
+  (experiments/slurm_replacements.py).
 """
 from __future__ import annotations
 
@@ -57,6 +61,12 @@ def add_parser(sub) -> None:
                    help="replica counts of the recovery sweep (default: the scale's)")
     p.add_argument("--checkpoint-every", "--ckpt-every", dest="checkpoint_every", type=int, default=None,
                    help="checkpoint-restart and elastic runs: a checkpoint every K iterations (default: theirs, 5)")
+    p.add_argument("--replace-after", type=float, default=None, metavar="S",
+                   help="recover runs: a lost replica gets a replacement S seconds later (locally new processes; on "
+                        "Slurm a one-node job that task 0 submits, started when a node is free); default: never")
+    p.add_argument("--min-replicas", type=int, default=None,
+                   help="recover runs: with fewer members, the next step waits for replacements to join "
+                        "(so a run with --replace-after ends at full strength; default: 1)")
     p.add_argument("--out", default="results", help="results folder (default: results)")
     p.add_argument("--logs", default="runs/experiments", help="where each run's process logs go (default: runs/experiments)")
     p.add_argument("--folder", default="", help="submitit's folder (default: runs/submitit/NAME)")
@@ -106,7 +116,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         grid = build_grid(args.name, args.seeds, args.scale, args.systems, replicas, args.steps,
                           tuple(args.recovery_replicas) if args.recovery_replicas else None, shard=args.shard,
                           tp=args.tp, pp=args.pp, pp_schedule=args.pp_schedule,
-                          baseline=None if args.checkpoint_every is None else {"ckpt_every": args.checkpoint_every})
+                          baseline=None if args.checkpoint_every is None else {"ckpt_every": args.checkpoint_every},
+                          recover={k: v for k, v in (("replace_after", args.replace_after),
+                                                     ("min_replicas", args.min_replicas)) if v is not None})
     except (KeyError, ValueError) as e:
         return fail(str(e).strip("'\""))
     for note in grid.notes:
