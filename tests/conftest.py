@@ -61,15 +61,52 @@ def as_read(msg: dict, r: int, members: list | None = None) -> dict:
 def run_recover(*args: str, timeout: float = 240, check: bool = False,
                 python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`recover ARGS...` as a user would run it; a hang fails the test at `timeout`.
-    `python_flags` go to the launcher's own interpreter only (e.g. -X importtime)."""
-    proc = subprocess.run(
-        [sys.executable, *python_flags, "-m", "recover.experiments.cli", *args],
-        capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    `python_flags` go to the launcher's own interpreter only (e.g. -X importtime).
+
+    Under RECOVER_WORKER_START=fork (the suite's default, above) the CLI is forked from
+    this process's fork server (core/launch/forkserver.py) rather than started as a fresh
+    interpreter: it then has torch imported, and so its own fork server is a fork of it,
+    not a second `import torch` per run (about 2 CPU-seconds each, over a hundred runs).
+    What the CLI does is the same: its own process, environment, folder and exit code."""
+    argv = [sys.executable, *python_flags, "-m", "recover.experiments.cli", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if os.environ.get(env_names.WORKER_START) == "fork" and not python_flags:
+        proc = _run_forked(argv, env, timeout)
+    else:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"recover {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)`, the
+    process forked from this test process's fork server (which makes this process a child
+    subreaper: an orphan of the run is reaped here, and `pid_alive` reads a zombie as dead)."""
+    import tempfile
+
+    from recover.core.launch.forkserver import ForkServer
+
+    with tempfile.TemporaryDirectory(prefix="recover-cli-") as d:
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        out.touch()
+        p = ForkServer.shared().start(argv, env, str(err), stdout_path=str(out), cwd=os.getcwd())
+        try:
+            code = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # its own process group: the CLI and what it started there
+            except ProcessLookupError:
+                pass
+            p.wait()
+            raise subprocess.TimeoutExpired(argv, timeout, out.read_text(errors="replace"),
+                                            err.read_text(errors="replace")) from None
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        return subprocess.CompletedProcess(argv, code, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
 
 
 def load_run(out: Path) -> tuple[dict, list[dict], dict]:

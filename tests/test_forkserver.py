@@ -124,6 +124,35 @@ def test_a_forked_script_runs_as_main_with_its_folder_first_on_the_path(tmp_path
     assert r["torch_loaded"]
 
 
+def test_a_launcher_forked_from_a_server_forks_its_own_server_and_its_workers_start_clean(tmp_path):
+    # A launcher that was itself forked (the suite's CLIs are) has torch imported: its
+    # server is then a fork of it, not a fresh interpreter. Its workers must not see what
+    # the launcher set up: its signal handlers, its imports of this project's modules.
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import json, signal, sys\n"
+        "import recover.experiments.cli  # the launcher's own imports\n"
+        "from recover.core.launch import forkserver\n"
+        "signal.signal(signal.SIGTERM, lambda *a: None)  # as a launcher's run() does\n"
+        "server = forkserver.ForkServer()\n"
+        "kind = type(server._proc).__name__\n"
+        f"p = server.start([sys.executable, '-m', 'forkserver_child', 'exit', '5'], {{'PYTHONPATH': {HERE!r}}}, "
+        f"{str(tmp_path / 'w.log')!r})\n"
+        "code = p.wait(60)\n"
+        "server.close()\n"
+        "print(json.dumps({'kind': kind, 'code': code, 'server_exit': server._proc.poll()}), flush=True)\n"
+    )
+    log = tmp_path / "l.log"
+    launcher = ForkServer.shared().start([sys.executable, str(script)], _env(PYTHONPATH=os.pathsep.join(sys.path)),
+                                         str(log))
+    assert launcher.wait(90) == 0, log.read_text()
+    r = _report(log)
+    assert r == {"kind": "_SelfForkedServer", "code": 5, "server_exit": 0}, r
+    w = _report(tmp_path / "w.log")
+    assert w["torch_loaded"] and w["sigterm_default"] and w["argv"] == ["exit", "5"]
+    assert w["recover_modules"] == [], w["recover_modules"]  # imported afresh by a worker, under its env
+
+
 def test_only_this_interpreters_module_and_script_runs_are_forkable(tmp_path):
     assert forkable(python_module_argv("recover.core.training.plain", "--replica", "0"))
     assert not forkable(["/bin/sleep", "1"]) and not forkable([sys.executable, "script.py"])  # no such file

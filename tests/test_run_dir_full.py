@@ -30,6 +30,7 @@ from conftest import load_run
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(240)]
 
 STEPS = 60
+PACE = 0.05  # seconds per microbatch at least: 2 per replica per step, so >= 0.1 s per step
 
 
 def _wait_for(what, deadline: float, proc: subprocess.Popen):
@@ -47,10 +48,17 @@ def _lines(path: Path) -> int:
 
 
 def _train(out: Path, steps: int) -> subprocess.Popen:
+    # Every microbatch lasts at least PACE (a `pace` fault from step 0, both replicas): on a
+    # fast, quiet machine the tiny model's 60 steps took less than the test's 1.5 s of held
+    # writes, and the run ended while its files were still limited.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plan = out.parent / f"{out.name}_plan.json"
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "pace", "replica": r, "step": 0, "phase": "forward", "seconds": PACE} for r in (0, 1)]}))
     return subprocess.Popen(
         [sys.executable, "-m", "recover.experiments.cli", "train", "--system", "recover", "--model", "tiny",
          "--replicas", "2", "--microbatches", "4", "--steps", str(steps), "--seed", "5", "--no-progress",
-         "--out", str(out)],
+         "--faults", str(plan), "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

@@ -37,7 +37,12 @@ Contract:
   (tests/conftest.py), where start-up cost is only waiting.
 
 One server per launcher process, started on first use and ended with it (its
-PDEATHSIG, and `close()` at exit). If it dies, the next `start` starts another.
+PDEATHSIG, and `close()` at exit). If it dies, the next `start` starts another. The
+server is `python -m` this module, or, when the launcher has already imported what the
+server preloads and runs a single thread (a launcher that was itself forked from a
+server, as the test suite starts its CLIs), a fork of the launcher that clears what a
+fresh interpreter would not have (`_SelfForkedServer`): the same contract for a fork
+instead of a second `import torch`.
 """
 from __future__ import annotations
 from recover.core.contract import env_names
@@ -155,11 +160,14 @@ class ForkServer:
         if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
             raise OSError("PR_SET_CHILD_SUBREAPER unavailable: the fork server needs Linux")
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, *PRELOAD],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-            preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL), start_new_session=True,
-        )
+        if _can_fork_self():
+            self._proc = _SelfForkedServer()
+        else:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, *PRELOAD],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL), start_new_session=True,
+            )
         line = self._proc.stdout.readline()
         if line.strip() != b"ready":
             self.close()
@@ -175,16 +183,18 @@ class ForkServer:
             return cls._shared
 
     def start(self, argv: Sequence[str], env: dict[str, str], log_path: str,
-              stdout_path: str | None = None, new_session: bool = False) -> ForkedProcess:
+              stdout_path: str | None = None, new_session: bool = False, cwd: str | None = None) -> ForkedProcess:
         """Start argv with stderr (and stdout, unless `stdout_path` names a file or FIFO
         for it) appended to `log_path`; in a session of its own if `new_session`
-        (Popen's start_new_session), else in a process group of its own."""
+        (Popen's start_new_session), else in a process group of its own; in the folder
+        `cwd` if given (Popen's cwd), else the server's."""
         if not forkable(argv):
             raise ValueError(f"the fork server starts only `{sys.executable} -m module ...` or "
                              f"`{sys.executable} script.py ...`, not {list(argv)!r}")
         script = argv[1] != "-m"
         request = {"argv": list(argv[1:] if script else argv[2:]), "script": script, "env": dict(env), "log": str(log_path), "launcher": os.getpid(),
-                   "stdout": None if stdout_path is None else str(stdout_path), "session": new_session}
+                   "stdout": None if stdout_path is None else str(stdout_path), "session": new_session,
+                   "cwd": None if cwd is None else str(cwd)}
         with self._lock:
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
             self._proc.stdin.flush()
@@ -204,6 +214,70 @@ class ForkServer:
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()
                 self._proc.wait()
+
+
+def _can_fork_self() -> bool:
+    """True when this process can be the server's image: it has imported what the server
+    preloads, and runs one thread (a fork copies only the calling thread; a lock another
+    thread held would stay held in every worker). A launcher that was itself forked from a
+    server (a test suite's, tests/conftest.py) is such a process: its server then costs a
+    fork, not a fresh `import torch`. Not where the standard streams were replaced (a test
+    runner's capture): a worker writes through the server's `sys.stdout`, which must be the
+    file on its descriptor 1, as in a fresh interpreter."""
+    own_streams = sys.stdin is sys.__stdin__ and sys.stdout is sys.__stdout__ and sys.stderr is sys.__stderr__
+    return own_streams and all(m in sys.modules for m in PRELOAD) and threading.active_count() == 1
+
+
+class _SelfForkedServer:
+    """The server as a fork of this process (see `_can_fork_self`): what `Popen` of
+    `python -m ...forkserver` gives `ForkServer` (stdin, stdout, poll, wait, kill), and in
+    the child what a fresh interpreter would have: a session of its own, the launcher's
+    death as its own (PDEATHSIG), default signal dispositions, no descriptor but its pipes
+    and stderr, and none of this project's modules (each worker imports them afresh, under
+    its own environment, as it would from the exec'd server)."""
+
+    def __init__(self) -> None:
+        to_server_r, to_server_w = os.pipe()
+        from_server_r, from_server_w = os.pipe()
+        parent = os.getpid()
+        for stream in (sys.stdout, sys.stderr):  # what is buffered now is ours, not the server's to write again
+            if stream is not None:
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setsid()
+                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != parent:  # the launcher died before the prctl
+                    os._exit(1)
+                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
+                            signal.SIGCHLD, signal.SIGQUIT):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                os.dup2(to_server_r, 0)
+                os.dup2(from_server_w, 1)
+                os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 4096)
+                for name in [n for n in sys.modules if n == "recover" or n.startswith("recover.")]:
+                    del sys.modules[name]  # (this function's globals stay reachable through it)
+                code = _serve_requests(os.fdopen(0, "rb"), os.fdopen(1, "wb"))
+            finally:
+                os._exit(code)  # never the launcher's atexit handlers
+        os.close(to_server_r)
+        os.close(from_server_w)
+        self.pid = pid
+        self.stdin = os.fdopen(to_server_w, "wb")
+        self.stdout = os.fdopen(from_server_r, "rb")
+        self._exited = ForkedProcess(pid, ["fork server"])
+
+    def poll(self) -> int | None:
+        return self._exited.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._exited.wait(timeout)
+
+    def kill(self) -> None:
+        self._exited.kill()
 
 
 # ---- the server's side -------------------------------------------------------------------------
@@ -235,6 +309,8 @@ def _become_worker(request: dict, report_fd: int) -> None:
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 2)
         os.dup2(log if stdout_fd is None else stdout_fd, 1)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         # A fresh interpreter would put $PYTHONPATH on sys.path; so do we.
@@ -275,10 +351,14 @@ def _become_worker(request: dict, report_fd: int) -> None:
 def _serve() -> int:
     for name in sys.argv[1:]:
         __import__(name)
-    out = sys.stdout.buffer
+    return _serve_requests(sys.stdin.buffer, sys.stdout.buffer)
+
+
+def _serve_requests(inp, out) -> int:
+    """The server's loop: say "ready", then one worker per request line until `inp` closes."""
     out.write(b"ready\n")
     out.flush()
-    for line in sys.stdin.buffer:
+    for line in inp:
         request = json.loads(line)
         try:
             r, w = os.pipe()
