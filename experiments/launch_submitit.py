@@ -79,6 +79,7 @@ from recover.core.launch.coordinator_command import MODULE as COORDINATOR, coord
 
 from .grids import PLAN_INPUT, Grid, RunSpec
 from .run import RUN_FILES, resolved_config_dict, run_training
+from .slurm_queue import NEVER_STARTS, SLURM_LIVE, job_state as _job_state, pending_reason as _pending_reason
 from .systems import SYSTEMS
 
 EXECUTORS = ("local", "debug", "slurm")
@@ -269,8 +270,13 @@ def replacement_task(spec_dict: dict[str, Any], root: str, replica: int, incarna
     task = SlurmTask(rank=replica * k + env.global_rank, job_id=str(env.job_id), host0=env.hostnames[0], restart=0,
                      spec=spec, out=spec.out_dir(root), ranks_per_replica=k)
     ready = json.loads((Path(sync) / "ready.json").read_text())
+    marks = Path(sync) / f"replacement-{replica}-{incarnation}"
+    marks.mkdir(parents=True, exist_ok=True)
+    # the replacer's evidence that this job runs: sacct, read through slurmdbd, can still say
+    # PENDING of a job whose tasks are running
+    (marks / f"started-{env.global_rank}").write_text(str(os.getpid()))
     code = _run_rank(task, SYSTEMS[spec.system], root, ready, list(range(spec.replicas)), incarnation=incarnation)
-    (Path(sync) / f"replacement-{replica}-{incarnation}" / f"done-{env.global_rank}").write_text(str(code))
+    (marks / f"done-{env.global_rank}").write_text(str(code))
     return {"replica": replica, "incarnation": incarnation, "rank": env.global_rank, "returncode": code}
 
 
@@ -389,7 +395,7 @@ def _replacements(task: SlurmTask, system: Any, ready: dict, root: str, replace:
     from .slurm_replacements import ReplaceOptions, SlurmReplacements
 
     return SlurmReplacements(task, root, ReplaceOptions(**replace), float(train["replace_after"]),
-                             float(train["reconnect_timeout"]), ready["t0"])
+                             float(train["reconnect_timeout"]), ready["t0"], replacement_task)
 
 
 def _run_agent(spec: RunSpec, root: str, out: Path, config_path: Path, rank: int, run_id: str,
@@ -556,52 +562,9 @@ def _replacement_options(spec: RunSpec, opts: SlurmOptions, folder: str | Path, 
     return {"folder": str(folder), "params": one, "poll_s": opts.poll_s, "start_timeout_min": opts.start_timeout_min}
 
 
-# Slurm's states of a job that may still run its tasks (sacct); any other state is final.
-SLURM_LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
-              "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "PREEMPTED", "UNKNOWN", "")
-# squeue's reasons for a pending job that waiting cannot lift: the request exceeds what the
-# partition or the account allows, or names something that does not exist.
-NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
-                "InvalidQOS", "QOSJobLimit", "AccountNotAllowed", "JobHeldAdmin", "DependencyNeverSatisfied")
-
-
 def _newest(folder: Path, pattern: str) -> str:
     found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
     return str(found[-1]) if found else f"{folder}/{pattern}"
-
-
-def _pending_reason(job_id: str) -> str:
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout.strip()
-
-
-def _job_state(job_id: str) -> str:
-    """The job's state by sacct ('' when sacct does not know it yet). Asked here, not through
-    submitit's watcher: that one stops asking once it sees a state it does not know (RESIZING,
-    after a node of a --no-kill job failed) and keeps that state for good."""
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True,
-                             text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return "UNKNOWN"
-    lines = out.stdout.split("\n") if out.returncode == 0 else []
-    lines = [x.strip() for x in lines if x.strip()]
-    if not lines:
-        # Not in sacct (an array element not started yet, or a cluster without accounting,
-        # where submitit would wait forever on a cancelled job): squeue -t all knows a job
-        # while it is queued and for MinJobAge after it ended; unknown to both, it is gone.
-        try:
-            queued = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
-                                    text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            return "UNKNOWN"
-        if queued.returncode != 0 and "Invalid job id" not in queued.stderr:
-            return "UNKNOWN"
-        return queued.stdout.strip().split("\n")[-1] or "GONE"
-    return lines[-1].split(" ")[0]  # "CANCELLED by 0": the state is its first word
 
 
 def _restarts(job_id: str) -> int:

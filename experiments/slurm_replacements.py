@@ -37,11 +37,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from recover.core.launch.launcher import MAX_QUICK_DEATHS, QUICK_DEATH_SECONDS, replacement_delay
 
-from .launch_submitit import NEVER_STARTS, SLURM_LIVE, SlurmTask, _job_state, _pending_reason, replacement_task
+# Not launch_submitit (which starts this): what runs a replacement's tasks is given (`task_body`).
+from .slurm_queue import NEVER_STARTS, SLURM_LIVE, job_state as _job_state, pending_reason as _pending_reason
 
 CANCEL_WAIT_S = 30.0  # at most this long for a cancelled job to leave the queue (Slurm's KillWait, and then some)
 
@@ -65,7 +66,7 @@ class Replacement:
     job_id: str  # its Slurm job
     submitted_at: float  # seconds since the run's t0
     state: str = "PENDING"  # Slurm's last word on it
-    started_at: float | None = None  # seconds since t0 it was first seen RUNNING (None: never)
+    started_at: float | None = None  # seconds since t0 it was first seen running: RUNNING, or a task's start marker (None: never)
     outcome: str = ""  # '' while it may still run; else how it ended, in words
 
 
@@ -73,12 +74,13 @@ class Replacement:
 class SlurmReplacements:
     """Task 0's bookkeeping of a run's lost replicas and their replacement jobs (see the module docstring)."""
 
-    task: SlurmTask  # task 0 of the run's job
+    task: Any  # task 0 of the run's job (launch_submitit.SlurmTask)
     root: str  # the grid's results root (the replacement's tasks find the run's directory under it)
     opts: ReplaceOptions
     replace_after: float  # seconds between a loss and its replacement's submission
     reconnect_timeout: float  # the workers' bound on reaching a coordinator that is gone
     t0: float  # the run's clock (time.time() at its start)
+    task_body: Callable[..., Any]  # each task of a replacement job (launch_submitit.replacement_task)
     jobs: list[Replacement] = field(default_factory=list)
     _due: dict[int, float] = field(default_factory=dict)  # replica -> monotonic time its next replacement is submitted
     _quick_deaths: dict[int, int] = field(default_factory=dict)  # replica -> its replacements that died at once, in a row
@@ -102,6 +104,10 @@ class SlurmReplacements:
             except ValueError:  # being written
                 pass
         return codes
+
+    def _started(self, job: Replacement) -> bool:
+        """Whether one of the job's tasks has started (its marker; see `_follow`)."""
+        return any(self.replacement_dir(job.replica, job.incarnation).glob("started-*"))
 
     def replacement_dir(self, replica: int, incarnation: int) -> Path:
         """Where a replacement's ranks leave their done markers (in the run's job's sync directory)."""
@@ -217,10 +223,12 @@ class SlurmReplacements:
 
     def _follow(self, job: Replacement) -> None:
         job.state = _job_state(job.job_id)
-        if job.state == "RUNNING" and job.started_at is None:
+        # Started: Slurm says so, or a task left its marker (sacct lags slurmctld: it has said
+        # PENDING of a job whose tasks were training; such a job must not be cancelled as pending)
+        if job.started_at is None and (job.state == "RUNNING" or self._started(job)):
             job.started_at = time.time() - self.t0
             self._say(f"replica {job.replica}: replacement job {job.job_id} started")
-        if job.state not in ("PENDING", ""):
+        if job.state not in ("PENDING", "") or job.started_at is not None:
             return
         reason = _pending_reason(job.job_id)
         waited = time.time() - self.t0 - job.submitted_at
@@ -255,7 +263,7 @@ class SlurmReplacements:
             if conf:
                 os.environ["SLURM_CONF"] = conf
             try:
-                job = executor.submit(replacement_task, self.task.spec.to_dict(), self.root,
+                job = executor.submit(self.task_body, self.task.spec.to_dict(), self.root,
                                       replica, incarnation, str(self.task.sync))
             except Exception as e:  # sbatch refused it: say so once, leave the slot empty
                 self._given_up.add(replica)
@@ -279,10 +287,12 @@ class SlurmReplacements:
             if job.outcome:
                 continue
             job.state = _job_state(job.job_id)
-            if job.state in ("PENDING", "REQUEUED", ""):
+            if job.state in ("PENDING", "REQUEUED", "") and not self._started(job):
                 self._cancel(job)
                 job.outcome = "cancelled: still pending when the run ended"
                 continue
+            if job.started_at is None and self._started(job):
+                job.started_at = time.time() - self.t0  # (first seen at the end)
             if job.state in SLURM_LIVE:
                 ranks = self.task.ranks_per_replica
                 folder = self.replacement_dir(job.replica, job.incarnation)

@@ -376,7 +376,7 @@ def test_a_replacement_job_that_can_never_start_is_one_line_and_nothing_is_left_
     replacement job it submits asks for more CPUs than a node has, so Slurm keeps it pending for
     PartitionConfig. The replacer cancels it, says so in one line, and gives the slot up."""
     from recover.experiments import grids as E
-    from recover.experiments.launch_submitit import SlurmTask
+    from recover.experiments.launch_submitit import SlurmTask, replacement_task
     from recover.experiments.slurm_replacements import ReplaceOptions, SlurmReplacements
 
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
@@ -390,7 +390,8 @@ def test_a_replacement_job_that_can_never_start_is_one_line_and_nothing_is_left_
     opts = ReplaceOptions(folder=str(tmp_path / "submitit"), poll_s=0.2,
                           params={"name": "recover-never", "nodes": 1, "tasks_per_node": 1, "cpus_per_task": 64,
                                   "timeout_min": 10})
-    replacer = SlurmReplacements(task, str(root), opts, replace_after=0.0, reconnect_timeout=5.0, t0=time.time())
+    replacer = SlurmReplacements(task, str(root), opts, replace_after=0.0, reconnect_timeout=5.0, t0=time.time(),
+                                  task_body=replacement_task)
     replacer.start()
     end = time.monotonic() + 60
     while not (replacer.jobs and replacer.jobs[0].outcome):
