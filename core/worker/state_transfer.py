@@ -337,7 +337,7 @@ def _receive(wire: _Wire, acc: GradAccumulator, optimizer: torch.optim.Optimizer
     if not in_place:  # what arrived is copied into the parameters only once no late write can follow it
         _wait_settled(acc, wire)
     _load(flat, received, header, acc, optimizer, stepper)
-    with torch.no_grad():
+    with torch.no_grad():  # acc.weights_fingerprint(): the bit sums of each parameter's local part, hashed
         got = fingerprint_of(torch.stack([sums[i] if i in sums else weights_bit_sums([_local(p)])[0]
                                           for i, p in enumerate(acc.params)]))
     if got != want:
