@@ -56,10 +56,9 @@ def test_train_config_refuses_a_pp_that_does_not_fit_naming_the_flag():
     TrainConfig(system="plain", replicas=2, microbatches=2, pp=2).validate()  # recover's failure-free reference
     with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S and TP only; 2 x PP2 needs"):
         TrainConfig(system="torchft", replicas=2, microbatches=2, pp=2).validate()
-    with pytest.raises(ConfigError, match="--pp: checkpoints"):
-        TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, checkpoint_every=2).validate()
-    with pytest.raises(ConfigError, match="--pp: checkpoints of a replica split by --pp"):
-        TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, resume_from="ckpts/step-00000002").validate()
+    # pipeline stages checkpoint and resume (their state under the whole model's names)
+    TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, checkpoint_every=2).validate()
+    TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, resume_from="ckpts/step-00000002").validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, shard=2).validate()  # FSDP2 stages
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, pp_schedule="afab").validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, tp=2).validate()
