@@ -1,0 +1,105 @@
+"""Checkpoints of replicas split into pipeline stages: `recover train --pp 2 --checkpoint-every K`, real processes.
+
+Each stage rank writes its own shard of one DCP checkpoint, its blocks under the whole
+model's names (the second stage's block 0 is the model's "blocks.1"), the first stage the
+embeddings, the last the final norm and its copy of the tied weight as "head.weight", with
+AdamW's state under the same names. A checkpoint is complete only when every stage's shard
+is; `--resume` from one continues the failure-free trajectory. Evidence from what the workers
+wrote: the checkpoint's files and DCP metadata, checkpoints.jsonl, metrics.jsonl, faults.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch.distributed.checkpoint as dcp
+
+from conftest import assert_every_planned_fault_fired, load_run, run_recover, train_metrics
+
+from recover.core.components.data import iteration_ids
+from recover.core.storage.checkpoint_dir import CheckpointDir
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
+
+pytestmark = pytest.mark.procs
+
+STEPS, M = 4, 4
+LAYOUT = ["--system", "recover", "--replicas", "2", "--pp", "2"]
+
+
+@pytest.fixture(scope="module")
+def failure_free(tmp_path_factory):
+    """2 x PP2, failure-free, checkpointing the state before step 2 (reading state changes no step)."""
+    out = tmp_path_factory.mktemp("pp_ckpt") / "run"
+    return out, train_metrics(out, *LAYOUT, "--checkpoint-every", "2", steps=STEPS, microbatches=M)
+
+
+def _same_trajectory(metrics: list[dict], reference: list[dict]) -> None:
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    for m, ref in zip(metrics, reference):
+        assert reported_ids(m) == iteration_ids(m["step"], M)
+        assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5), m["step"]
+
+
+@pytest.mark.timeout(240)
+def test_every_stage_writes_its_shard_under_global_names_and_resume_continues_the_trajectory(tmp_path,
+                                                                                            failure_free):
+    src, reference = failure_free
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    ckpts = CheckpointDir(out / "checkpoints")
+    assert ckpts.complete_steps() == [2]
+    # one data file per stage rank, and the metadata DCP writes once both are durable
+    assert sorted(p.name for p in ckpts.path(2).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert [(r["step"], r["writer"]) for r in read_jsonl(out / "checkpoints.jsonl")] == [(2, 0)]
+    keys = set(dcp.FileSystemReader(str(ckpts.path(2))).read_metadata().state_dict_metadata)
+    # the tiny model's two blocks, one per stage, each under its own index (no stage's "blocks.0" lost)
+    for layer in (0, 1):
+        assert f"model.blocks.{layer}.attn.qkv.weight" in keys
+        assert f"optim.state.blocks.{layer}.attn.qkv.weight.exp_avg" in keys
+    assert not any(k.startswith("model.blocks.2") for k in keys)
+    # the tied weight's two copies: the first stage's embedding and the last stage's head, each with AdamW state
+    for name in ("tok_emb.weight", "head.weight"):
+        assert f"model.{name}" in keys and f"optim.state.{name}.exp_avg_sq" in keys
+
+    run_recover("train", "--resume", str(out), "--no-progress", check=True, timeout=200)
+    # steps 2 and 3 redone from the checkpoint: step 2's loss needs the weights of both stages
+    # back, step 3's also their AdamW moments and the LR schedule
+    _same_trajectory(read_metrics(out / "metrics.jsonl"), reference)
+    [resume] = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "resume"]
+    assert resume["from_step"] == 2
+    ref = json.loads((src / "final" / "replica0.json").read_text())["weights_checksum"]
+    for r in range(2):
+        final = json.loads((out / "final" / f"replica{r}.json").read_text())["weights_checksum"]
+        assert final == pytest.approx(ref, rel=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_stage_killed_mid_save_leaves_no_checkpoint_that_resume_would_take(tmp_path, failure_free):
+    out = tmp_path / "run"
+    plan = tmp_path / "plan.json"
+    # replica 0 writes (the lowest member); its last stage (rank 1) is SIGKILLed by its own PID
+    # after writing its data of step 2's checkpoint, before the checkpoint is complete
+    plan.write_text(json.dumps({"faults": [
+        {"kind": "crash", "replica": 0, "rank": 1, "step": 1, "phase": "checkpoint_save"}]}))
+    metrics = train_metrics(out, *LAYOUT, "--checkpoint-every", "1", "--faults", str(plan), steps=STEPS,
+                            microbatches=M)
+    [fired] = assert_every_planned_fault_fired(out)
+    assert fired["pid"] == json.loads((out / "pids.json").read_text())["replicas"]["0"][1]
+    ckpts = CheckpointDir(out / "checkpoints")
+    partial = ckpts.tmp_path(2)
+    assert list(partial.glob("*.distcp")) and not (partial / ".metadata").exists()  # really half-written
+    # what --resume takes (experiments/run.py: the latest complete step) is never step 2's. Step 3's is
+    # there when the kill was seen before step 2 committed (then the survivor, replica 1, is the lowest
+    # member and writes it); when the dying stage had already sent its part of step 2, step 2's committing
+    # generation still held replica 0, its writer, now gone, and nobody writes step 3's (either is right)
+    complete = ckpts.complete_steps()
+    assert complete in ([1], [1, 3]) and ckpts.latest() == complete[-1]
+    assert [(r["step"], r["writer"]) for r in read_jsonl(out / "checkpoints.jsonl")] == [(1, 0), (3, 1)][:len(complete)]
+    for step in complete:  # each complete one holds both stages' shards
+        assert sorted(p.name for p in ckpts.path(step).iterdir()) == [".metadata", "__0_0.distcp",
+                                                                      "__1_0.distcp"]
+    # and the survivor redid the dead replica's ids: the failure-free trajectory
+    _same_trajectory(metrics, failure_free[1])
+    _, _, summary = load_run(out)
+    assert summary["status"] == "ok"
