@@ -22,7 +22,11 @@ Contract:
   share a key in one DCP checkpoint. The embeddings, final norm and head keep their
   names. The last stage's copy of the tied weight is "head.weight": the unsplit GPT's
   state dict holds the tied weight under both "tok_emb.weight" and "head.weight", so
-  the first stage's copy and the last's land on the keys a one-stage model writes.
+  the first stage's copy and the last's land on the keys a one-stage model writes. Its
+  AdamW state is "head.weight"'s too; a one-stage model's optimizer lists the tied weight
+  once, as "tok_emb.weight", so a checkpoint without "head.weight"'s state gives the last
+  stage "tok_emb.weight"'s (`optimizer_fallback`): the two copies step identically, so
+  their states are equal.
 - `Pipeline.run(ids, xs, ys, at)` runs torch's own pipelining schedule
   (`ScheduleGPipe` for "afab", `Schedule1F1B` for "1f1b") once over the
   microbatches `ids`, in that order, over the replica's "pp" group: stage 0 gets the
@@ -146,6 +150,13 @@ class GPTStage(nn.Module):
         index, _, tail = rest.partition(".")
         first = stage_blocks(self.cfg.n_layer, self.stages)[self.stage].start
         return f"blocks.{first + int(index)}" + (f".{tail}" if tail else "")
+
+    def optimizer_fallback(self, name: str) -> str | None:
+        """Where a checkpoint without AdamW state for the global `name` (+ ".<field>") holds it:
+        the last stage's copy of the tied weight takes the embedding's (see the contract)."""
+        if self.last and not self.first and name.startswith("head.weight."):
+            return "tok_emb.weight." + name[len("head.weight."):]
+        return None
 
     def duplicates(self) -> list[nn.Parameter]:
         """Parameters that another stage counts (the last stage's copy of the tied weight)."""

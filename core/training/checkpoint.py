@@ -102,12 +102,16 @@ class TrainingState:
     # this model's parameter name -> the whole model's (a pipeline stage's: core/parallel/pp.py
     # GPTStage.global_name); None: the model is whole and its names are the model's already
     global_name: Callable[[str], str] | None = None
+    # a whole-model name of AdamW state ("<param>.<field>") -> where a checkpoint lacking it holds the
+    # same state (a pipeline stage's: GPTStage.optimizer_fallback, the tied weight's copy); None: nowhere
+    optimizer_fallback: Callable[[str], str | None] | None = None
 
     @classmethod
     def of(cls, work: "Workload", stepper: CommittedStep | None = None) -> "TrainingState":
         """A workload's state; `stepper` if the loop steps through another CommittedStep (a Replica's)."""
         return cls(work.model, work.optimizer, stepper or work.stepper, work.acc, work.cfg.seed,
-                   work.cfg.microbatches, global_name=getattr(work.model, "global_name", None))
+                   work.cfg.microbatches, global_name=getattr(work.model, "global_name", None),
+                   optimizer_fallback=getattr(work.model, "optimizer_fallback", None))
 
 
 class _MidSaveWriter(dcp.FileSystemWriter):
@@ -164,6 +168,21 @@ def _renamed(sd: dict, rename: Callable[[str], str], local_of: dict[str, str], p
     return out
 
 
+def _fall_back(sd: dict, local_of: dict[str, str], fallback: Callable[[str], str | None], path: Path) -> None:
+    """Ask for AdamW state the checkpoint lacks under the key it holds the same state at (if any):
+    e.g. a one-stage model's checkpoint has the tied weight's state as "tok_emb.weight" only."""
+    held = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    optim = sd["optim"]
+    for key in list(optim):
+        if f"optim.{key}" in held:
+            continue
+        section, _, rest = key.partition(".")
+        if (other := fallback(rest)) is not None and f"optim.{section}.{other}" in held:
+            alias = f"{section}.{other}"
+            optim[alias] = optim.pop(key)
+            local_of[f"optim/{alias}"] = local_of.pop(f"optim/{key}")
+
+
 def _local(sd: dict, local_of: dict[str, str], part: str) -> dict:
     """A loaded part of the state dict under this model's own names again."""
     if not local_of:
@@ -195,6 +214,8 @@ def load_checkpoint(state: TrainingState, path: Path, group=None) -> None:
     step = CheckpointDir.step_of(path)
     _prime_optimizer(state)
     sd, local_of = _state_dict(state, -1)
+    if state.optimizer_fallback is not None:
+        _fall_back(sd, local_of, state.optimizer_fallback, path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # no_dist: DCP warns that no process group is set up
         dcp.load(sd, checkpoint_id=str(path), process_group=group, no_dist=group is None)
