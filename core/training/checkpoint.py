@@ -15,7 +15,9 @@ Contract:
   `flatten_optimizer_state_dict`, its form for pipeline stages: each stage's optimizer
   holds other parameters, so its per-group lists would collide), and a pipeline
   stage renames its blocks to the model's (`TrainingState.global_name`), so the
-  stages' shards of one checkpoint never share a key. Complete checkpoints live in ROOT/step-<s:08d>
+  stages' shards of one checkpoint never share a key. A checkpoint written before,
+  with AdamW's per-group lists, still loads at the layouts that could write it (not
+  into a pipeline stage: that raises, naming why). Complete checkpoints live in ROOT/step-<s:08d>
   (`checkpoint_dir.py`); nothing else is ever loaded.
 - A save never writes over a checkpoint. Every writer writes into the fresh
   ROOT/.tmp-step-<s:08d>; only when every writer has finished (DCP's own finish
@@ -136,13 +138,17 @@ def _progress(state: TrainingState, step: int) -> dict:
 # AdamW's state keyed "state.<param>.<field>" and "param_groups.<param>.<field>": by parameter name
 # alone, so the stages of a pipeline (each with its own parameters in its groups) never collide
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# how checkpoints written before that keyed it: AdamW's own state dict ("param_groups" a list of groups,
+# each listing its parameters); still loaded, at the layouts that wrote them (no pipeline stage did)
+_LISTED_GROUPS = StateDictOptions()
+_LISTED_GROUPS_KEY = "optim.param_groups.0.params"
 
 
-def _state_dict(state: TrainingState, step: int) -> tuple[dict, dict[str, str]]:
+def _state_dict(state: TrainingState, step: int, options: StateDictOptions = _OPTIONS) -> tuple[dict, dict[str, str]]:
     """Model, optimizer, schedule and data position, keyed by the whole model's parameter names
     (DCP's portable form), and each renamed key's local name (for the load to give it back)."""
     model = get_model_state_dict(state.model)
-    optim = get_optimizer_state_dict(state.model, state.optimizer, options=_OPTIONS)
+    optim = get_optimizer_state_dict(state.model, state.optimizer, options=options)
     local_of: dict[str, str] = {}
     if state.global_name is not None:
         name = state.global_name
@@ -168,10 +174,9 @@ def _renamed(sd: dict, rename: Callable[[str], str], local_of: dict[str, str], p
     return out
 
 
-def _fall_back(sd: dict, local_of: dict[str, str], fallback: Callable[[str], str | None], path: Path) -> None:
-    """Ask for AdamW state the checkpoint lacks under the key it holds the same state at (if any):
-    e.g. a one-stage model's checkpoint has the tied weight's state as "tok_emb.weight" only."""
-    held = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+def _fall_back(sd: dict, local_of: dict[str, str], fallback: Callable[[str], str | None], held) -> None:
+    """Ask for AdamW state the checkpoint (its keys: `held`) lacks under the key it holds the same
+    state at (if any): e.g. a one-stage model's checkpoint has the tied weight's state as "tok_emb.weight" only."""
     optim = sd["optim"]
     for key in list(optim):
         if f"optim.{key}" in held:
@@ -213,14 +218,19 @@ def load_checkpoint(state: TrainingState, path: Path, group=None) -> None:
     """Load a complete checkpoint into `state` (collective over `group`; None: this process alone)."""
     step = CheckpointDir.step_of(path)
     _prime_optimizer(state)
-    sd, local_of = _state_dict(state, -1)
+    held = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    options = _LISTED_GROUPS if _LISTED_GROUPS_KEY in held else _OPTIONS
+    if options is _LISTED_GROUPS and state.global_name is not None:
+        raise ValueError(f"checkpoint {path} lists AdamW's parameters per group, as checkpoints written before "
+                         f"--pp could checkpoint did: it loads at the layout that wrote it, not into a pipeline stage")
+    sd, local_of = _state_dict(state, -1, options)
     if state.optimizer_fallback is not None:
-        _fall_back(sd, local_of, state.optimizer_fallback, path)
+        _fall_back(sd, local_of, state.optimizer_fallback, held)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # no_dist: DCP warns that no process group is set up
         dcp.load(sd, checkpoint_id=str(path), process_group=group, no_dist=group is None)
     set_model_state_dict(state.model, _local(sd["model"], local_of, "model"))
-    set_optimizer_state_dict(state.model, state.optimizer, _local(sd["optim"], local_of, "optim"), options=_OPTIONS)
+    set_optimizer_state_dict(state.model, state.optimizer, _local(sd["optim"], local_of, "optim"), options=options)
     state.stepper.load_state_dict(sd["schedule"])
     if state.stepper.committed != step:
         raise ValueError(f"checkpoint {path} holds schedule state of step {state.stepper.committed}, not {step}")
