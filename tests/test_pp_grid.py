@@ -56,10 +56,8 @@ def test_train_config_refuses_a_pp_that_does_not_fit_naming_the_flag():
     TrainConfig(system="plain", replicas=2, microbatches=2, pp=2).validate()  # recover's failure-free reference
     with pytest.raises(ConfigError, match="^--system: torchft runs replicas split by S and TP only; 2 x PP2 needs"):
         TrainConfig(system="torchft", replicas=2, microbatches=2, pp=2).validate()
-    with pytest.raises(ConfigError, match="--pp: checkpoints"):
-        TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, checkpoint_every=2).validate()
-    with pytest.raises(ConfigError, match="--pp: checkpoints of a replica split by --pp"):
-        TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, resume_from="ckpts/step-00000002").validate()
+    # pipeline stages checkpoint (their state under the whole model's names; --resume: tests/test_pp_checkpoint.py)
+    TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, checkpoint_every=2).validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, shard=2).validate()  # FSDP2 stages
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, pp_schedule="afab").validate()
     TrainConfig(system="recover", replicas=2, microbatches=2, pp=2, tp=2).validate()
@@ -83,6 +81,22 @@ def test_stages_compose_to_the_whole_model_and_untie_the_head():
     assert s1.head.weight is not model.tok_emb.weight and torch.equal(s1.head.weight, model.tok_emb.weight)
     assert s0.tied is model.tok_emb.weight and s1.tied is s1.head.weight
     assert s0.duplicates() == [] and s1.duplicates() == [s1.head.weight]
+
+
+def test_stages_name_their_state_by_the_whole_models_names():
+    # what a checkpoint's keys are (core/training/checkpoint.py): the model's layer numbers, not the stage's
+    model = GPT(GPTConfig(n_layer=5))
+    s0, s1 = GPTStage(model, 0, 2), GPTStage(model, 1, 2)  # blocks 0-2, 3-4
+    assert s0.global_name("blocks.2.attn.qkv.weight") == "blocks.2.attn.qkv.weight"
+    assert s1.global_name("blocks.0.attn.qkv.weight") == "blocks.3.attn.qkv.weight"
+    assert s1.global_name("blocks.1") == "blocks.4"
+    assert {s0.global_name(n) for n, _ in s0.named_parameters()}.isdisjoint(
+        s1.global_name(n) for n, _ in s1.named_parameters())
+    assert {s0.global_name(n) for n, _ in s0.named_parameters()} | {
+        s1.global_name(n) for n, _ in s1.named_parameters()} == set(model.state_dict())
+    # the last stage's copy of the tied weight takes the embedding's AdamW state where a checkpoint lacks its own
+    assert s1.optimizer_fallback("head.weight.exp_avg") == "tok_emb.weight.exp_avg"
+    assert s0.optimizer_fallback("tok_emb.weight.exp_avg") is None and s1.optimizer_fallback("ln_f.weight.step") is None
 
 
 def _run(out: Path, pp: int, schedule: str, tp: int = 1, timeout: float = 240, shard: int = 1) -> list[dict]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -23,7 +24,8 @@ from recover.core.worker.accumulator import GradAccumulator
 from recover.core.worker.comm import CollectiveError, Communicator
 from recover.core.worker.recipe import CommittedStep
 from recover.core.config.schedule import WarmupCosine
-from recover.core.worker.state_transfer import DIRECT_BYTES, _decode, _encode, transfer_state
+from recover.core.worker.state_transfer import (DIRECT_BYTES, _decode, _encode, _in_doubt, _settled,
+                                                transfer_state)
 
 
 def _replica(seed: int, width: int = 600):
@@ -36,8 +38,8 @@ def _replica(seed: int, width: int = 600):
     return model, acc, opt, stepper
 
 
-def _trained():
-    model, acc, opt, stepper = _replica(0)
+def _trained(seed: int = 0):
+    model, acc, opt, stepper = _replica(seed)
     for step in range(3):
         model(torch.randn(5, 600)).sum().backward()
         stepper(step)
@@ -68,11 +70,32 @@ def _exchange(donor, receiver, timeout: float = 30.0, **kw):
     return stats, errors
 
 
-def _heal(direct_bytes: int):
-    donor, receiver = _trained(), _replica(1)
+def _heal(direct_bytes: int, receiver=None):
+    donor, receiver = _trained(), receiver or _replica(1)
     stats, errors = _exchange(donor, receiver, direct_bytes=direct_bytes)
     assert not errors, {r: repr(e) for r, e in errors.items()}
     return donor, receiver, stats
+
+
+def _holds_donors_state(donor, receiver) -> None:
+    (_, dacc, dopt, dstep), (_, racc, ropt, rstep) = donor, receiver
+    assert all(torch.equal(a, b) for a, b in zip(dacc.params, racc.params))
+    dsd, rsd = dopt.state_dict(), ropt.state_dict()
+    for idx, state in dsd["state"].items():
+        for key, value in state.items():
+            assert torch.equal(rsd["state"][idx][key], value), (idx, key)
+    assert rstep.state_dict() == dstep.state_dict()
+
+
+def _storage(replica) -> dict[str, int]:
+    """Where each large tensor of a replica lives (its parameters', its optimizer moments')."""
+    _, acc, opt, _ = replica
+    where = {f"param{i}": p.data_ptr() for i, p in enumerate(acc.params) if 4 * p.numel() >= DIRECT_BYTES}
+    for i, p in enumerate(acc.params):
+        for key, t in opt.state.get(p, {}).items():
+            if t.dim() and 4 * t.numel() >= DIRECT_BYTES:
+                where[f"param{i}.{key}"] = t.data_ptr()
+    return where
 
 
 @pytest.mark.parametrize("direct_bytes", [1 << 40, DIRECT_BYTES, 0], ids=["one-buffer", "large-direct", "all-direct"])
@@ -101,6 +124,71 @@ def test_the_receiver_holds_the_donors_state_bit_for_bit(direct_bytes):
         stepper(3)
     for a, b in zip(dacc.params, racc.params):
         assert torch.equal(a, b)
+
+
+def test_a_receiver_that_has_stepped_receives_the_large_tensors_in_its_own_storage():
+    """Its parameters and its AdamW moments exist: the large ones arrive where they live (no
+    fresh memory, no copy), and it holds the donor's state bit for bit, checked."""
+    receiver = _trained(1)
+    before = _storage(receiver)
+    assert len(before) == 3  # the 1.4 MB weight and its two moments
+    donor, receiver, stats = _heal(DIRECT_BYTES, receiver)
+    assert _storage(receiver) == before
+    _holds_donors_state(donor, receiver)
+    assert stats[0].fingerprint == stats[1].fingerprint == receiver[1].weights_fingerprint()
+
+
+class _Abandoned:
+    """A receive a failed transfer left in the backend (pure logic: the backend's work handle
+    answers `is_completed()`); `end()` is the backend finishing it."""
+
+    def __init__(self, on_end=None):
+        self.ended, self.on_end = threading.Event(), on_end
+
+    def end(self) -> None:
+        if self.on_end is not None:
+            self.on_end()
+        self.ended.set()
+
+    def is_completed(self) -> bool:
+        return self.ended.is_set()
+
+
+def test_while_an_abandoned_receive_may_still_write_the_next_transfer_keeps_out_of_the_live_storage():
+    """An earlier transfer's receive into this replica's own storage was abandoned and has not
+    ended (it may still write there): the next transfer receives into fresh memory, copies into
+    the parameters only once that receive has ended, and is whole; the one after it is in place."""
+    donor, receiver = _trained(), _trained(1)
+    acc = receiver[1]
+    before = _storage(receiver)
+    old = [p.detach().clone() for p in acc.params]
+    untouched_while_pending = []
+    abandoned = _Abandoned(on_end=lambda: untouched_while_pending.append(
+        all(torch.equal(a, b) for a, b in zip(old, acc.params))))
+    _in_doubt(acc, [abandoned], time.monotonic() + 30)
+    assert not _settled(acc)
+    threading.Timer(1.0, abandoned.end).start()
+    stats, errors = _exchange(donor, receiver)
+    assert not errors, {r: repr(e) for r, e in errors.items()}
+    assert untouched_while_pending == [True]  # nothing was copied in before it ended
+    _holds_donors_state(donor, receiver)
+    moved = _storage(receiver)
+    assert moved["param0"] == before["param0"]  # a parameter keeps its storage (copied into)
+    assert all(moved[k] != before[k] for k in before if "." in k)  # the moments arrived fresh
+    assert _settled(acc)
+    stats, errors = _exchange(donor, receiver)
+    assert not errors and _storage(receiver) == moved  # settled: in place again
+
+
+def test_an_abandoned_receive_that_outlives_its_backend_timeout_fails_the_transfer_not_the_donor():
+    donor, receiver = _trained(), _trained(1)
+    acc = receiver[1]
+    old = [p.detach().clone() for p in acc.params]
+    _in_doubt(acc, [_Abandoned()], time.monotonic() - 60)  # its backend timeout is long past
+    stats, errors = _exchange(donor, receiver)
+    assert isinstance(errors.get(1), CollectiveError) and "abandoned" in str(errors[1])
+    assert 0 in stats  # the donor sent everything and went on
+    assert all(torch.equal(a, b) for a, b in zip(old, acc.params))  # nothing was copied in
 
 
 def test_a_receiver_built_another_way_refuses_the_state_and_the_donor_is_not_held():

@@ -244,15 +244,6 @@ class TrainConfig:
         g = None if own_model else self.gpt_config()  # (the model name is checked above)
         self.layout().check(self.pp_schedule, heads=g and g.n_head, mlp_width=g and 4 * g.n_embd,
                             layers=g and g.n_layer, batch_size=self.batch_size, model=f"--model {self.model}")
-        if self.ranks_per_replica > 1:
-            # What a replica of many ranks does not do yet: say so before anything starts.
-            flag = "--shard" if self.shard > 1 else ("--tp" if self.tp > 1 else "--pp")
-            if (self.checkpoint_every or self.resume_from) and self.pp > 1:
-                # --shard and --tp checkpoint with sharded DCP. Pipeline stages would not: each stage
-                # numbers its own blocks from 0 (core/parallel/pp.py GPTStage), so stage 1's
-                # "blocks.0" (the model's layer 1) collides with stage 0's and DCP keeps one of them
-                raise ConfigError("--pp", "checkpoints of a replica split by --pp are not written or resumed yet "
-                                          "(--shard and --tp are): leave --checkpoint-every at 0, and no --resume")
         if self.microbatches < self.replicas:
             raise ConfigError(
                 "--microbatches",

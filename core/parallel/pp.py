@@ -16,6 +16,17 @@ Contract:
   stay equal: the trajectory is the tied model's. The last stage's copy is counted
   nowhere (`duplicates()`: the gradient norm and the weights checksum see the
   tied weight once, on the first stage).
+- Checkpoints name a stage's state by the whole model's names (`global_name`): the
+  stage's i-th block is the model's block `stage_blocks(...)[stage][i]` ("blocks.2" on
+  the stage holding layers 2-3, not its own "blocks.0"), so the stages' shards never
+  share a key in one DCP checkpoint. The embeddings, final norm and head keep their
+  names. The last stage's copy of the tied weight is "head.weight": the unsplit GPT's
+  state dict holds the tied weight under both "tok_emb.weight" and "head.weight", so
+  the first stage's copy and the last's land on the keys a one-stage model writes. Its
+  AdamW state is "head.weight"'s too; a one-stage model's optimizer lists the tied weight
+  once, as "tok_emb.weight", so a checkpoint without "head.weight"'s state gives the last
+  stage "tok_emb.weight"'s (`optimizer_fallback`): the two copies step identically, so
+  their states are equal.
 - `Pipeline.run(ids, xs, ys, at)` runs torch's own pipelining schedule
   (`ScheduleGPipe` for "afab", `Schedule1F1B` for "1f1b") once over the
   microbatches `ids`, in that order, over the replica's "pp" group: stage 0 gets the
@@ -130,6 +141,22 @@ class GPTStage(nn.Module):
         if self.stages == 1:
             return None
         return self.tok_emb.weight if self.first else (self.head.weight if self.last else None)
+
+    def global_name(self, name: str) -> str:
+        """The whole model's name of this stage's parameter or buffer `name` (see the contract)."""
+        head, _, rest = name.partition(".")
+        if head != "blocks":
+            return name
+        index, _, tail = rest.partition(".")
+        first = stage_blocks(self.cfg.n_layer, self.stages)[self.stage].start
+        return f"blocks.{first + int(index)}" + (f".{tail}" if tail else "")
+
+    def optimizer_fallback(self, name: str) -> str | None:
+        """Where a checkpoint without AdamW state for the global `name` (+ ".<field>") holds it:
+        the last stage's copy of the tied weight takes the embedding's (see the contract)."""
+        if self.last and not self.first and name.startswith("head.weight."):
+            return "tok_emb.weight." + name[len("head.weight."):]
+        return None
 
     def duplicates(self) -> list[nn.Parameter]:
         """Parameters that another stage counts (the last stage's copy of the tied weight)."""

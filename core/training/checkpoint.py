@@ -10,7 +10,14 @@ Contract:
   global microbatch id s*M, the seed and M). Data and per-microbatch randomness
   are functions of (seed, global microbatch id), so that is all the RNG state
   there is. A load whose schedule state or progress disagrees with s or with this
-  run (another seed or M) raises. Complete checkpoints live in ROOT/step-<s:08d>
+  run (another seed or M) raises. The keys are the whole model's parameter names
+  whatever the layout: AdamW's state is flattened by name (DCP's
+  `flatten_optimizer_state_dict`, its form for pipeline stages: each stage's optimizer
+  holds other parameters, so its per-group lists would collide), and a pipeline
+  stage renames its blocks to the model's (`TrainingState.global_name`), so the
+  stages' shards of one checkpoint never share a key. A checkpoint written before,
+  with AdamW's per-group lists, still loads at the layouts that could write it (not
+  into a pipeline stage: that raises, naming why). Complete checkpoints live in ROOT/step-<s:08d>
   (`checkpoint_dir.py`); nothing else is ever loaded.
 - A save never writes over a checkpoint. Every writer writes into the fresh
   ROOT/.tmp-step-<s:08d>; only when every writer has finished (DCP's own finish
@@ -67,6 +74,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -94,12 +102,19 @@ class TrainingState:
     acc: Accumulator  # emptied around a load (its .grad views must stay attached)
     seed: int  # the run's seed: with M, fixes data order and per-microbatch randomness
     microbatches: int  # M: iteration s starts at global microbatch id s*M
+    # this model's parameter name -> the whole model's (a pipeline stage's: core/parallel/pp.py
+    # GPTStage.global_name); None: the model is whole and its names are the model's already
+    global_name: Callable[[str], str] | None = None
+    # a whole-model name of AdamW state ("<param>.<field>") -> where a checkpoint lacking it holds the
+    # same state (a pipeline stage's: GPTStage.optimizer_fallback, the tied weight's copy); None: nowhere
+    optimizer_fallback: Callable[[str], str | None] | None = None
 
     @classmethod
     def of(cls, work: "Workload", stepper: CommittedStep | None = None) -> "TrainingState":
         """A workload's state; `stepper` if the loop steps through another CommittedStep (a Replica's)."""
         return cls(work.model, work.optimizer, stepper or work.stepper, work.acc, work.cfg.seed,
-                   work.cfg.microbatches)
+                   work.cfg.microbatches, global_name=getattr(work.model, "global_name", None),
+                   optimizer_fallback=getattr(work.model, "optimizer_fallback", None))
 
 
 class _MidSaveWriter(dcp.FileSystemWriter):
@@ -121,14 +136,64 @@ def _progress(state: TrainingState, step: int) -> dict:
             "microbatches": state.microbatches}
 
 
-def _state_dict(state: TrainingState, step: int) -> dict:
-    """Model, optimizer, schedule and data position, keyed by parameter names (DCP's portable form)."""
-    return {
-        "model": get_model_state_dict(state.model),
-        "optim": get_optimizer_state_dict(state.model, state.optimizer),
-        "schedule": state.stepper.state_dict(),
-        "progress": _progress(state, step),
-    }
+# AdamW's state keyed "state.<param>.<field>" and "param_groups.<param>.<field>": by parameter name
+# alone, so the stages of a pipeline (each with its own parameters in its groups) never collide
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# how checkpoints written before that keyed it: AdamW's own state dict ("param_groups" a list of groups,
+# each listing its parameters); still loaded, at the layouts that wrote them (no pipeline stage did)
+_LISTED_GROUPS = StateDictOptions()
+_LISTED_GROUPS_KEY = "optim.param_groups.0.params"
+
+
+def _state_dict(state: TrainingState, step: int, options: StateDictOptions = _OPTIONS) -> tuple[dict, dict[str, str]]:
+    """Model, optimizer, schedule and data position, keyed by the whole model's parameter names
+    (DCP's portable form), and each renamed key's local name (for the load to give it back)."""
+    model = get_model_state_dict(state.model)
+    optim = get_optimizer_state_dict(state.model, state.optimizer, options=options)
+    local_of: dict[str, str] = {}
+    if state.global_name is not None:
+        name = state.global_name
+        model = _renamed(model, name, local_of, "model")
+        optim = _renamed(optim, lambda key: _optim_name(key, name), local_of, "optim")
+    sd = {"model": model, "optim": optim, "schedule": state.stepper.state_dict(), "progress": _progress(state, step)}
+    return sd, local_of
+
+
+def _optim_name(key: str, global_name: Callable[[str], str]) -> str:
+    """"state.<param>.<field>" with the whole model's <param> (the rename reads the name's head only)."""
+    section, _, rest = key.partition(".")
+    return f"{section}.{global_name(rest)}"
+
+
+def _renamed(sd: dict, rename: Callable[[str], str], local_of: dict[str, str], part: str) -> dict:
+    """`sd` under the renamed keys; `local_of` learns each one's own name (keyed "part/renamed")."""
+    out = {}
+    for k, v in sd.items():
+        g = rename(k)
+        out[g] = v
+        local_of[f"{part}/{g}"] = k
+    return out
+
+
+def _fall_back(sd: dict, local_of: dict[str, str], fallback: Callable[[str], str | None], held) -> None:
+    """Ask for AdamW state the checkpoint (its keys: `held`) lacks under the key it holds the same
+    state at (if any): e.g. a one-stage model's checkpoint has the tied weight's state as "tok_emb.weight" only."""
+    optim = sd["optim"]
+    for key in list(optim):
+        if f"optim.{key}" in held:
+            continue
+        section, _, rest = key.partition(".")
+        if (other := fallback(rest)) is not None and f"optim.{section}.{other}" in held:
+            alias = f"{section}.{other}"
+            optim[alias] = optim.pop(key)
+            local_of[f"optim/{alias}"] = local_of.pop(f"optim/{key}")
+
+
+def _local(sd: dict, local_of: dict[str, str], part: str) -> dict:
+    """A loaded part of the state dict under this model's own names again."""
+    if not local_of:
+        return sd
+    return {local_of[f"{part}/{k}"]: v for k, v in sd.items()}
 
 
 def _prime_optimizer(state: TrainingState) -> None:
@@ -154,12 +219,19 @@ def load_checkpoint(state: TrainingState, path: Path, group=None) -> None:
     """Load a complete checkpoint into `state` (collective over `group`; None: this process alone)."""
     step = CheckpointDir.step_of(path)
     _prime_optimizer(state)
-    sd = _state_dict(state, -1)
+    held = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    options = _LISTED_GROUPS if _LISTED_GROUPS_KEY in held else _OPTIONS
+    if options is _LISTED_GROUPS and state.global_name is not None:
+        raise ValueError(f"checkpoint {path} lists AdamW's parameters per group, as checkpoints written before "
+                         f"--pp could checkpoint did: it loads at the layout that wrote it, not into a pipeline stage")
+    sd, local_of = _state_dict(state, -1, options)
+    if state.optimizer_fallback is not None:
+        _fall_back(sd, local_of, state.optimizer_fallback, held)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # no_dist: DCP warns that no process group is set up
         dcp.load(sd, checkpoint_id=str(path), process_group=group, no_dist=group is None)
-    set_model_state_dict(state.model, sd["model"])
-    set_optimizer_state_dict(state.model, state.optimizer, sd["optim"])
+    set_model_state_dict(state.model, _local(sd["model"], local_of, "model"))
+    set_optimizer_state_dict(state.model, state.optimizer, _local(sd["optim"], local_of, "optim"), options=options)
     state.stepper.load_state_dict(sd["schedule"])
     if state.stepper.committed != step:
         raise ValueError(f"checkpoint {path} holds schedule state of step {state.stepper.committed}, not {step}")
@@ -219,7 +291,7 @@ class CheckpointSaver:
         if self.group is not None:
             dist.barrier(group=self.group)  # nobody writes before a stale temp dir is gone
         writer = _MidSaveWriter(tmp, lambda: self.on_mid_save(fault_step))
-        sd = _state_dict(self.state, step)
+        sd, _ = _state_dict(self.state, step)
         dist_kw = {"process_group": self.group} if self.group is not None else {"no_dist": True}
         try:
             self._start(step, sd, writer, dist_kw, started)

@@ -52,7 +52,7 @@ leader (`Replica`, the only one talking to the coordinator), the others run
 FSDP2 shards the model over the "shard" ranks (core/parallel/). With P > 1
 each rank holds one stage; the loop collects the quota's ids, then runs them
 through one pipeline schedule (under --exact, one schedule per id) and folds them (`fold.fold_pipelined`). Only the leader writes the
-replica's final file. With --shard S or --tp T (PP layouts are refused by the config), every
+replica's final file. At any layout, every
 rank of the writing replica checkpoints its own shards, collectively over a gloo group
 of the replica's own: followers learn the committing generation's members (and a stop's
 committed count) from the leader's relay and call `after_step` where it does, so all
@@ -61,7 +61,8 @@ barrier) at the first step end at which every rank's write is done, or at the ne
 save or the run's end: a replica that dies before then leaves a temp dir only. A failed
 save fails on every rank alike (core/training/checkpoint.py), so all ranks count it and
 end together with code 6; the leader alone writes checkpoints.jsonl and stops the run.
-`--resume` loads each rank's shards collectively over the replica's link group.
+`--resume` loads each rank's shards collectively over the replica's link group (a pipeline
+stage's under the whole model's names: core/training/checkpoint.py).
 
 Run as `python -m recover.core.training.resilient --config DIR/config.json --replica r`
 with RECOVER_STORE_ADDR and RECOVER_CONTROL_ADDR set by the launcher.

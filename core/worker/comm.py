@@ -184,11 +184,18 @@ class Communicator:
 
     def broadcast_many(self, tensors: list[torch.Tensor], root: int, timeout: float,
                        should_abort: AbortCheck | None = None,
-                       while_in_flight: Callable[[], None] | None = None) -> None:
+                       while_in_flight: Callable[[], None] | None = None,
+                       after_each: Callable[[int], None] | None = None,
+                       issued: list | None = None) -> None:
         """`broadcast` of each tensor, all issued before any is waited for (the backend runs
         them back to back instead of one Python round trip each); `timeout` is per tensor.
-        `while_in_flight`, if given, runs once they are all issued (work that overlaps the wire)."""
-        works = []
+        `while_in_flight`, if given, runs once they are all issued (work that overlaps the wire);
+        `after_each(i)` once tensor i's broadcast completed, while the later ones still travel.
+        `issued`, if given, gets every issued operation (the backend's work handle), even when
+        this raises: a caller that received into memory it keeps learns from them when an
+        abandoned operation can no longer write (`is_completed()`)."""
+        works = issued if issued is not None else []
+        first = len(works)
         for t in tensors:
             try:
                 works.append(self.pg.broadcast(t, root))
@@ -196,8 +203,10 @@ class Communicator:
                 raise CollectiveError(self.generation, f"broadcast failed: {e}") from e
         if while_in_flight is not None:
             while_in_flight()
-        for work in works:
+        for i, work in enumerate(works[first:]):
             self._wait(work, "broadcast", timeout, should_abort)
+            if after_each is not None:
+                after_each(i)
 
     def _wait(self, work, what: str, timeout: float, should_abort: AbortCheck | None) -> None:
         if self.backend == "gloo":

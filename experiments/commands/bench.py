@@ -11,6 +11,8 @@ with `--service`, the real membership service against N simulated replicas over 
 with --shard S, a replica of S ranks healed rank to rank, experiments/benches/sharded_transfer.py);
 `recover bench coordinator-restart`: seconds from a coordinator kill to the next commit
 (experiments/benches/coordinator_restart.py);
+`recover bench heal`: seconds from a replica's kill to its replacement's first commit, back at
+full strength with `--replace-after` (experiments/benches/heal_time.py);
 `recover bench soak`: the coordinator state machine over a long run with a replacement every N
 steps: steps/s, its containers, RSS and open fds (experiments/benches/soak.py);
 `recover bench store-guard`: a rendezvous's store traffic through the store guard against the bare
@@ -151,6 +153,23 @@ def add_parser(sub) -> None:
     cr.add_argument("--out", default="results/bench", help="where to write coordinator_restart.json")
     cr.add_argument("--work", default="", help="directory for the runs themselves (default: a temp dir)")
     cr.set_defaults(func=cmd_bench_coordinator_restart)
+    h = bsub.add_parser("heal", help="seconds from a replica's kill to its replacement's first commit "
+                        "(--replace-after, back at full strength)", description="Real recover runs, each with "
+                        "replica 1 SIGKILLed (one rank of it) mid-run, replaced and healed from a live member; "
+                        "writes heal_time.json.")
+    h.add_argument("--model", default="small", help="model of the runs (default: small)")
+    h.add_argument("--replicas", type=int, default=3, help="replicas per run, also --min-replicas (default: 3)")
+    h.add_argument("--shard", type=int, default=2, help="ranks per replica S (default: 2)")
+    h.add_argument("--rank", type=int, default=1, help="the rank of replica 1 that is killed (default: 1)")
+    h.add_argument("--microbatches", type=int, default=6, help="microbatches per iteration (default: 6)")
+    h.add_argument("--steps", type=int, default=12, help="steps per run; the kill is at the middle one (default: 12)")
+    h.add_argument("--replace-after", type=float, default=0.2,
+                   help="seconds after the loss before the replacement starts (default: 0.2)")
+    h.add_argument("--heartbeat-timeout", type=float, default=2.0, help="heartbeat timeout of the runs (default: 2)")
+    h.add_argument("--repeats", type=int, default=3, help="runs (default: 3)")
+    h.add_argument("--out", default="results/bench/heal", help="where to write heal_time.json")
+    h.add_argument("--work", default="", help="directory for the runs themselves (default: a temp dir)")
+    h.set_defaults(func=cmd_bench_heal)
     k = bsub.add_parser("coordinator", help="the coordinator's cost per commit and per recovery, against R "
                         "(--service: the real service over loopback)",
                         description="Drive core.coordinator.protocol.ProtocolStateMachine in process with R replicas; write NAME.json. "
@@ -386,6 +405,22 @@ def cmd_bench_transfer(args: argparse.Namespace) -> int:
     from ..benches.state_transfer import bench_transfer
 
     return bench_transfer(args)
+
+
+def cmd_bench_heal(args: argparse.Namespace) -> int:
+    if args.model not in MODEL_CONFIGS:
+        return fail(f"--model: unknown model {args.model!r}; choose from {', '.join(MODEL_CONFIGS)}")
+    if args.replicas < 2:
+        return fail("--replicas: must be >= 2 (a member must live to heal the replacement)")
+    if args.microbatches < args.replicas:
+        return fail(f"--microbatches: must be >= --replicas ({args.replicas})")
+    if not 0 <= args.rank < args.shard:
+        return fail(f"--rank: must be a rank of a replica of --shard {args.shard} ranks")
+    if args.steps < 4 or args.repeats < 1 or args.replace_after < 0 or args.heartbeat_timeout <= 0:
+        return fail("--steps must be >= 4, --repeats >= 1, --replace-after >= 0 and --heartbeat-timeout > 0")
+    from ..benches.heal_time import bench_heal
+
+    return bench_heal(args)
 
 
 def cmd_bench_coordinator_restart(args: argparse.Namespace) -> int:
