@@ -115,6 +115,7 @@ from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.core.coordinator.gc_pacing import pace, settle
 from recover.core.contract.wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
 from recover.core.contract import env_names
+from recover.core.contract.step_messages import Ready, Vote
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
 HELLO_TIMEOUT = 10.0  # seconds a connection may stay open without a hello (a worker says it at once)
@@ -719,8 +720,12 @@ class CoordinatorService:
         if kind == "vote":
             conn.voted = True
         self.proto.on_progress(r, now)  # a member's message is work done, whatever it says
-        handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "ready": self.proto.on_ready,
-                   "fail": self.proto.on_fail, "healed": self.proto.on_healed,
+        # the step's messages (R of each a step) are read through their typed classes; the others stay dicts
+        if kind == "vote":
+            return self._apply(self.proto.on_vote(r, Vote.from_wire(msg), now))
+        if kind == "ready":
+            return self._apply(self.proto.on_ready(r, Ready.from_wire(msg), now))
+        handler = {"join": self.proto.on_join, "fail": self.proto.on_fail, "healed": self.proto.on_healed,
                    "stop_run": self.proto.on_stop_run}.get(kind)
         if handler is not None:
             self._apply(handler(r, msg, now))

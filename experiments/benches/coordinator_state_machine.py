@@ -51,6 +51,7 @@ from pathlib import Path
 from recover.core.coordinator.gc_pacing import settle, take_over
 from recover.core.contract.iteration import iteration_range
 from recover.core.contract.policy import quota_of
+from recover.core.contract.step_messages import Vote
 from recover.core.coordinator.protocol import ProtocolStateMachine, Out
 from recover.core.storage.results import step_ids_are
 from recover.core.contract.wire import dumps, parse_line
@@ -134,7 +135,8 @@ class _Run:
                  for r in members]
         self.rng.shuffle(lines)
         now = self._tick()
-        outs, parse_s, machine_s = _parse_and_feed(lines, p.on_vote, now)
+        # the service reads a vote through its typed class (core/contract/step_messages.py): that read is timed too
+        outs, parse_s, machine_s = _parse_and_feed(lines, lambda r, msg, t: p.on_vote(r, Vote.from_wire(msg), t), now)
         commits = [a for a in outs if a.kind == "commit"]
         if len(commits) != 1 or not step_ids_are(commits[0].msg, *iteration_range(step, self.M)):
             raise RuntimeError(f"R={self.R}: step {step} did not commit exactly its M ids")
