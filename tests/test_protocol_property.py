@@ -47,6 +47,7 @@ from recover.core.coordinator.service import CoordinatorService, _Conn
 from recover.core.coordinator.protocol import ProtocolStateMachine, ProtocolError
 from recover.core.contract.step_messages import Vote
 from recover.core.storage.results import expand_members, reported_ids, step_ids
+from recover.core.contract import wire
 from recover.core.contract.messages import schema_problem
 
 from conftest import as_read
@@ -177,7 +178,9 @@ class World:
         msg = w.outbox.pop(0)
         if self.conns[r].sock.closed:
             return
-        self.service._dispatch(self.conns[r], msg, 0.0)
+        read, why = wire.read_line(wire.dumps(msg))  # as the service reads a line: the step's messages typed
+        assert why == "", why
+        self.service._dispatch(self.conns[r], read, 0.0)
 
     def declare_lost(self, r: int) -> None:
         self.apply(self.proto.on_lost(r, "detected", 0.0))

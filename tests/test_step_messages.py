@@ -92,3 +92,20 @@ def test_the_coordinators_messages_built_with_the_classes_are_what_the_schema_al
     assert boundary == {"t": "commit", "gen": 2, "step": 9, "loss": None, "quota": [], "next": 3, "skipped": True}
     assert messages.schema_problem(boundary) == ""
     assert Commit.from_wire(boundary) == Commit(2, 9, None, None, [], 3, True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(["vote", "ready"]))
+def test_the_coordinators_read_of_a_line_is_the_wires_verdict_and_the_class_read(data, kind):
+    """wire.read_line (what the service calls) accepts and refuses what parse_line does, and a
+    vote or ready it accepts is `from_wire` of parse_line's dict, whether the fast path read
+    it or the tables checked it."""
+    d = data.draw(_wire_dict(kind))
+    if kind == "vote" and data.draw(st.booleans()):
+        d["ledger"] = [[d["step"] % 50, d["step"] % 50 + 4]]  # the common shape: one range (the fast path)
+    line = wire.dumps(d)
+    msg, why = wire.parse_line(line)
+    read, read_why = wire.read_line(line)
+    assert read_why == why
+    assert (read is None) if msg is None else read == STEP_MESSAGES[kind].from_wire(msg)
+    assert read is None or type(read) is STEP_MESSAGES[kind]

@@ -6,13 +6,16 @@ Contract:
   core/contract/messages.py (`MESSAGES`, the one source of truth), in the schema's order: the
   required ones first, then the optional ones (default None). tests/test_step_messages.py
   fails if a class and its schema disagree on a field's name or on whether it is required.
-- `to_wire()` is the message as the control connection carries it: the same dict, key for
-  key and value for value, that the code built as a literal before these classes ("t" first,
-  then the fields in the schema's order). A required field is always there (a nullable one as
+- `to_wire()` is the message as the control connection carries it: the same keys and values
+  the code built as a dict literal before these classes ("t" first, then the fields in the
+  schema's order; JSON objects are unordered, and no reader depends on the order), so a
+  worker and a coordinator of either kind read each other. A required field is always there (a nullable one as
   null: a vote's `loss_sum`, a commit's `loss`); an optional one only when it is not None.
 - `from_wire(d)` reads a dict the coordinator's wire check (core/contract/wire.py
   `parse_line`) accepted, or a worker's control thread received; it checks nothing itself
-  (the wire did, and a second check would be paid R times a step). An optional field that
+  (the wire did, and a second check would be paid R times a step). The coordinator gets its
+  votes and readies already read (wire.py `read_line`: the common vote is read in the pass
+  that checks it). `TYPE` is the message's "t". An optional field that
   is null on the wire reads as absent (None): wire.py treats it so already, and no optional
   field of these messages gives null a meaning of its own.
 - Why a NamedTuple and not a frozen dataclass: immutable and named alike, but it is built
@@ -44,6 +47,8 @@ def _to_wire(t: str, msg: tuple, fields: tuple[str, ...], required: int) -> dict
 class Ready(NamedTuple):
     """worker -> coordinator: my quota of `step` is folded; I can start the all-reduce."""
 
+    TYPE = "ready"  # (a class attribute, not a field)
+
     gen: int  # the generation
     step: int  # the step
 
@@ -59,6 +64,8 @@ class Ready(NamedTuple):
 
 class Go(NamedTuple):
     """coordinator -> worker: every member is ready for step's all-reduce: start it."""
+
+    TYPE = "go"
 
     gen: int  # the generation
     step: int  # the step
@@ -76,6 +83,8 @@ class Go(NamedTuple):
 class Vote(NamedTuple):
     """worker -> coordinator: my all-reduce of `step` is done (ok) or failed."""
 
+    TYPE = "vote"
+
     gen: int  # the generation
     step: int  # the step
     ok: bool  # the all-reduce succeeded
@@ -90,7 +99,22 @@ class Vote(NamedTuple):
 
     def to_wire(self) -> dict[str, Any]:
         """The message as the control connection carries it."""
-        return _to_wire("vote", self, self._fields, 5)
+        # written out, not a loop over the fields: a worker sends one a step, and this is half its build
+        gen, step, ok, ledger, loss_sum, mb_seconds, progress_gap, lr, reason, fingerprint, nonfinite = self
+        d: dict[str, Any] = {"t": "vote", "gen": gen, "step": step, "ok": ok, "ledger": ledger, "loss_sum": loss_sum}
+        if mb_seconds is not None:
+            d["mb_seconds"] = mb_seconds
+        if progress_gap is not None:
+            d["progress_gap"] = progress_gap
+        if lr is not None:
+            d["lr"] = lr
+        if reason is not None:
+            d["reason"] = reason
+        if fingerprint is not None:
+            d["weights_fingerprint"] = fingerprint
+        if nonfinite is not None:
+            d["nonfinite"] = nonfinite
+        return d
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Vote:
@@ -103,6 +127,8 @@ class Vote(NamedTuple):
 
 class Commit(NamedTuple):
     """coordinator -> worker: the step is committed; the quota is for step+1."""
+
+    TYPE = "commit"
 
     gen: int  # the generation that committed
     step: int  # the committed step
