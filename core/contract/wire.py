@@ -134,13 +134,21 @@ def _read_vote(msg: dict[str, Any]) -> Vote | None:
     Parsed JSON has exact types (int, float, bool, str, list), so `type(v) is int`
     is the tables' "an int, not a bool"."""
     get = msg.get
-    ledger, gen, step, ok = get("ledger"), get("gen"), get("step"), get("ok")
+    # (one assignment each: a multiple assignment of four builds and unpacks a tuple, R times a step)
+    ledger = get("ledger")
+    gen = get("gen")
+    step = get("step")
+    ok = get("ok")
     if (type(ledger) is not list or len(ledger) != 1 or type(gen) is not int
             or type(step) is not int or type(ok) is not bool or "loss_sum" not in msg):
         return None
     p = ledger[0]
-    loss_sum, mb_seconds, progress_gap, lr = get("loss_sum"), get("mb_seconds"), get("progress_gap"), get("lr")
-    reason, fingerprint = get("reason"), get("weights_fingerprint")
+    loss_sum = get("loss_sum")
+    mb_seconds = get("mb_seconds")
+    progress_gap = get("progress_gap")
+    lr = get("lr")
+    reason = get("reason")
+    fingerprint = get("weights_fingerprint")
     if (type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int and p[0] < p[1]
             and type(loss_sum) in _NUM_OR_NONE and type(mb_seconds) in _NUM_OR_NONE
             and type(lr) in _NUM_OR_NONE and type(progress_gap) in _NUM_OR_NONE
