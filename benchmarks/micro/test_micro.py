@@ -11,8 +11,9 @@ disabled, so a bench that no longer runs fails the suite.
 What each one times, and why it is on the hot path:
 - the quota policy over 512 replicas (every recovery and every speed change);
 - the state machine's commit at 4,096 replicas (every step: R votes to one commit);
-- the wire's parse of one vote (R per step, on the coordinator's one thread), alone and read
-  into its typed class (core/contract/step_messages.py); a worker's build of a vote's line;
+- the wire's parse of one vote: `parse_line` (the check alone, to a dict), and `read_line`,
+  what the coordinator calls (R per step, on its one thread): the check and the read into its
+  typed class (core/contract/step_messages.py); a worker's build of a vote's line;
 - the weights digest and fingerprint of the small model (every --digest-every steps);
 - one microbatch's forward/backward folded into the accumulator (every microbatch).
 """
