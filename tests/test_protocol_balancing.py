@@ -31,7 +31,7 @@ def commit_step(proto: ProtocolStateMachine, quotas: dict[int, list], seconds: d
     outs = []
     for r in proto.members:
         outs += proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": quotas[r],
-                                  "loss_sum": 0.0, "mb_seconds": seconds[r]}), 0.0)
+                                                 "loss_sum": 0.0, "mb_seconds": seconds[r]}), 0.0)
     nxt = {a.replica: as_read(a.msg, a.replica, proto.members)["quota"] for a in outs
            if a.kind == "send" and a.msg["t"] == "commit"}
     assert set(nxt) == set(proto.members)

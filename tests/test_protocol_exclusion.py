@@ -49,7 +49,7 @@ def vote_all(proto: ProtocolStateMachine, ledgers: dict[int, list]) -> list[Out]
     outs: list[Out] = []
     for r in proto.members:
         outs += proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledgers[r],
-                                  "loss_sum": 0.0, "mb_seconds": 0.01}), 0.0)
+                                                 "loss_sum": 0.0, "mb_seconds": 0.01}), 0.0)
     return outs
 
 

@@ -488,7 +488,7 @@ def _formed(R: int, M: int) -> tuple[ProtocolStateMachine, dict]:
 
 def _vote(proto: ProtocolStateMachine, r: int, ledger) -> list:
     return proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
-                             "loss_sum": 0.0, "mb_seconds": 0.01}), 0.0)
+                                            "loss_sum": 0.0, "mb_seconds": 0.01}), 0.0)
 
 
 def test_quotas_members_and_votes_travel_as_id_ranges():
@@ -528,7 +528,7 @@ def test_the_commit_record_is_what_the_members_reported():
 
 def _digest_vote(proto: ProtocolStateMachine, r: int, ledger, digest: str) -> list:
     return proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
-                             "loss_sum": 0.0, "mb_seconds": 0.01, "weights_fingerprint": digest}), 0.0)
+                                            "loss_sum": 0.0, "mb_seconds": 0.01, "weights_fingerprint": digest}), 0.0)
 
 
 def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_share_redone():

@@ -34,8 +34,9 @@ def ready(proto: ProtocolStateMachine, r: int, now: float) -> list:
 
 
 def vote(proto: ProtocolStateMachine, r: int, ledger, now: float) -> list:
-    return proto.on_vote(r, Vote.from_wire({"t": "vote", "gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
-                             "loss_sum": 1.0, "mb_seconds": 0.1, "lr": 0.001}), now)
+    return proto.on_vote(r, Vote.from_wire({"t": "vote", "gen": proto.gen, "step": proto.step, "ok": True,
+                                            "ledger": ledger,
+                                            "loss_sum": 1.0, "mb_seconds": 0.1, "lr": 0.001}), now)
 
 
 def test_go_goes_to_every_member_once_all_are_ready_and_not_before():
