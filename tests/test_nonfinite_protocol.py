@@ -15,6 +15,7 @@ from recover.core.contract import idranges
 from recover.core.config.train_config import ConfigError, TrainConfig
 from recover.core.contract.nonfinite import NonfiniteLosses, describe, vote_fields
 from recover.core.coordinator.protocol import ProtocolStateMachine
+from recover.core.contract.step_messages import Ready, Vote
 from recover.core.worker.recipe import CommittedStep
 from recover.core.contract.wire import _vote_ok, parse_line
 
@@ -33,7 +34,7 @@ def formed(on_nonfinite: str = "stop", steps: int = S) -> tuple[ProtocolStateMac
 
 
 def vote(proto: ProtocolStateMachine, r: int, ledger, now: float, loss_sum=1.0, nonfinite=None) -> list:
-    proto.on_ready(r, {"gen": proto.gen, "step": proto.step}, now)
+    proto.on_ready(r, Ready.from_wire({"gen": proto.gen, "step": proto.step}), now)
     msg = {"t": "vote", "gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger, "loss_sum": loss_sum,
            "mb_seconds": 0.1, "lr": 0.01}
     if nonfinite is not None:
@@ -41,7 +42,7 @@ def vote(proto: ProtocolStateMachine, r: int, ledger, now: float, loss_sum=1.0, 
     # what the coordinator reads is what survives the wire
     parsed, why = parse_line(json.dumps(msg, allow_nan=False).encode())
     assert parsed is not None, why
-    return proto.on_vote(r, parsed, now)
+    return proto.on_vote(r, Vote.from_wire(parsed), now)
 
 
 def step_ids(step: int, r: int) -> list:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from recover.core.contract import idranges
 from recover.core.components.data import iteration_ids
 from recover.core.coordinator.protocol import ProtocolStateMachine, Out
+from recover.core.contract.step_messages import Vote
 
 from conftest import as_read
 
@@ -35,8 +36,9 @@ def formed(r: int = 3, **kw) -> ProtocolStateMachine:
 def vote_all(proto: ProtocolStateMachine, quotas: dict[int, list], now: float = 1.0) -> list[Out]:
     outs: list[Out] = []
     for r in list(proto.members):
-        outs += proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": quotas.get(r, []),
-                                  "loss_sum": 1.0, "mb_seconds": 0.01, "weights_fingerprint": "w"}, now)
+        outs += proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True,
+                                                 "ledger": quotas.get(r, []),
+                                                 "loss_sum": 1.0, "mb_seconds": 0.01, "weights_fingerprint": "w"}), now)
     return outs
 
 
@@ -103,8 +105,9 @@ def test_a_process_fenced_on_evidence_is_not_readmitted_but_a_new_one_in_its_slo
     quotas = quotas_of(proto)
     outs = []
     for r in proto.members:  # replica 2's weights differ from the majority: fenced
-        outs += proto.on_vote(r, {"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
-                                  "mb_seconds": 0.01, "weights_fingerprint": "bad" if r == 2 else "w"}, 1.0)
+        outs += proto.on_vote(r, Vote.from_wire({"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
+                                                 "mb_seconds": 0.01,
+                                                 "weights_fingerprint": "bad" if r == 2 else "w"}), 1.0)
     assert 2 in proto.dead and 2 in proto.banned
     again = proto.on_hello(2, {"tokens_per_mb": 1, "pid": 102, "can_heal": True, "rejoin": True}, 1.5)
     assert [a.kind for a in again] == ["close"] and 2 in proto.dead

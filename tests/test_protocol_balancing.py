@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from recover.core.contract import idranges
 from recover.core.coordinator.protocol import SPEED_WINDOW, ProtocolStateMachine
+from recover.core.contract.step_messages import Vote
 
 from conftest import as_read
 
@@ -29,8 +30,8 @@ def commit_step(proto: ProtocolStateMachine, quotas: dict[int, list], seconds: d
     """Every member votes its quota with these microbatch seconds; returns the next quotas."""
     outs = []
     for r in proto.members:
-        outs += proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": quotas[r],
-                                  "loss_sum": 0.0, "mb_seconds": seconds[r]}, 0.0)
+        outs += proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": quotas[r],
+                                                 "loss_sum": 0.0, "mb_seconds": seconds[r]}), 0.0)
     nxt = {a.replica: as_read(a.msg, a.replica, proto.members)["quota"] for a in outs
            if a.kind == "send" and a.msg["t"] == "commit"}
     assert set(nxt) == set(proto.members)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from recover.core.contract import idranges
 from recover.core.components.data import iteration_ids
 from recover.core.coordinator.protocol import ProtocolStateMachine, Out
+from recover.core.contract.step_messages import Vote
 from recover.core.storage.results import expand_members, step_ids
 
 from conftest import as_read
@@ -47,8 +48,8 @@ def failed_generation(proto: ProtocolStateMachine, reporters: list[int], ledgers
 def vote_all(proto: ProtocolStateMachine, ledgers: dict[int, list]) -> list[Out]:
     outs: list[Out] = []
     for r in proto.members:
-        outs += proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledgers[r],
-                                  "loss_sum": 0.0, "mb_seconds": 0.01}, 0.0)
+        outs += proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledgers[r],
+                                                 "loss_sum": 0.0, "mb_seconds": 0.01}), 0.0)
     return outs
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recover.core.coordinator.protocol import STALL_SCAN_SECONDS, ProtocolStateMachine
+from recover.core.contract.step_messages import Ready, Vote
 
 from conftest import as_read
 
@@ -30,11 +31,12 @@ def measured(R: int, gaps: dict[int, float], M: int | None = None) -> ProtocolSt
         quotas.update({a.replica: as_read(a.msg, a.replica)["quota"] for a in proto.on_hello(r, {"tokens_per_mb": 1}, 0.0)
                        if a.kind == "send" and a.msg["t"] == "gen"})
     for r in range(R):
-        proto.on_ready(r, {"t": "ready", "gen": 0, "step": 0}, 0.5)
+        proto.on_ready(r, Ready.from_wire({"t": "ready", "gen": 0, "step": 0}), 0.5)
     outs = []
     for r in range(R):
-        outs += proto.on_vote(r, {"t": "vote", "gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
-                                  "progress_gap": gaps[r]}, 1.0)
+        outs += proto.on_vote(r, Vote.from_wire({"t": "vote", "gen": 0, "step": 0, "ok": True,
+                                                 "ledger": quotas[r], "loss_sum": 1.0,
+                                                 "progress_gap": gaps[r]}), 1.0)
     assert any(o.kind == "commit" for o in outs) and proto.step == 1 and proto.owed_since == 1.0
     return proto
 
@@ -63,7 +65,8 @@ def test_a_member_that_stops_progressing_is_lost_at_its_bound_and_not_before():
 
 def test_a_member_waiting_for_go_owes_nothing_however_long_the_others_take():
     proto = measured(2, {0: 0.05, 1: 0.05})
-    proto.on_ready(0, {"t": "ready", "gen": 0, "step": 1}, 1.1)  # 0 is done, then silent (it waits for go)
+    # 0 is done, then silent (it waits for go)
+    proto.on_ready(0, Ready.from_wire({"t": "ready", "gen": 0, "step": 1}), 1.1)
     for t in range(2, 200):  # 1 takes minutes, progressing every half second
         proto.on_progress(1, float(t) / 2)
         assert closed(proto.on_tick(float(t) / 2)) == []
@@ -125,7 +128,7 @@ def test_members_that_keep_progressing_stay_and_one_that_stops_is_lost_within_it
         if what == "progress":
             proto.on_progress(r, t)
         else:
-            proto.on_ready(r, {"t": "ready", "gen": proto.gen, "step": proto.step}, t)
+            proto.on_ready(r, Ready.from_wire({"t": "ready", "gen": proto.gen, "step": proto.step}), t)
         lost_at.update({x: t for x in closed(proto.on_tick(t))})
     if stalled is not None and stalled not in lost_at and proto.state == "running":
         last = max([t for t, r, _ in events if r == stalled] + [1.0])
@@ -152,16 +155,17 @@ def test_a_wait_for_newcomers_is_owed_by_nobody_and_the_admitted_step_is_owed_fr
               for r in range(2) for a in proto.on_hello(r, {"tokens_per_mb": 1, "can_heal": True, "pid": 10 + r}, 0.0)
               if a.kind == "send" and a.msg["t"] == "gen"}
     for r in range(2):
-        proto.on_ready(r, {"t": "ready", "gen": 0, "step": 0}, 0.5)
+        proto.on_ready(r, Ready.from_wire({"t": "ready", "gen": 0, "step": 0}), 0.5)
     for r in range(2):
-        proto.on_vote(r, {"t": "vote", "gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
-                          "progress_gap": 0.1}, 1.0)
+        proto.on_vote(r, Vote.from_wire({"t": "vote", "gen": 0, "step": 0, "ok": True,
+                                         "ledger": quotas[r], "loss_sum": 1.0,
+                                         "progress_gap": 0.1}), 1.0)
     assert proto.step == 1
     proto.on_lost(1, "control connection closed (process gone)", 1.1)
     proto.on_join(0, {"t": "join", "gen": 1, "step": 1, "ledger": []}, 1.2)
-    proto.on_ready(0, {"t": "ready", "gen": 1, "step": 1}, 1.3)
-    proto.on_vote(0, {"t": "vote", "gen": 1, "step": 1, "ok": True, "ledger": [[4, 8]], "loss_sum": 1.0,
-                      "progress_gap": 0.1}, 1.4)
+    proto.on_ready(0, Ready.from_wire({"t": "ready", "gen": 1, "step": 1}), 1.3)
+    proto.on_vote(0, Vote.from_wire({"t": "vote", "gen": 1, "step": 1, "ok": True, "ledger": [[4, 8]], "loss_sum": 1.0,
+                                     "progress_gap": 0.1}), 1.4)
     assert proto.step == 2 and proto.state == "waiting"
     for k in range(1, 400):  # 100 s of waiting, the member silent but for its beats
         assert closed(proto.on_tick(1.4 + 0.25 * k)) == []

@@ -45,7 +45,9 @@ from recover.core.config.train_config import TrainConfig
 from recover.core.components.data import iteration_ids
 from recover.core.coordinator.service import CoordinatorService, _Conn
 from recover.core.coordinator.protocol import ProtocolStateMachine, ProtocolError
+from recover.core.contract.step_messages import Vote
 from recover.core.storage.results import expand_members, reported_ids, step_ids
+from recover.core.contract import wire
 from recover.core.contract.messages import schema_problem
 
 from conftest import as_read
@@ -176,7 +178,9 @@ class World:
         msg = w.outbox.pop(0)
         if self.conns[r].sock.closed:
             return
-        self.service._dispatch(self.conns[r], msg, 0.0)
+        read, why = wire.read_line(wire.dumps(msg))  # as the service reads a line: the step's messages typed
+        assert why == "", why
+        self.service._dispatch(self.conns[r], read, 0.0)
 
     def declare_lost(self, r: int) -> None:
         self.apply(self.proto.on_lost(r, "detected", 0.0))
@@ -483,8 +487,8 @@ def _formed(R: int, M: int) -> tuple[ProtocolStateMachine, dict]:
 
 
 def _vote(proto: ProtocolStateMachine, r: int, ledger) -> list:
-    return proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
-                             "loss_sum": 0.0, "mb_seconds": 0.01}, 0.0)
+    return proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
+                                            "loss_sum": 0.0, "mb_seconds": 0.01}), 0.0)
 
 
 def test_quotas_members_and_votes_travel_as_id_ranges():
@@ -523,8 +527,8 @@ def test_the_commit_record_is_what_the_members_reported():
 
 
 def _digest_vote(proto: ProtocolStateMachine, r: int, ledger, digest: str) -> list:
-    return proto.on_vote(r, {"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
-                             "loss_sum": 0.0, "mb_seconds": 0.01, "weights_fingerprint": digest}, 0.0)
+    return proto.on_vote(r, Vote.from_wire({"gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
+                                            "loss_sum": 0.0, "mb_seconds": 0.01, "weights_fingerprint": digest}), 0.0)
 
 
 def test_a_replica_whose_weights_digest_is_off_the_majority_is_fenced_and_its_share_redone():

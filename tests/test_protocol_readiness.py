@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from recover.core.contract import idranges
 from recover.core.coordinator.protocol import ProtocolStateMachine
+from recover.core.contract.step_messages import Ready, Vote
 
 from conftest import as_read
 
@@ -29,12 +30,13 @@ def formed(R: int, M: int, steps: int = 3) -> tuple[ProtocolStateMachine, dict[i
 
 
 def ready(proto: ProtocolStateMachine, r: int, now: float) -> list:
-    return proto.on_ready(r, {"t": "ready", "gen": proto.gen, "step": proto.step}, now)
+    return proto.on_ready(r, Ready.from_wire({"t": "ready", "gen": proto.gen, "step": proto.step}), now)
 
 
 def vote(proto: ProtocolStateMachine, r: int, ledger, now: float) -> list:
-    return proto.on_vote(r, {"t": "vote", "gen": proto.gen, "step": proto.step, "ok": True, "ledger": ledger,
-                             "loss_sum": 1.0, "mb_seconds": 0.1, "lr": 0.001}, now)
+    return proto.on_vote(r, Vote.from_wire({"t": "vote", "gen": proto.gen, "step": proto.step, "ok": True,
+                                            "ledger": ledger,
+                                            "loss_sum": 1.0, "mb_seconds": 0.1, "lr": 0.001}), now)
 
 
 def test_go_goes_to_every_member_once_all_are_ready_and_not_before():
@@ -50,8 +52,8 @@ def test_go_goes_to_every_member_once_all_are_ready_and_not_before():
 
 def test_ready_of_another_generation_or_of_a_non_member_is_ignored():
     proto, _ = formed(2, 4)
-    assert proto.on_ready(0, {"gen": 7, "step": 0}, 0.0) == []
-    assert proto.on_ready(5, {"gen": 0, "step": 0}, 0.0) == []
+    assert proto.on_ready(0, Ready.from_wire({"gen": 7, "step": 0}), 0.0) == []
+    assert proto.on_ready(5, Ready.from_wire({"gen": 0, "step": 0}), 0.0) == []
     assert proto.ready == set()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from recover.core.contract import idranges
 from recover.core.components.data import iteration_ids
 from recover.core.coordinator.protocol import ProtocolStateMachine, Out
+from recover.core.contract.step_messages import Vote
 from recover.core.contract.wire import parse_line, dumps
 from recover.core.storage.results import expand_members, step_ids
 
@@ -60,7 +61,7 @@ def vote_all(proto: ProtocolStateMachine, ledgers: dict[int, list], now: float,
                "mb_seconds": 0.01, "lr": 0.1}
         if digests is not None:
             msg["weights_fingerprint"] = digests[r]
-        out += proto.on_vote(r, msg, now)
+        out += proto.on_vote(r, Vote.from_wire(msg), now)
     return out
 
 

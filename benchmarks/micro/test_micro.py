@@ -11,7 +11,9 @@ disabled, so a bench that no longer runs fails the suite.
 What each one times, and why it is on the hot path:
 - the quota policy over 512 replicas (every recovery and every speed change);
 - the state machine's commit at 4,096 replicas (every step: R votes to one commit);
-- the wire's parse of one vote (R per step, on the coordinator's one thread);
+- the wire's parse of one vote: `parse_line` (the check alone, to a dict), and `read_line`,
+  what the coordinator calls (R per step, on its one thread): the check and the read into its
+  typed class (core/contract/step_messages.py); a worker's build of a vote's line;
 - the weights digest and fingerprint of the small model (every --digest-every steps);
 - one microbatch's forward/backward folded into the accumulator (every microbatch).
 """
@@ -28,6 +30,7 @@ from recover.core.components.data import iteration_ids
 from recover.core.components.model import GPT
 from recover.core.contract.policy import assign_quotas, quota_of
 from recover.core.coordinator.protocol import ProtocolStateMachine
+from recover.core.contract.step_messages import Ready, Vote
 from recover.core.storage.results import step_ids
 from recover.core.config.shapes import model_config
 
@@ -56,16 +59,17 @@ def test_state_machine_commit_4096_replicas(benchmark):
     R, M = 4096, 4096 * 4
 
     def setup():
-        return (_formed(R, M),), {}
+        # the messages as the service hands them over (wire.read_line reads them into their classes:
+        # that read is timed by the parse benches below, the state machine's work here)
+        proto, quotas = _formed(R, M)
+        return (proto, [Ready(0, 0)] * R, [Vote(0, 0, True, quotas[r], 1.0, mb_seconds=0.1) for r in range(R)]), {}
 
-    def one_step(formed):
-        proto, quotas = formed
+    def one_step(proto, readies, votes):
         for r in range(R):
-            proto.on_ready(r, {"gen": 0, "step": 0}, 0.0)
+            proto.on_ready(r, readies[r], 0.0)
         out = []
         for r in range(R):
-            out = proto.on_vote(r, {"gen": 0, "step": 0, "ok": True, "ledger": quotas[r], "loss_sum": 1.0,
-                                    "mb_seconds": 0.1}, 0.0)
+            out = proto.on_vote(r, votes[r], 0.0)
         return out
 
     out = benchmark.pedantic(one_step, setup=setup, rounds=5, iterations=1)
@@ -78,6 +82,25 @@ def test_wire_parse_of_a_vote(benchmark):
                        "loss_sum": 10.25, "mb_seconds": 0.031, "lr": 0.0006}).encode()
     msg, why = benchmark(wire.parse_line, line)
     assert why == "" and msg["ledger"] == [[4800, 4804]]
+
+
+_VOTE = Vote(3, 1200, True, [[4800, 4804]], 10.25, mb_seconds=0.031, progress_gap=0.01, lr=0.0006)
+
+
+def test_build_of_a_vote_line(benchmark):
+    """A worker's vote built with its class, as the line it sends (once per step per replica)."""
+    def build():
+        return wire.dumps(Vote(3, 1200, True, [[4800, 4804]], 10.25, mb_seconds=0.031, progress_gap=0.01,
+                               lr=0.0006).to_wire())
+    assert benchmark(build) == wire.dumps(_VOTE.to_wire())
+
+
+def test_parse_of_a_vote_line_to_message(benchmark):
+    """A vote's line parsed, checked and read into its class, as the coordinator does (R per step)."""
+    line = wire.dumps(_VOTE.to_wire())
+
+    vote, why = benchmark(wire.read_line, line)
+    assert why == "" and vote == _VOTE
 
 
 @pytest.fixture(scope="module")

@@ -115,3 +115,12 @@ def quota_of(msg: Mapping, members: Sequence[Sequence[int]], r: int) -> list[lis
     if "quota" in msg:
         return msg["quota"]
     return equal_share(msg["split"], members, r)
+
+
+def quota_in(quota: list[list[int]] | None, split: list[list[int]] | None, members: Sequence[Sequence[int]],
+             r: int) -> list[list[int]]:
+    """`quota_of` for a typed message (core/contract/step_messages.py `Commit`): its `quota` when it
+    names one (None: not sent), else r's `equal_share` of `split`."""
+    if quota is not None:
+        return quota
+    return equal_share(split, members, r)

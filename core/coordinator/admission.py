@@ -160,7 +160,7 @@ class AdmissionMixin:
             rec = self.joining.pop(r)
             rec.update(first_commit_at=now, first_commit_step=self.step,
                        start_to_first_commit_seconds=now - rec["started_at"],
-                       member_digests={str(m): self.votes[m].get("weights_fingerprint") for m in self.members})
+                       member_digests={str(m): self.votes[m].weights_fingerprint for m in self.members})
             out.append(Out(Act.EVENT, msg={"kind": "join", **rec},
                            reason=f"replica {r} ({rec['why']}) committed its first step {self.step}: "
                                   f"{rec['bytes']} bytes in {rec['transfer_seconds']:.3f}s from replica "

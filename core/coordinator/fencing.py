@@ -114,7 +114,7 @@ class FencingMixin:
         """
         groups: dict[str, list[int]] = {}
         for r in self.members:
-            d = self.votes[r].get("weights_fingerprint")
+            d = self.votes[r].weights_fingerprint
             if d is not None:
                 groups.setdefault(d, []).append(r)
         if len(groups) <= 1:
@@ -130,7 +130,7 @@ class FencingMixin:
             why = f"weights digest at step {self.step} differs from the majority's ({seen}): silent data corruption"
             self._ban(r)
             out.append(self._fenced_record(r, f"replica {r} fenced: {why}", now, {
-                "weights_digest": self.votes[r]["weights_fingerprint"], "majority_digest": ref}))
+                "weights_digest": self.votes[r].weights_fingerprint, "majority_digest": ref}))
             out += self.on_lost(r, f"fenced: {why}", now)
         return out
 
@@ -173,7 +173,7 @@ class FencingMixin:
         worker does): fence the members off the most common rate (ties: the lowest member's)."""
         rates: dict[Any, list[int]] = {}
         for r in self.members:
-            rates.setdefault(self.votes[r].get("lr"), []).append(r)
+            rates.setdefault(self.votes[r].lr, []).append(r)
         ref = max(rates, key=lambda lr: (len(rates[lr]), -rates[lr][0]))
         out: list[Out] = []
         for lr, rs in rates.items():

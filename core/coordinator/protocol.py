@@ -117,6 +117,7 @@ from recover.core.contract import idranges
 from recover.core.contract.iteration import iteration_range
 from recover.core.contract.nonfinite import ON_NONFINITE, describe
 from recover.core.contract.policy import assign_quota_ranges
+from recover.core.contract.step_messages import Commit, Vote
 from recover.core.storage.results import pack_members
 # Act, Out and ProtocolError are the machine's vocabulary (core/coordinator/actions.py), and
 # RebuildPlan/classify_reports the rebuild's pure part: all re-exported here, where callers import them.
@@ -287,27 +288,27 @@ class ProtocolStateMachine(AdmissionMixin, ReadinessMixin, FencingMixin, Rebuild
             return []
         return self._finish(code, reason, now)
 
-    def on_vote(self, r: int, msg: dict, now: float) -> list[Out]:
-        if self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set:
+    def on_vote(self, r: int, vote: Vote, now: float) -> list[Out]:
+        """Member r's vote for (gen, step), read from the wire (`Vote.from_wire`: wire.py checked its
+        fields, `loss_sum` included); once every member voted ok, the step commits."""
+        if self.state != "running" or vote.gen != self.gen or r not in self.member_set:
             return []
-        if msg.get("step") != self.step:
-            return self.on_bad(r, f"it voted for step {msg.get('step')}, the run is at {self.step}", now)
-        if "loss_sum" not in msg:  # (core/contract/wire.py requires it; a caller that skipped the wire)
-            return self.on_bad(r, "its vote has no loss_sum", now)
-        if not msg.get("ok", False):
+        if vote.step != self.step:
+            return self.on_bad(r, f"it voted for step {vote.step}, the run is at {self.step}", now)
+        if not vote.ok:
             self.reporters.append(r)
-            return self._fail(f"replica {r} reported: {msg.get('reason', 'vote not ok')}", now)
-        if msg.get("loss_sum") is None or "nonfinite" in msg:  # (core/contract/nonfinite.py) rare: O(1) when not
-            if (why := self._nonfinite_problem(msg)):
+            return self._fail(f"replica {r} reported: {vote.reason if vote.reason is not None else 'vote not ok'}", now)
+        if vote.loss_sum is None or vote.nonfinite is not None:  # (core/contract/nonfinite.py) rare
+            if (why := self._nonfinite_problem(vote)):
                 return self.on_bad(r, why, now)
         try:
-            held = self.votes.add(r, msg)
+            held = self.votes.add(r, vote)
         except ValueError as e:
             return self.on_bad(r, f"its vote's ledger is malformed: {e}", now)
-        self.readiness.note_gap(r, msg.get("progress_gap"))  # the stall bound only loosens
+        self.readiness.note_gap(r, vote.progress_gap)  # the stall bound only loosens
         self.unhealed.discard(r)  # it votes only with the state (core/worker/replica.py)
-        if msg.get("loss_sum") is None or "nonfinite" in msg:
-            self._note_nonfinite(r, msg)
+        if vote.loss_sum is None or vote.nonfinite is not None:
+            self._note_nonfinite(r, vote)
         # votes holds members only (checked above), so a count says whether all have voted
         if held == len(self.members):
             if self.votes.digested and (fenced := self._fence_corrupt_weights(now)) is not None:
@@ -321,30 +322,30 @@ class ProtocolStateMachine(AdmissionMixin, ReadinessMixin, FencingMixin, Rebuild
         return []
 
     @staticmethod
-    def _nonfinite_problem(msg: dict) -> str:
+    def _nonfinite_problem(vote: Vote) -> str:
         """What is wrong with a vote's non-finite fields ('' if nothing): `nonfinite` must be id
         ranges within the voter's ledger, and comes only with a null loss sum."""
-        if "nonfinite" not in msg or msg["nonfinite"] is None:
+        if vote.nonfinite is None:
             return ""
         try:
-            named = idranges.check(msg["nonfinite"])
+            named = idranges.check(vote.nonfinite)
         except ValueError as e:
             return f"its vote's nonfinite ids are malformed: {e}"
-        if msg.get("loss_sum") is not None and named:
+        if vote.loss_sum is not None and named:
             return "its vote names non-finite losses with a finite loss sum"
         try:
-            if not ProtocolStateMachine._within(named, idranges.check(msg.get("ledger", []))):
+            if not ProtocolStateMachine._within(named, idranges.check(vote.ledger)):
                 return "its vote names non-finite ids outside its ledger"
         except ValueError:
             return ""  # the ledger itself is judged next
         return ""
 
-    def _note_nonfinite(self, r: int, msg: dict) -> None:
+    def _note_nonfinite(self, r: int, vote: Vote) -> None:
         """Member r's vote says the step's loss is not finite (null loss_sum), naming its own ids if any."""
-        if msg.get("loss_sum") is None:
+        if vote.loss_sum is None:
             self.loss_not_finite = True
-        if msg.get("nonfinite"):
-            self.nonfinite_named[r] = idranges.check(msg["nonfinite"])
+        if vote.nonfinite:
+            self.nonfinite_named[r] = idranges.check(vote.nonfinite)
 
     def _nonfinite(self, now: float) -> list[Out]:
         """Every member voted for the step and its loss is not finite: stop the run, or skip the step.
@@ -582,7 +583,7 @@ class ProtocolStateMachine(AdmissionMixin, ReadinessMixin, FencingMixin, Rebuild
         if slowest:
             self.slowest_microbatch = slowest  # what the next rejoin waits out (the deadline of `_fail`)
         self.balancer.after_commit(who, measured, self.members, self.member_set)  # speeds, streak, balancing
-        loss = self.votes[self.members[0]]["loss_sum"] / self.M
+        loss = self.votes[self.members[0]].loss_sum / self.M
         records = [self._commit_line(self.step, loss, got, ledgers, self.gen, list(self.members),
                                      len(self.pending), lr,
                                      # the slowest microbatch a member reported (seconds): what a rejoin waits out
@@ -612,12 +613,12 @@ class ProtocolStateMachine(AdmissionMixin, ReadinessMixin, FencingMixin, Rebuild
         self.step += 1
         self.votes = self._tally(now)
         last = self.step >= self.S
-        skip = {"skipped": True} if skipped else {}
+        skip = True if skipped else None  # (the commit message names `skipped` only when true)
         if not last and (self.newcomers or self._short()):
             # Step `committed` is the boundary: the members hear the commit with `next`,
             # and generation gen+1 (with the newcomers) follows, now or once enough arrived.
-            sends = [Out(Act.SEND, r, {"t": "commit", "gen": self.gen, "step": committed, "loss": loss, "quota": [],
-                                     "next": self.gen + 1, **skip}) for r in self.members]
+            boundary = Commit(self.gen, committed, loss, quota=[], next=self.gen + 1, skipped=skip).to_wire()
+            sends = [Out(Act.SEND, r, boundary) for r in self.members]
             if not self._short():
                 return sends + self._admit(now) + records
             self.state, self.deadline = "waiting", now + self.startup_wait
@@ -628,7 +629,7 @@ class ProtocolStateMachine(AdmissionMixin, ReadinessMixin, FencingMixin, Rebuild
                            f"of at least {self.min_replicas} replicas")] + records
         # The commit messages go out before the records are written: the workers
         # are waiting on them, the files are not.
-        sends = self._deal({"t": "commit", "gen": self.gen, "step": committed, "loss": loss, **skip},
+        sends = self._deal(Commit(self.gen, committed, loss, skipped=skip).to_wire(),
                            [] if last else [list(iteration_range(self.step, self.M))])
         if last:
             done = "all steps committed" if not self.skipped else (

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recover.core.contract.step_messages import Go, Ready
 from recover.core.coordinator.actions import Act, Out
 
 STALL_SCAN_SECONDS = 0.25  # how often the progress rule looks at the members (O(R) a look)
@@ -143,18 +144,18 @@ class ReadinessMixin:
                     break
         return out
 
-    def on_ready(self, r: int, msg: dict, now: float) -> list[Out]:
+    def on_ready(self, r: int, ready: Ready, now: float) -> list[Out]:
         """Member r folded its quota of (gen, step); once every member has, all hear `go`.
 
         O(1) per message, and one message object for all members (the service encodes it once)."""
-        if (self.state != "running" or msg.get("gen") != self.gen or r not in self.member_set
+        if (self.state != "running" or ready.gen != self.gen or r not in self.member_set
                 or self.readiness.go_at is not None):
             return []  # stale, fenced, or a repeat after go
-        if msg.get("step") != self.step:
-            return self.on_bad(r, f"it is ready for step {msg.get('step')}, the run is at {self.step}", now)
+        if ready.step != self.step:
+            return self.on_bad(r, f"it is ready for step {ready.step}, the run is at {self.step}", now)
         if not self.readiness.mark_ready(r, len(self.members), now):
             return []
-        go = {"t": "go", "gen": self.gen, "step": self.step}
+        go = Go(self.gen, self.step).to_wire()
         return [Out(Act.SEND, m, go) for m in self.members]
 
     def _vote_overdue(self, now: float) -> list[Out]:

@@ -113,8 +113,9 @@ from recover.core.contract.worker_exit import EXIT_RUN_DIR_UNWRITABLE
 from recover.core.storage.results import HeldLineWriter
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
 from recover.core.coordinator.gc_pacing import pace, settle
-from recover.core.contract.wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, parse_line
+from recover.core.contract.wire import MAX_LINE_BYTES, MAX_REFUSALS, dumps, loads, read_line
 from recover.core.contract import env_names
+from recover.core.contract.step_messages import Ready, Vote
 
 SEND_TIMEOUT = 1.0  # a worker that cannot take a small message in 1 s is not healthy
 HELLO_TIMEOUT = 10.0  # seconds a connection may stay open without a hello (a worker says it at once)
@@ -563,7 +564,7 @@ class CoordinatorService:
         for line in self._lines(conn, chunk, now):
             if not line.strip():
                 continue
-            msg, why = parse_line(line)
+            msg, why = read_line(line)  # a vote or a ready comes typed (core/contract/step_messages.py)
             if msg is None:
                 self._refuse(conn, why, now)
             else:
@@ -665,8 +666,8 @@ class CoordinatorService:
         self.log(f"refused {w['count']} message(s)/connection(s) from {len(w['peers'])} peer(s) "
                  f"({w['closed']} closed) in {now - w['since']:.1f}s: {dict(list(w['what'].items())[:3])}")
 
-    def _dispatch(self, conn: _Conn, msg: dict, now: float) -> None:
-        kind = msg.get("t")
+    def _dispatch(self, conn: _Conn, msg: dict | Vote | Ready, now: float) -> None:
+        kind = msg.get("t") if type(msg) is dict else msg.TYPE
         self.messages += 1
         if kind == "hb":
             if conn.replica is None and conn is not self.launcher:
@@ -719,8 +720,12 @@ class CoordinatorService:
         if kind == "vote":
             conn.voted = True
         self.proto.on_progress(r, now)  # a member's message is work done, whatever it says
-        handler = {"join": self.proto.on_join, "vote": self.proto.on_vote, "ready": self.proto.on_ready,
-                   "fail": self.proto.on_fail, "healed": self.proto.on_healed,
+        # the step's messages (R of each a step) came typed from the wire; the others are dicts
+        if kind == "vote":
+            return self._apply(self.proto.on_vote(r, msg, now))
+        if kind == "ready":
+            return self._apply(self.proto.on_ready(r, msg, now))
+        handler = {"join": self.proto.on_join, "fail": self.proto.on_fail, "healed": self.proto.on_healed,
                    "stop_run": self.proto.on_stop_run}.get(kind)
         if handler is not None:
             self._apply(handler(r, msg, now))

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from recover.core.contract import idranges
+from recover.core.contract.step_messages import Vote
 
 
 class VoteTally:
@@ -34,7 +35,7 @@ class VoteTally:
 
     def __init__(self, keys: list[str]):
         self._keys = keys  # replica -> its str key (made once per run, not per vote)
-        self.votes: dict[int, dict[str, Any]] = {}  # replica -> its vote, in arrival order
+        self.votes: dict[int, Vote] = {}  # replica -> its vote, in arrival order
         self.ledgers: dict[str, idranges.Ranges] = {}  # str(replica) -> the ledger it voted
         self.lrs: set[Any] = set()  # the learning rates the votes name (one, unless replicas disagree)
         self.seconds: dict[int, float] = {}  # replica -> the seconds per microbatch it reported (if any)
@@ -43,13 +44,13 @@ class VoteTally:
     def __len__(self) -> int:
         return len(self.votes)
 
-    def __getitem__(self, r: int) -> dict[str, Any]:
+    def __getitem__(self, r: int) -> Vote:
         return self.votes[r]
 
-    def add(self, r: int, msg: dict[str, Any]) -> int:
+    def add(self, r: int, vote: Vote) -> int:
         """Take r's ok vote; the number of votes held now. ValueError (nothing taken) if its
         ledger is not a range list."""
-        ledger = msg.get("ledger", [])
+        ledger = vote.ledger
         if type(ledger) is list and len(ledger) == 1:
             # one range, the common case: checked and counted inline (idranges.check's rules)
             p = ledger[0]
@@ -59,19 +60,19 @@ class VoteTally:
             idranges.check(ledger)
         votes = self.votes
         again = r in votes
-        votes[r] = msg
+        votes[r] = vote
         if again:
             # A second vote of one member for one step (no worker sends one): its last vote
             # counts alone, as when the commit read each member's vote from `votes`.
             self.seconds.pop(r, None)
-            self.lrs = {v.get("lr") for v in votes.values()}
-            self.digested = any("weights_fingerprint" in v for v in votes.values())
+            self.lrs = {v.lr for v in votes.values()}
+            self.digested = any(v.weights_fingerprint is not None for v in votes.values())
         key = self._keys[r]
         self.ledgers[key] = ledger
-        self.lrs.add(msg.get("lr"))
-        s = msg.get("mb_seconds")
+        self.lrs.add(vote.lr)
+        s = vote.mb_seconds
         if s:
             self.seconds[r] = s  # the arithmetic on them is done once per step, vectorized (core/coordinator/speeds.py)
-        if "weights_fingerprint" in msg:
+        if vote.weights_fingerprint is not None:
             self.digested = True
         return len(votes)

@@ -155,7 +155,8 @@ from recover.core.worker.control import ControlClient
 from recover.core.worker.progress import ProgressMeter
 from recover.core.launch.hooks import WorkerHooks
 from recover.core.contract.nonfinite import NonfiniteLosses, vote_fields
-from recover.core.contract.policy import quota_of
+from recover.core.contract.policy import quota_in, quota_of
+from recover.core.contract.step_messages import Commit, Ready, Vote
 from recover.core.worker.recipe import CommittedStep, LRSchedule
 from recover.core.launch.startup import JOIN_TOKEN_ENV, env_addr, keyed_store, run_start_time
 from recover.core.worker.state_transfer import transfer_position
@@ -485,11 +486,12 @@ class Replica:
         verdict = self._wait_verdict(step)
         if verdict["t"] == "abort":
             return self._recover_replica(verdict)
-        next_quota = self._relay_commit(verdict, step)
-        self._apply_step(verdict, step, reduction)
+        commit = Commit.from_wire(verdict)
+        next_quota = self._relay_commit(commit, step)
+        self._apply_step(commit, step, reduction)
         if self.after_step is not None:
             self.after_step(self)
-        self._start_next_step(verdict, next_quota)
+        self._start_next_step(commit, next_quota)
         return True
 
     # ---- the commit's steps, in the order `_commit` takes them ------------------------------------
@@ -511,7 +513,7 @@ class Replica:
         collective alone, however long the peers' quotas take; the wait for `go` has no deadline of
         its own (a peer that dies is seen by the coordinator, whose abort ends it; a coordinator that
         dies, by its silence)."""
-        self.control.send({"t": "ready", "gen": g, "step": step})
+        self.control.send(Ready(g, step).to_wire())
 
     def _read_vote_weights(self, digest: bool) -> tuple[torch.Tensor | None, str | None]:
         """The weights this step's gradient came from, when the vote carries them (`digest`): this
@@ -597,20 +599,18 @@ class Replica:
         progress, and the weights fingerprint when `digest`; remembered for a report."""
         self.hooks.at(step, "vote")
         n = len(self.acc.ledger)
-        vote = {
-            "t": "vote", "gen": g, "step": step, "ok": True, "ledger": idranges.from_ids(self.acc.ledger),
-            **vote_fields(loss_sum, self.acc.ledger, self._nonfinite),
-            "mb_seconds": self._work_seconds / n if n else 0.0, "lr": self.stepper.lr(step),
-            "progress_gap": self.meter.take_gap(),
-        }
-        if "nonfinite" in vote:
-            self._log(f"step {step}: non-finite loss at microbatch(es) {idranges.to_ids(vote['nonfinite'])}")
+        loss = vote_fields(loss_sum, self.acc.ledger, self._nonfinite)
+        vote = Vote(g, step, True, idranges.from_ids(self.acc.ledger), loss["loss_sum"],
+                    mb_seconds=self._work_seconds / n if n else 0.0, progress_gap=self.meter.take_gap(),
+                    lr=self.stepper.lr(step), weights_fingerprint=fingerprint if digest else None,
+                    nonfinite=loss.get("nonfinite"))
+        if vote.nonfinite is not None:
+            self._log(f"step {step}: non-finite loss at microbatch(es) {idranges.to_ids(vote.nonfinite)}")
         if digest:
-            vote["weights_fingerprint"] = fingerprint
             self._digest_next_vote = False
-        self._last_vote = {"gen": g, "step": step, "ledger": vote["ledger"], "loss_sum": vote["loss_sum"],
-                           "lr": vote["lr"]}
-        self.control.send(self.hooks.outgoing_vote(vote))
+        self._last_vote = {"gen": g, "step": step, "ledger": vote.ledger, "loss_sum": vote.loss_sum, "lr": vote.lr}
+        # (a fault plan's bad_vote rewrites the wire dict: the hook sees what is sent)
+        self.control.send(self.hooks.outgoing_vote(vote.to_wire()))
 
     def _wait_verdict(self, step: int) -> dict:
         """The coordinator's verdict on the votes: `commit` (every member voted for exactly the
@@ -618,27 +618,26 @@ class Replica:
         self.hooks.at(step, "commit")
         return self._wait_for({"commit", "abort"})
 
-    def _relay_commit(self, commit: dict, step: int) -> dict | None:
+    def _relay_commit(self, commit: Commit, step: int) -> dict | None:
         """Tell the replica's ranks the step commits (skipped or not, and generation g's members: the
         checkpoint writer's rule); returns step+1's quota when it rode along.
 
         step+1's quota rides on the commit's relay when nothing can come between (no admission, not
         the last step): the ranks then start it without waiting for their leader's quota()."""
         next_quota = None
-        if self.link is not None and commit.get("next") is None and step + 1 < self.steps:
-            next_quota = self._next_quota(idranges.to_ids(quota_of(commit, self.member_ranges, self.replica)),
-                                          step + 1)
-        self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(commit.get("skipped")),
+        if self.link is not None and commit.next is None and step + 1 < self.steps:
+            next_quota = self._next_quota(idranges.to_ids(self._commit_quota(commit)), step + 1)
+        self._relay({"t": "commit", "microbatches": self.microbatches, "skipped": bool(commit.skipped),
                      "members": list(self.members),  # generation g's: the checkpoint writer's rule
                      **({"quota": next_quota} if next_quota is not None else {})})
         return next_quota
 
-    def _apply_step(self, commit: dict, step: int, reduction: _Reduction) -> None:
+    def _apply_step(self, commit: Commit, step: int, reduction: _Reduction) -> None:
         """Step the optimizer with the reduced mean (or skip the step, --on-nonfinite skip), empty the
         accumulator and count the step: from here the replica holds step+1's weights."""
         self._committed_vote = self._last_vote
         self.hooks.at(step, "optimizer_step")
-        if commit.get("skipped"):  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
+        if commit.skipped:  # its loss was not finite (--on-nonfinite skip): no update, the schedule moves on
             self._log(f"step {step} skipped: its loss was not finite")
             self.stepper.skip(step)
         else:  # (at a replica of many ranks, its loss came with the combine)
@@ -649,16 +648,20 @@ class Replica:
         self.step = step + 1
         self.committed_members = list(self.members)  # generation g's: an admission switches `members` below
 
-    def _start_next_step(self, commit: dict, next_quota: dict | None) -> None:
+    def _start_next_step(self, commit: Commit, next_quota: dict | None) -> None:
         """Where the replica goes after a commit: the run's end (wait for `done`), an admitting
         generation, or step+1's quota (already relayed to the ranks when `next_quota`)."""
         if self.done:
             self._await_done()
-        elif commit.get("next") is not None:  # step+1 belongs to an admitting generation
-            self._wait_generation(commit["next"])
+        elif commit.next is not None:  # step+1 belongs to an admitting generation
+            self._wait_generation(commit.next)
         else:
-            self._set_quota(quota_of(commit, self.member_ranges, self.replica))
+            self._set_quota(self._commit_quota(commit))
             self._announced = next_quota is not None
+
+    def _commit_quota(self, commit: Commit) -> list[list[int]]:
+        """This replica's quota of step+1, as a commit gives it (core/contract/policy.py `quota_in`)."""
+        return quota_in(commit.quota, commit.split, self.member_ranges, self.replica)
 
     def _await_done(self) -> None:
         """After the last commit: stay for the coordinator's `done`, which it sends once the

@@ -14,7 +14,7 @@ Contract:
   * `commit_s`: one step's R votes, parse + `on_vote`, up to and including the
     commit (the last vote's call returns the commit and the next quotas), each
     line parsed and handed over at once as the service does; also split into
-    `commit_parse_s` (core.contract.wire.parse_line of the R lines: the JSON parse and the
+    `commit_parse_s` (core.contract.wire.read_line of the R lines: the JSON parse and the
     field checks the service makes, timed in a pass of its own)
     and `commit_machine_s` (the rest);
   * `recovery_s`: one crash mid-step (`on_lost`: the abort), then the R-1
@@ -53,7 +53,7 @@ from recover.core.contract.iteration import iteration_range
 from recover.core.contract.policy import quota_of
 from recover.core.coordinator.protocol import ProtocolStateMachine, Out
 from recover.core.storage.results import step_ids_are
-from recover.core.contract.wire import dumps, parse_line
+from recover.core.contract.wire import dumps, parse_line, read_line
 from recover.experiments.coordinator_results import write_results
 
 
@@ -78,19 +78,19 @@ def _encode(outs: list[Out]) -> tuple[float, int]:
 
 
 def _parse_and_feed(lines: list[tuple[int, bytes]], handler, now: float) -> tuple[list[Out], float, float]:
-    """Each replica's line parsed and checked (core.contract.wire.parse_line) and handed to the state
+    """Each replica's line parsed and checked (core.contract.wire.read_line) and handed to the state
     machine at once, as the service does (core/coordinator/service.py `_read`: the vote is still in
     the cache when the state machine reads it): (what it answered, seconds parsing, seconds in the state machine). The
     parse is timed alone in a pass of its own over the same lines; the state machine's
     share is the interleaved total less that."""
     start = time.perf_counter()
     for _, line in lines:
-        parse_line(line)
+        read_line(line)
     parse_s = time.perf_counter() - start
     outs: list[Out] = []
     start = time.perf_counter()
     for r, line in lines:
-        msg, why = parse_line(line)
+        msg, why = read_line(line)  # a vote comes read into its class (core/contract/step_messages.py)
         if msg is None:
             raise RuntimeError(f"replica {r}'s line was refused: {why}")
         outs += handler(r, msg, now)

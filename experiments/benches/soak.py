@@ -51,6 +51,7 @@ from typing import Any
 
 from recover.core.contract import idranges
 from recover.core.contract.policy import quota_of
+from recover.core.contract.step_messages import Ready, Vote
 from recover.core.coordinator.protocol import ProtocolStateMachine, Out
 from recover.core.storage.results import step_ids_are
 from recover.core.contract.wire import dumps
@@ -203,14 +204,12 @@ class Soak:
                 self._absorb(outs)
                 continue
             for r in members:
-                outs += p.on_ready(r, {"t": "ready", "gen": p.gen, "step": step}, now)
+                outs += p.on_ready(r, Ready(p.gen, step), now)
             for r in members:
-                vote = {"t": "vote", "gen": p.gen, "step": step, "ok": True, "ledger": self.held[r],
-                        "loss_sum": 2.5 * self.M / len(members), "mb_seconds": 0.25 * (1 + 0.05 * self.rng.random()),
-                        "lr": 1e-3}
-                if r in self.digest_next:
-                    vote["weights_fingerprint"] = DIGEST
-                    self.digest_next.discard(r)
+                digest = DIGEST if r in self.digest_next else None
+                self.digest_next.discard(r)
+                vote = Vote(p.gen, step, True, self.held[r], 2.5 * self.M / len(members),
+                            mb_seconds=0.25 * (1 + 0.05 * self.rng.random()), lr=1e-3, weights_fingerprint=digest)
                 outs += p.on_vote(r, vote, now)
             self._absorb(outs)
             if p.step == step and self.finished is None and p.state != "forming":
