@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_recover  # noqa: F401 - the suite's helpers (sys.path)
 
-from recover.experiments.benches.iteration import _iteration_seconds, _shim, over_plain
+from recover.experiments.benches.iteration import _iteration_seconds, _shim, layout_name, over_plain, parse_layout
 from recover.experiments.cli import main
 
 
@@ -38,7 +38,16 @@ def test_the_baseline_shim_maps_every_folder_onto_the_other_tree(tmp_path):
     assert (shim / "recover" / "core").resolve() == (tree / "core").resolve()
 
 
+def test_a_layout_is_replicas_ranks_and_pipeline_stages():
+    assert parse_layout("4") == (4, 1, 1) and parse_layout("3x2") == (3, 2, 1) and parse_layout("2x2p2") == (2, 2, 2)
+    assert [layout_name(*parse_layout(s)) for s in ("4", "3x2", "2x1p2")] == ["4x1", "3x2", "2x1p2"]
+    for bad in ("3y2", "3x0", "0x2", "2p2", "2x2p0", "2x2p", "x2", ""):
+        assert parse_layout(bad) is None, bad
+
+
 def test_bad_flags_are_refused_before_any_run(capsys, tmp_path):
+    assert main(["bench", "iteration", "--layouts", "2x2p0"]) != 0
+    assert "is not RxS" in capsys.readouterr().err
     assert main(["bench", "iteration", "--layouts", "3y2"]) != 0
     assert "is not RxS" in capsys.readouterr().err
     assert main(["bench", "iteration", "--baseline-tree", str(tmp_path)]) != 0

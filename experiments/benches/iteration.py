@@ -4,8 +4,9 @@ Contract:
 - Runs real `recover train` jobs, failure-free, for every (model, layout, system)
   asked, `--repeats` rounds, interleaved (every configuration once per round, in
   turn), so a change in the machine's load touches all of them alike. A layout is
-  RxS: R replicas of S ranks (S > 1: HSDP). Each system runs at every layout it
-  runs (core/config/layouts.py); the others are named, with why, and skipped.
+  RxS: R replicas of S ranks (S > 1: HSDP), or RxSpP: each replica P pipeline
+  stages of S ranks each (2x2p2 is 2 x (PP2 x S2)). Each system runs at every layout
+  it runs (core/config/layouts.py); the others are named, with why, and skipped.
 - A run's iteration time is the median of the gaps between consecutive commits'
   `wall_time` in its metrics.jsonl, leaving out the first two steps (first calls,
   allocations). A configuration's figure is the median over its rounds.
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -58,6 +60,21 @@ def _shim(tree: Path, into: Path) -> Path:
         if not link.exists():
             link.symlink_to(tree.resolve() / d)
     return into
+
+
+def parse_layout(spec: str) -> tuple[int, int, int] | None:
+    """A layout's (R, S, P) from "R", "RxS" or "RxSpP" (3x2: 3 replicas of 2 ranks; 2x2p2: 2 replicas of
+    2 pipeline stages of 2 ranks); None if `spec` is none of these or a number is below 1."""
+    m = re.fullmatch(r"(\d+)(?:x(\d+)(?:p(\d+))?)?", spec)
+    if m is None:
+        return None
+    r, s, p = (int(g) if g else 1 for g in m.groups())
+    return (r, s, p) if min(r, s, p) >= 1 else None
+
+
+def layout_name(r: int, s: int, p: int) -> str:
+    """The layout as --layouts spells it: "3x2", "2x2p2"."""
+    return f"{r}x{s}" + (f"p{p}" if p > 1 else "")
 
 
 def _iteration_seconds(metrics: Path) -> float:
@@ -96,7 +113,8 @@ def over_plain(system_runs: list[float], plain_runs: list[float], system: str = 
 
 
 def _run(work: Path, name: str, system: str, model: str, replicas: int, shard: int, steps: int,
-         microbatches: int, pythonpath: str | None, mode: str = "fp32", profile: dict | None = None) -> float:
+         microbatches: int, pythonpath: str | None, mode: str = "fp32", profile: dict | None = None,
+         pp: int = 1) -> float:
     out = work / name
     if profile is not None:  # the phases of every process of the run (experiments/benches/phases.py)
         from recover.core.contract import env_names
@@ -111,6 +129,8 @@ def _run(work: Path, name: str, system: str, model: str, replicas: int, shard: i
             "--out", str(out), "--no-progress"] + (["--exact"] if mode == "exact" else [])
     if shard > 1:
         argv += ["--shard", str(shard)]
+    if pp > 1:
+        argv += ["--pp", str(pp)]
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -139,34 +159,32 @@ def bench_iteration(args: argparse.Namespace) -> int:
     trees: dict[str, str | None] = {"this": None}
     if args.baseline_tree:
         trees = {"baseline": str(_shim(Path(args.baseline_tree), work / "baseline-shim")), "this": None}
-    layouts = []
-    for spec in args.layouts:
-        r, _, s = spec.partition("x")
-        layouts.append((int(r), int(s or 1)))
+    layouts = [parse_layout(spec) for spec in args.layouts]
     modes = getattr(args, "modes", None) or ["fp32"]
-    configs = [(model, r, s, tree, system, mode) for model in args.models for (r, s) in layouts
+    configs = [(model, r, s, p, tree, system, mode) for model in args.models for (r, s, p) in layouts
                for tree in trees for system in args.systems for mode in modes
-               if not (s > 1 and tree != "this") and not (mode == "exact" and s > 1) and runs_layout(system, shard=s)]
+               if not (p > 1 and tree != "this") and not (mode == "exact" and (s > 1 or p > 1))
+               and runs_layout(system, shard=s, pp=p)]
     for system in args.systems:  # each system at every layout it runs; said once for the others
-        for r, s in layouts:
-            if (refused := refusal(system, r, s)) is not None:
-                print(f"{system} at {r}x{s}: not measured ({refused.message})", flush=True)
+        for r, s, p in layouts:
+            if (refused := refusal(system, r, s, pp=p)) is not None:
+                print(f"{system} at {layout_name(r, s, p)}: not measured ({refused.message})", flush=True)
     runs: dict[tuple, list[float]] = {c: [] for c in configs}
     profiles: dict[tuple, list[dict]] = {c: [] for c in configs}
     for k in range(args.repeats):
         for c in configs:
-            model, r, s, tree, system, mode = c
-            name = f"{model}-{r}x{s}-{tree}-{system}-{mode}-{k}"
+            model, r, s, p, tree, system, mode = c
+            name = f"{model}-{layout_name(r, s, p)}-{tree}-{system}-{mode}-{k}"
             prof = {} if getattr(args, "profile", False) else None
             runs[c].append(_run(work, name, system, model, r, s, args.steps, args.microbatches_per_replica * r,
-                                trees[tree], mode, prof))
+                                trees[tree], mode, prof, pp=p))
             if prof is not None:
                 profiles[c].append(prof)
             print(f"round {k + 1}/{args.repeats} {name}: {1000 * runs[c][-1]:.1f} ms per iteration", flush=True)
-    rows = [{"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system, "mode": mode,
+    rows = [{"model": m, "layout": layout_name(r, s, p), "tree": tree, "system": system, "mode": mode,
              "iteration_s": statistics.median(v), "runs_s": v,
              "allreduce_bytes": allreduce_bytes(m, mode)}
-            for (m, r, s, tree, system, mode), v in runs.items()]
+            for (m, r, s, p, tree, system, mode), v in runs.items()]
     ratios = []
     if len(modes) > 1:
         for row in rows:
@@ -178,22 +196,22 @@ def bench_iteration(args: argparse.Namespace) -> int:
                            "system": row["system"], "exact_over_fp32": row["iteration_s"] / base["iteration_s"],
                            "bytes_exact_over_fp32": row["allreduce_bytes"] / base["allreduce_bytes"]})
     for m in args.models:
-        for r, s in layouts:
+        for r, s, p in layouts:
             for tree in trees:
-                by = {row["system"]: row["runs_s"] for row in rows
-                      if (row["model"], row["layout"], row["tree"], row["mode"]) == (m, f"{r}x{s}", tree, modes[0])}
+                by = {row["system"]: row["runs_s"] for row in rows if (row["model"], row["layout"], row["tree"],
+                                                                       row["mode"]) == (m, layout_name(r, s, p), tree, modes[0])}
                 for system, runs_s in by.items():
                     if system != "plain" and "plain" in by:
-                        ratios.append({"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system,
+                        ratios.append({"model": m, "layout": layout_name(r, s, p), "tree": tree, "system": system,
                                        **over_plain(runs_s, by["plain"], system)})
     result = {"bench": "iteration", "command": " ".join(sys.argv), "machine": platform.platform(),
               "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
               "baseline_tree": args.baseline_tree or None, "steps": args.steps, "repeats": args.repeats,
               "rows": rows, "ratios": ratios}
     if getattr(args, "profile", False):
-        result["profile"] = [{"model": m, "layout": f"{r}x{s}", "tree": tree, "system": system, "mode": mode,
-                              "ms_per_step": _mean_profile(profiles[(m, r, s, tree, system, mode)])}
-                             for (m, r, s, tree, system, mode) in configs]
+        result["profile"] = [{"model": m, "layout": layout_name(r, s, p), "tree": tree, "system": system,
+                              "mode": mode, "ms_per_step": _mean_profile(profiles[(m, r, s, p, tree, system, mode)])}
+                             for (m, r, s, p, tree, system, mode) in configs]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / args.name).write_text(json.dumps(result, indent=1))

@@ -110,7 +110,8 @@ def add_parser(sub) -> None:
                                      "--baseline-tree), written to iteration.json.")
     it.add_argument("--models", nargs="+", default=["tiny", "small"], help="models (default: tiny small)")
     it.add_argument("--layouts", nargs="+", default=["2x1"],
-                    help="replica layouts RxS: R replicas of S ranks (default: 2x1)")
+                    help="replica layouts RxS: R replicas of S ranks, or RxSpP: of P pipeline stages of S ranks "
+                         "each (3x2, 2x2p2; default: 2x1)")
     it.add_argument("--systems", nargs="+", default=["recover", "plain"], help="systems (default: recover plain)")
     it.add_argument("--microbatches-per-replica", type=int, default=2,
                     help="M / R of every run (default: 2)")
@@ -341,10 +342,12 @@ def cmd_bench_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_iteration(args: argparse.Namespace) -> int:
+    from ..benches.iteration import parse_layout
+
     for spec in args.layouts:
-        r, _, s = spec.partition("x")
-        if not (r.isdigit() and int(r) >= 1 and (not s or (s.isdigit() and int(s) >= 1))):
-            return fail(f"--layouts: {spec!r} is not RxS (R replicas of S ranks, e.g. 3x2)")
+        if parse_layout(spec) is None:
+            return fail(f"--layouts: {spec!r} is not RxS or RxSpP (R replicas of S ranks, e.g. 3x2; "
+                        f"of P pipeline stages of S ranks, e.g. 2x2p2)")
     for system in args.systems:
         if system not in SYSTEMS:
             return fail(f"--systems: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
