@@ -13,8 +13,7 @@ without the kill.
 """
 import torch
 
-from recover.core.parallel.fsdp import ShardedAccumulator, shard_model
-from recover.core.parallel.join import ReplicaContext
+from recover.core import ReplicaContext, ShardedAccumulator, shard_model
 
 ctx = ReplicaContext.from_env()  # this rank's replica group, and its leader's relay
 torch.manual_seed(0)  # every rank of every replica starts from the same weights

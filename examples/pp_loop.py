@@ -19,8 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from recover.core.parallel.fsdp import ShardedAccumulator
-from recover.core.parallel.join import ReplicaContext
+from recover.core import ReplicaContext, ShardedAccumulator
 
 ROWS = 32  # rows of one microbatch
 

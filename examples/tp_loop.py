@@ -15,8 +15,7 @@ microbatches, and the losses stay those of a run without the kill.
 import torch
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from recover.core.parallel.fsdp import ShardedAccumulator
-from recover.core.parallel.join import ReplicaContext
+from recover.core import ReplicaContext, ShardedAccumulator
 
 ctx = ReplicaContext.from_env()  # RECOVER_TP (from `recover launch --tp`): the replica's ("shard", "tp") grid
 torch.manual_seed(0)  # every rank of every replica starts from the same full weights; TP keeps its slice

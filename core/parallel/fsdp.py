@@ -72,7 +72,16 @@ from recover.core.worker.accumulator import (FlatLedgerBuffer, Ledger, flip_larg
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layers: Iterable[nn.Module] | None = None) -> nn.Module:
-    """`fully_shard` each of `layers` (default: `model.blocks`), then `model`; SUM reductions. Returns model."""
+    """`fully_shard` each of `layers` (default: `model.blocks`), then `model`; SUM reductions. Returns model.
+
+    Args:
+        model: the fp32 model every rank of the replica built alike; sharded in place.
+        mesh: the mesh FSDP2 shards over (`ReplicaContext.mesh`, the replica's ranks).
+        layers: the submodules to shard one by one before the root; None: `model.blocks`, else none.
+
+    Returns:
+        `model`, now an FSDP module whose gradients reduce-scatter as a plain SUM.
+    """
     if layers is None:
         layers = getattr(model, "blocks", ())
     for layer in layers:
@@ -133,6 +142,22 @@ class ShardedAccumulator(FlatLedgerBuffer):
 
     def __init__(self, model: nn.Module, group=None, mesh: DeviceMesh | None = None,
                  duplicates: Iterable[torch.Tensor] = ()):
+        """Point every trainable parameter's `.grad` at its view of one flat fp32 buffer.
+
+        Args:
+            model: this rank's part of the model, fp32: sharded by `shard_model` (every parameter a
+                DTensor), or split by TP or PP on `mesh`.
+            group: the replica's process group, for the loss sum and the norm; None: the default
+                group (the replica, under `recover launch`).
+            mesh: the replica's grid (`ReplicaContext.mesh`), needed with TP or PP (it says which
+                rank counts a loss or a parameter's norm); None: FSDP2 alone.
+            duplicates: parameters another rank counts (the last stage's copy of a tied
+                embedding); default: none.
+
+        Raises:
+            ValueError: the model has no trainable parameter.
+            TypeError: a parameter is not fp32, or (FSDP2 alone) not a DTensor.
+        """
         self.group = group  # the replica's group, for the loss; None: the default group (the replica)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
@@ -190,7 +215,18 @@ class ShardedAccumulator(FlatLedgerBuffer):
     def clip_grad_norm_(self, params=None, max_norm: float = 1.0) -> torch.Tensor:
         """Scale every .grad so that the replica's whole gradient has norm <= max_norm, as torch's
         clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6), at most 1); returns the norm.
-        `params` must be this accumulator's (the signature is torch's); a collective of the replica."""
+        `params` must be this accumulator's (the signature is torch's); a collective of the replica.
+
+        Args:
+            params: this accumulator's `params` (or None, the same).
+            max_norm: the norm the replica's whole gradient is clipped to.
+
+        Returns:
+            The replica's whole gradient norm before clipping (a 0-dim fp32 tensor).
+
+        Raises:
+            ValueError: `params` are not this accumulator's.
+        """
         if params is not None and [id(p) for p in params] != [id(p) for p in self.params]:
             raise ValueError("clip_grad_norm_ of a ShardedAccumulator clips its own parameters")
         sq = torch.zeros(1, dtype=torch.float64, device=self.buffer.device)
@@ -279,6 +315,21 @@ class ExactShardedAccumulator(ExactSums, ShardedAccumulator):
 
     def __init__(self, model: nn.Module, microbatches: int, range_bits: int = DEFAULT_RANGE, group=None,
                  mesh: DeviceMesh | None = None, duplicates: Iterable[torch.Tensor] = ()):
+        """A `ShardedAccumulator` whose sums are int64 fixed point.
+
+        Args:
+            model: as `ShardedAccumulator`'s.
+            microbatches: M, the run's microbatches per step (the fixed point's headroom).
+            range_bits: the normal range: gradient elements below 2^range_bits (--exact-range).
+            group: as `ShardedAccumulator`'s (the replica agrees on bands over it).
+            mesh: as `ShardedAccumulator`'s.
+            duplicates: as `ShardedAccumulator`'s.
+
+        Raises:
+            ValueError: `mesh` has a "pp" dimension (take `ExactPipelineAccumulator`), or
+                `range_bits` with M leaves no valid fixed-point shift; else as `ShardedAccumulator`'s.
+            TypeError: as `ShardedAccumulator`'s.
+        """
         if not self.pipelined and mesh is not None and "pp" in (mesh.mesh_dim_names or ()):
             raise ValueError("a replica split by --pp takes ExactPipelineAccumulator: a schedule of many "
                              "microbatches leaves their gradients summed in fp32")
@@ -315,11 +366,29 @@ class ExactPipelineAccumulator(ExactShardedAccumulator):
 
     def __init__(self, model: nn.Module, microbatches: int, range_bits: int = DEFAULT_RANGE, group=None,
                  mesh: DeviceMesh | None = None, duplicates: Iterable[torch.Tensor] = ()):
+        """An `ExactShardedAccumulator` for one stage of a pipeline.
+
+        Args:
+            model: this rank's stage of the model (fp32).
+            microbatches: M, the run's microbatches per step.
+            range_bits: the normal range: gradient elements below 2^range_bits (--exact-range).
+            group: the replica's process group; None: the default group.
+            mesh: the replica's ("pp", "shard", "tp") grid (`ReplicaContext.mesh`).
+            duplicates: parameters another stage counts (a tied embedding's copy); default: none.
+        """
         super().__init__(model, microbatches, range_bits, group=group, mesh=mesh, duplicates=duplicates)
         self._taken: set[int] = set()  # ids whose gradient is in the sums, waiting for their ledger entry
 
     def take(self, mb_id: int, loss: float) -> None:
-        """Convert the gradient one schedule run of `mb_id` alone left in `.grad` into the sums."""
+        """Convert the gradient one schedule run of `mb_id` alone left in `.grad` into the sums.
+
+        Args:
+            mb_id: the global microbatch id the schedule just ran, alone.
+            loss: the id's loss as this stage has it (only the last stage's goes into the loss sum).
+
+        Raises:
+            ValueError: `mb_id` was taken or folded already in this iteration.
+        """
         if mb_id in self._taken or mb_id in self.ledger:
             raise ValueError(f"microbatch {mb_id} folded twice in one iteration")
         self._sum_microbatch(mb_id, loss)

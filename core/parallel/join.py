@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -67,6 +68,9 @@ from recover.core.parallel.replica_link import LINK_TIMEOUT, ReplicaLink
 from recover.core.worker.accumulator_interface import Accumulator
 from recover.core.contract import env_names
 
+if TYPE_CHECKING:  # join's return type only: the leader's import of replica stays lazy (see join)
+    from recover.core.parallel.follower import ReplicaFollower
+    from recover.core.worker.replica import Replica
 
 
 def _env_float(name: str, default: float) -> float:
@@ -93,7 +97,26 @@ class ReplicaContext:
         deadline not given comes from the environment, else its default (30 s, 0.1 s, 3 s). With
         `tp` = T > 1 (default: RECOVER_TP, else 1) and `pp` = P (default: RECOVER_PP, else 1) the
         launcher's RECOVER_RANKS_PER_REPLICA ranks per replica are P x S x T (tp innermost); the
-        schedule's name defaults to RECOVER_PP_SCHEDULE, else 1f1b."""
+        schedule's name defaults to RECOVER_PP_SCHEDULE, else 1f1b.
+
+        Args:
+            collective_timeout: seconds a cross-replica all-reduce may take; None:
+                RECOVER_COLLECTIVE_TIMEOUT, else 30.
+            heartbeat_interval: seconds between a rank's beats to its leader; None:
+                RECOVER_HEARTBEAT_INTERVAL, else 0.1.
+            heartbeat_timeout: seconds of a rank's silence that end its replica (exit code 5);
+                None: RECOVER_HEARTBEAT_TIMEOUT, else 3.
+            tp: T, the tensor-parallel ranks of one shard position; None: RECOVER_TP, else 1.
+            pp: P, the pipeline stages; None: RECOVER_PP, else 1.
+            pp_schedule: the pipeline schedule's name ("1f1b", or "afab": GPipe); None:
+                RECOVER_PP_SCHEDULE, else "1f1b".
+
+        Returns:
+            This rank's context: its replica's groups and mesh built, its beats started.
+
+        Raises:
+            ValueError: T x P does not divide the replica's RECOVER_RANKS_PER_REPLICA ranks.
+        """
         r = int(os.environ[env_names.REPLICA])
         local = int(os.environ.get(env_names.LOCAL_RANK, "0"))
         shard = int(os.environ.get(env_names.RANKS_PER_REPLICA, "1"))  # the replica's ranks
@@ -133,18 +156,44 @@ class ReplicaContext:
 
     @property
     def leader(self) -> bool:
+        """True on the replica's leader (local rank 0), the only rank that talks to the coordinator."""
         return self.local_rank == 0
 
     @property
     def mesh(self):
+        """The replica's DeviceMesh: ("shard",) of S ranks, ("shard", "tp") with T > 1, ("pp", "shard", "tp") with P > 1."""
         return self.parallel.mesh
 
     def part(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """This rank's rows of one microbatch, and their share of its rows (scale the loss by it)."""
+        """This rank's rows of one microbatch, and their share of its rows (scale the loss by it).
+
+        Args:
+            x: the whole microbatch's inputs (rows first).
+            y: its targets, row for row.
+
+        Returns:
+            (x rows, y rows, share): this rank's rows (the tp ranks of a shard position take the
+            same ones) and their fraction of the microbatch's rows.
+        """
         return microbatch_part(x, y, self.parallel.shard_index, self.parallel.args.shard)
 
-    def join(self, acc: Accumulator, optimizer: torch.optim.Optimizer, **kw):
-        """The replica handle for this rank: `Replica` on the leader, `ReplicaFollower` elsewhere."""
+    def join(self, acc: Accumulator, optimizer: torch.optim.Optimizer, **kw) -> Replica | ReplicaFollower:
+        """The replica handle for this rank: `Replica` on the leader, `ReplicaFollower` elsewhere.
+
+        Args:
+            acc: this rank's accumulator (`ShardedAccumulator`, or an exact one) over its part of the model.
+            optimizer: the optimizer over `acc.params`; stepped only when a step commits.
+            **kw: `Replica`'s keyword arguments (`lr_schedule`, `grad_clip`, `hooks`, ...);
+                `collective_timeout` defaults to this context's. A follower uses `backend`,
+                `collective_timeout`, `grad_clip`, `lr_schedule` and `hooks` of them.
+
+        Returns:
+            The handle the loop drives (`done`, `quota()`, `fold()`, `commit()`, `close()`), the same
+            API on every rank.
+
+        Raises:
+            RunEnded: the run ended for this replica before it began (the leader's `Replica`).
+        """
         kw.setdefault("collective_timeout", self.collective_timeout)
         if self.leader:
             from recover.core.worker.replica import Replica

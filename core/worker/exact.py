@@ -309,5 +309,16 @@ class ExactAccumulator(ExactSums, GradAccumulator):
     """A GradAccumulator whose sums are int64 fixed point (see the module's contract)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], microbatches: int, range_bits: int = DEFAULT_RANGE):
+        """Pass it to `Replica` (or `Replica.from_env`) in place of the parameters for a bit-identical run.
+
+        Args:
+            params: the parameters to train (fp32); their `.grad` then views the accumulator.
+            microbatches: M, the run's microbatches per step (the fixed point's headroom).
+            range_bits: the normal range: gradient elements below 2^range_bits (--exact-range).
+
+        Raises:
+            ValueError: no trainable parameter, or `range_bits` with M leaves no valid fixed-point shift.
+            TypeError: a parameter is not fp32.
+        """
         GradAccumulator.__init__(self, params)
         self._init_exact(microbatches, range_bits)

@@ -207,6 +207,15 @@ class RunEnded(RuntimeError):
     non-finite loss): this replica holds the state after exactly that many steps, untouched."""
 
     def __init__(self, reason: str, fenced: bool = False, code: int | None = None, committed: int | None = None):
+        """Raised by the replica, not by a loop; a loop reads these fields when it catches one.
+
+        Args:
+            reason: why the run ended for this replica (the line the worker's log gets).
+            fenced: True when the coordinator fenced this replica out (it must exit); False: the run ended.
+            code: the worker's exit code; None: EXIT_FENCED when `fenced`, else EXIT_STOPPED.
+            committed: the steps the state this replica holds is after (a stop for a non-finite
+                loss); None: not known.
+        """
         super().__init__(reason)
         self.reason = reason
         self.fenced = fenced
@@ -250,6 +259,46 @@ class Replica:
         link=None,
         can_heal: bool = True,
     ):
+        """Join the job: say hello to the coordinator and wait for generation 0 (or admission).
+
+        A loop under `recover launch` calls `from_env` instead, which reads `replica`,
+        `control_addr` and `store_addr` from the launcher's environment.
+
+        Args:
+            params: the parameters to train (their `.grad` then views a `GradAccumulator`'s
+                buffer), or an accumulator (an `Accumulator`: `ExactAccumulator`,
+                `ShardedAccumulator`, ...) that holds them.
+            optimizer: the optimizer over those parameters; stepped only when a step commits.
+            replica: this replica's id (its failure domain).
+            control_addr: (host, port) of the coordinator's control server.
+            store_addr: (host, port) of the TCPStore the replicas' communicators meet at.
+            backend: the collective backend of the cross-replica all-reduce ("gloo").
+            collective_timeout: seconds a cross-replica all-reduce may take before it fails.
+            heartbeat_interval: seconds between this replica's heartbeats to the coordinator.
+            grad_clip: the max norm the committed (averaged) gradient is clipped to; 0: no clipping.
+            lr_schedule: a function of the committed step giving its learning rate, or a torch
+                LRScheduler over `optimizer`, set or stepped only on commit; None: the optimizer's rate.
+            tokens_per_microbatch: the tokens of one microbatch, for the coordinator's `tokens`
+                metric; 0: not counted.
+            hooks: the worker hooks (`core.launch.hooks.WorkerHooks`) called at each phase; None: no-ops.
+            join_token: the run's join token that keys every store key; None: RECOVER_JOIN_TOKEN,
+                else "".
+            digest_every: the steps between weight digests in the vote (a corrupt replica is
+                fenced); 0: never.
+            rejoin: whether a replica fenced while alive rejoins as a newcomer (else it raises
+                `RunEnded(fenced=True)`); None: RECOVER_REJOIN ("0": off), else on.
+            coordinator_timeout: seconds of coordinator silence that count as a closed
+                connection; None: RECOVER_COORDINATOR_TIMEOUT, else 10.
+            reconnect_timeout: seconds to keep reaching a coordinator that closed (it may be
+                restarted); None: RECOVER_RECONNECT_TIMEOUT, else 60.
+            link: a replica of many ranks: the leader's relay to its other ranks
+                (`ReplicaContext.join` passes it); None: a one-rank replica.
+            can_heal: whether a donor's state can make this process whole when it joins a
+                running job (what its hello says).
+
+        Raises:
+            RunEnded: the run ended (stopped, or this replica was refused or fenced) before it began.
+        """
         worker_exit.install(f"replica {replica}")  # an uncaught RunEnded: one line and its exit code
         # an accumulator (core/worker/accumulator_interface.py: any kind), or parameters
         self.acc: Accumulator = params if isinstance(params, Accumulator) else GradAccumulator(params)
@@ -336,7 +385,19 @@ class Replica:
 
     @classmethod
     def from_env(cls, model_or_params, optimizer, **kw) -> "Replica":
-        """Join the job the launcher set up (RECOVER_REPLICA, RECOVER_CONTROL_ADDR, RECOVER_STORE_ADDR)."""
+        """Join the job the launcher set up (RECOVER_REPLICA, RECOVER_CONTROL_ADDR, RECOVER_STORE_ADDR).
+
+        Args:
+            model_or_params: a module (its parameters are trained), the parameters, or an accumulator.
+            optimizer: the optimizer over those parameters; stepped only when a step commits.
+            **kw: the constructor's other keyword arguments (`lr_schedule`, `grad_clip`, ...).
+
+        Returns:
+            This process's replica, a member of the job's first generation (or admitted into it).
+
+        Raises:
+            RunEnded: the run ended before it began (see the constructor).
+        """
         params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
         return cls(params, optimizer, replica=int(os.environ[env_names.REPLICA]),
                    control_addr=env_addr(env_names.CONTROL_ADDR), store_addr=env_addr(env_names.STORE_ADDR), **kw)
@@ -349,6 +410,7 @@ class Replica:
 
     @property
     def ledger(self) -> list[int]:
+        """The ids folded since the last commit, in fold order (the accumulator's ledger)."""
         return self.acc.ledger
 
     def quota(self) -> Iterator[int]:
@@ -359,6 +421,12 @@ class Replica:
         to `commit()`, which recovers at once keeping what was folded. A survivor
         therefore answers an abort within one microbatch, not one quota: no deadline
         of the coordinator depends on how long a quota takes.
+
+        Yields:
+            The global microbatch ids to fold now, one at a time.
+
+        Raises:
+            RunEnded: the run ended for this replica while it waited.
         """
         gen = self.generation
         ids = self._still_to_fold()
@@ -423,7 +491,19 @@ class Replica:
         return [i for i in self._quota if not self.acc.has(i)]
 
     def fold(self, mb_id: int, loss: float) -> None:
-        """Record that microbatch `mb_id`'s backward (with loss `loss`) is in the gradients."""
+        """Record that microbatch `mb_id`'s backward (with loss `loss`) is in the gradients.
+
+        Args:
+            mb_id: the global microbatch id, one that `quota()` gave and not folded yet.
+            loss: the microbatch's loss (this rank's part of it at a replica of many ranks); a
+                loss that is not finite is noted and voted on, never summed silently.
+
+        Raises:
+            ValueError: `mb_id` is not in this replica's quota, or was folded already; the
+                iteration's folds are discarded and `quota()` lists them again.
+            GradientDetached: a `.grad` no longer views the accumulator (`zero_grad()`, DDP); the
+                iteration's folds are discarded likewise.
+        """
         if mb_id not in self._in_quota or self.acc.has(mb_id):
             why = "folded twice" if self.acc.has(mb_id) else f"not in this replica's quota {self._quota}"
             self._discard_folded()  # its backward is in the accumulator already
@@ -451,7 +531,19 @@ class Replica:
         self.meter.tick()
 
     def commit(self) -> bool:
-        """Reduce, vote, and step the optimizer; False if recovery needs more work."""
+        """Reduce, vote, and step the optimizer; False if recovery needs more work.
+
+        Returns:
+            True when the step committed (or, with --on-nonfinite skip, was skipped); False when
+            a failure sent this replica into recovery: loop, and `quota()` gives the ids to redo.
+
+        Raises:
+            RunEnded: the run ended for this replica (stopped, fenced without rejoin, or the
+                coordinator gone); its `code` is the exit code.
+            GradientDetached: a `.grad` no longer views the accumulator; the iteration's folds
+                are discarded and `quota()` lists them again.
+            RuntimeError: an id of the quota was not folded (and no abort stopped the quota early).
+        """
         self._set_working(False)
         if self._rejoined:
             self._rejoined = False
@@ -680,15 +772,24 @@ class Replica:
 
     def stop_run(self, reason: str) -> None:
         """End the run for a reason of this replica's own (protocol `stop_run`): every
-        replica hears `stop`, and this one's closing connection is not taken for a loss."""
+        replica hears `stop`, and this one's closing connection is not taken for a loss.
+
+        Args:
+            reason: why the run ends (the coordinator records it as the run's end).
+        """
         self.control.send({"t": "stop_run", "reason": reason})
 
     def adopt_committed_count(self, state: dict) -> None:
         """Start from a checkpoint's committed count (its LR schedule and step: `CommittedStep`'s
-        state_dict), before the first step. A newcomer healed from a donor already holds a newer one."""
+        state_dict), before the first step. A newcomer healed from a donor already holds a newer one.
+
+        Args:
+            state: the checkpoint's `CommittedStep.state_dict()`.
+        """
         self.stepper.load_state_dict(state)
 
     def close(self) -> None:
+        """Close the connection to the coordinator (and a leader's relay to its ranks); call it after the loop."""
         if self.link is not None:
             self.link.close()
         self.control.close()
