@@ -182,6 +182,7 @@ class Launcher:
         self._interrupted: str | None = None
         self._logs: list = []  # the coordinators' logs (their stdout is drained here); one per restart
         self._notices: ExitNotices | None = None
+        self._ranks_lost_told: set[int] = set()  # leaders' pids of the replicas told lost by a rank's failure
         self.replace_after = replace_after
         self._replace_at: dict[int, float] = {}  # replica -> monotonic time its replacement starts
         self._replaced_at: dict[int, float] = {}  # replica -> monotonic start of its current replacement
@@ -390,6 +391,7 @@ class Launcher:
         failure recorded (what FailFast and the baselines report) is the kill, not
         whichever replica id comes first."""
         exited = [(r, p) for r, p in list(live.items()) if p.poll() is not None]
+        self._tell_ranks_lost(live, t0)
         for r, p in sorted(exited, key=lambda rp: rp[1].returncode >= 0):  # stable: else by replica
             del live[r]
             self._record("worker", r, p, t0)
@@ -401,6 +403,21 @@ class Launcher:
             self._record("coordinator", -1, self.coordinator, t0, restarted=restart)
             if restart:
                 self._restart_coordinator(live, t0)
+
+    def _tell_ranks_lost(self, live: dict[int, subprocess.Popen], t0: float) -> None:
+        """Tell the coordinator of each replica of many ranks whose rank other than the leader has
+        just failed (its `poll()` is killing the others): the replica is lost now, one process exit
+        before its leader's connection closes (core/launch/exit_notices.py). Once per process set."""
+        for r, p in live.items():
+            rank = getattr(p, "failed_rank", None)
+            if rank is None or rank == 0 or p.pid in self._ranks_lost_told:
+                continue  # (a leader's own death closes its connection as soon as a notice could come)
+            self._ranks_lost_told.add(p.pid)
+            how = describe_exit(p.procs[rank].returncode)
+            print(f"[launcher {time.monotonic() - t0:8.3f}s] replica {r}: rank {rank} {how}; stopping its other "
+                  f"ranks", file=sys.stderr, flush=True)
+            if self._notices is not None:
+                self._notices.rank_lost(r, rank, p.pid, how)
 
     def _schedule_replacement(self, r: int, t0: float) -> None:
         """The slot's next replacement, later each time one died at once; none past MAX_QUICK_DEATHS."""

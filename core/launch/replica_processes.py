@@ -15,6 +15,9 @@ Contract:
 - The ranks it kills for their replica are named in `ENDED_WITH_THEIR_REPLICA` (their
   death by signal is the replica's end, not a fault of theirs) until it reaps them (a reaped
   PID may be reused).
+- `failed_rank` is that first failed rank (None while none failed), set in the same
+  `poll()` that starts killing the others: the replica is lost from then on, and the
+  launcher tells the coordinator at once when it is not the leader (core/launch/exit_notices.py).
 - `pids` lists every rank's PID, rank order (pids.json, and the fault injector's
   launcher-side faults, which address `rank` within `replica`); `pid` is the leader's.
 """
@@ -43,6 +46,7 @@ class ReplicaProcesses(PolledProcess):
         self.args = getattr(self.procs[0], "args", [])
         self.returncode: int | None = None
         self._first_failure: int | None = None
+        self.failed_rank: int | None = None  # the rank whose failure ended the replica (see the docstring)
         self._killed = False
 
     @property
@@ -59,9 +63,9 @@ class ReplicaProcesses(PolledProcess):
         if self._first_failure is None:
             # among failures first seen together, a death by signal is the cause and the others its
             # consequence (a rank killed, its leader then exiting on the lost rank): as the launcher's _reap
-            failed = sorted((c for c in codes if c not in (None, 0)), key=lambda c: c >= 0)
+            failed = sorted(((c, k) for k, c in enumerate(codes) if c not in (None, 0)), key=lambda ck: ck[0] >= 0)
             if failed:
-                self._first_failure = failed[0]
+                self._first_failure, self.failed_rank = failed[0]
         if any(c is not None for c in codes) and any(c is None for c in codes) and not self._killed:
             if self._first_failure is not None:  # a rank died: the replica dies with it
                 self._kill_running()
