@@ -101,9 +101,6 @@ def test_a_rank_killed_mid_step_takes_its_replica_and_the_others_redo_its_ids(tm
     assert [m["members"] for m in metrics] == [[0, 1, 2]] * 2 + [[0, 2]] * 3
     [rec] = [e for e in read_jsonl(out_dir / "events.jsonl") if e["kind"] == "recovery"]
     assert rec["step"] == 2 and rec["survivors"] == [0, 2] and rec["redone"]  # the lost replica's ids, redone
-    # known from the launcher's word on the lost rank, before the leader's connection closed
-    assert rec["faults"] == ["replica 1 lost: its rank 1 failed (killed by SIGKILL); the launcher stops the "
-                             "replica's other ranks"], rec
     # the whole replica went: both of its processes, the killed rank first
     gone = {e["pid"]: e for e in summary["processes"] if e["role"] == "worker" and e["replica"] == 1}
     assert gone[pids["1"][0]]["how"] == "killed by SIGKILL", summary["processes"]

@@ -11,17 +11,21 @@ and the state machine treats the replica as its closed connection would
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
 
+from recover.core.components.data import iteration_ids
 from recover.core.coordinator.protocol import ProtocolStateMachine
 from recover.core.launch.exit_notices import ExitNotices
 from recover.core.launch.launcher import Launcher
 from recover.core.launch.replica_processes import ReplicaProcesses
+from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
 from conftest import run_recover  # noqa: F401 - the suite's helpers (sys.path)
 
@@ -60,42 +64,92 @@ def test_news_of_another_process_set_or_of_a_replica_not_alive_changes_nothing()
 
 @pytest.mark.procs
 @pytest.mark.timeout(60)
-def test_the_launcher_tells_the_coordinator_when_a_followers_rank_fails_and_not_for_a_leaders(tmp_path):
+def test_the_launcher_tells_the_coordinator_before_it_kills_the_others_and_not_for_a_leader(tmp_path):
     """Real processes (`sleep`), killed by PID; the coordinator's end is a listening socket read here."""
     server = socket.create_server(("127.0.0.1", 0))
     procs: list[subprocess.Popen] = []
     try:
         launcher = Launcher(tmp_path, ["true"], lambda r: ["true"], 2)
-        launcher.coordinator = subprocess.Popen(["sleep", "60"])
-        procs.append(launcher.coordinator)
         launcher._notices = ExitNotices("127.0.0.1", server.getsockname()[1], "token")
         conn, _ = server.accept()
         conn.settimeout(10)
         lines = conn.makefile("r")
         assert json.loads(lines.readline()) == {"t": "launcher", "token": "token"}
-        replicas = {r: ReplicaProcesses([subprocess.Popen(["sleep", "60"]) for _ in range(2)]) for r in (0, 1)}
-        procs += [p for rp in replicas.values() for p in rp.procs]
-        live = dict(replicas)
+        alive_when_told: list[bool] = []
+
+        def start(r: int) -> ReplicaProcesses:
+            ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+            procs.extend(ranks)
+
+            def told(p: ReplicaProcesses) -> None:
+                others = [q for k, q in enumerate(p.procs) if k != p.failed_rank]
+                alive_when_told.append(all(q.poll() is None and not _zombie(q.pid) for q in others))
+                launcher._tell_rank_lost(r, p)
+            return ReplicaProcesses(ranks, on_rank_failed=told)
+
+        replicas = {r: start(r) for r in (0, 1)}
         replicas[1].procs[1].send_signal(signal.SIGKILL)  # a follower's rank
         replicas[0].procs[0].send_signal(signal.SIGKILL)  # a leader: its own connection says it
         end = time.monotonic() + 20
-        while any(rp.procs[k].poll() is None for rp, k in ((replicas[1], 1), (replicas[0], 0))):
-            assert time.monotonic() < end, "the killed ranks were not reaped"
+        while any(rp.poll() is None for rp in replicas.values()):
+            assert time.monotonic() < end, "the replicas did not end"
             time.sleep(0.01)
-        launcher._reap(live, time.monotonic())
         assert json.loads(lines.readline()) == {"t": "rank_lost", "replica": 1, "rank": 1,
                                                 "pid": replicas[1].pid, "how": "killed by SIGKILL"}
-        launcher._reap(live, time.monotonic())  # told once per process set
-        while live:
-            assert time.monotonic() < end, "the replicas did not end"
-            launcher._reap(live, time.monotonic())
-            time.sleep(0.01)
+        assert alive_when_told == [True, True]  # both seen before the kill (only the follower's is sent)
         launcher._notices.close()
-        told = [json.loads(line) for line in lines]
-        assert sorted((m["t"], m["replica"]) for m in told) == [("exited", 0), ("exited", 1)], told
+        assert lines.read() == ""  # once: nothing for the replica whose leader died
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
         server.close()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(240)
+def test_a_follower_killed_while_its_leader_is_frozen_is_a_lost_replica_on_the_launchers_word(tmp_path):
+    """`recover train` at 3 x S2: replica 1's leader SIGSTOPped by its PID (it can neither notice
+    nor exit), then its rank 1 SIGKILLed by its PID. Only the launcher's word can tell the
+    coordinator before the leader's own death; the survivors redo the lost ids."""
+    out = tmp_path / "run"
+    steps = 6
+    plan = tmp_path / "plan.json"  # paced, so the run outlasts the kill on a quiet machine
+    plan.write_text(json.dumps({"faults": [{"kind": "pace", "replica": r, "step": 0, "phase": "forward",
+                                            "seconds": 0.1} for r in range(R)]}))
+    args = ["train", "--system", "recover", "--replicas", str(R), "--shard", "2", "--microbatches", str(M),
+            "--steps", str(steps), "--faults", str(plan), "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    leader = None
+    try:
+        deadline = time.monotonic() + 180
+        while len(read_metrics(out / "metrics.jsonl")) < 2 or not (out / "pids.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        leader, rank1 = json.loads((out / "pids.json").read_text())["replicas"]["1"]
+        os.kill(leader, signal.SIGSTOP)
+        os.kill(rank1, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout + stderr
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)  # the ledgers, each id once
+    assert metrics[-1]["members"] == [0, 2]
+    [rec] = [e for e in read_jsonl(out / "events.jsonl") if e["kind"] == "recovery"]
+    assert rec["faults"] == ["replica 1 lost: its rank 1 failed (killed by SIGKILL); the launcher stops the "
+                             "replica's other ranks"], rec
+    assert rec["survivors"] == [0, 2] and rec["redone"]

@@ -16,8 +16,10 @@ Contract:
   death by signal is the replica's end, not a fault of theirs) until it reaps them (a reaped
   PID may be reused).
 - `failed_rank` is that first failed rank (None while none failed), set in the same
-  `poll()` that starts killing the others: the replica is lost from then on, and the
-  launcher tells the coordinator at once when it is not the leader (core/launch/exit_notices.py).
+  `poll()` that kills the others, which first calls `on_rank_failed(self)` once: the
+  replica is lost from then on, and the launcher tells the coordinator there, when the
+  failed rank is not the leader (core/launch/exit_notices.py), before the kill, so the
+  word never trails a leader's closed connection.
 - `pids` lists every rank's PID, rank order (pids.json, and the fault injector's
   launcher-side faults, which address `rank` within `replica`); `pid` is the leader's.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Sequence
+from typing import Callable, Sequence
 
 from recover.core.launch.forkserver import PolledProcess
 
@@ -40,8 +42,9 @@ ENDED_WITH_THEIR_REPLICA: set[int] = set()
 class ReplicaProcesses(PolledProcess):
     """A replica's rank processes, ended together (see the module docstring)."""
 
-    def __init__(self, procs: Sequence):
+    def __init__(self, procs: Sequence, on_rank_failed: Callable[["ReplicaProcesses"], None] | None = None):
         self.procs = list(procs)
+        self.on_rank_failed = on_rank_failed  # called once, before the others are killed (see the docstring)
         self.pid = self.procs[0].pid
         self.args = getattr(self.procs[0], "args", [])
         self.returncode: int | None = None
@@ -68,6 +71,8 @@ class ReplicaProcesses(PolledProcess):
                 self._first_failure, self.failed_rank = failed[0]
         if any(c is not None for c in codes) and any(c is None for c in codes) and not self._killed:
             if self._first_failure is not None:  # a rank died: the replica dies with it
+                if self.on_rank_failed is not None:
+                    self.on_rank_failed(self)  # first: the others' deaths take a while to be seen
                 self._kill_running()
         if all(c is not None for c in codes):
             self.returncode = self._first_failure if self._first_failure is not None else 0
