@@ -11,6 +11,8 @@ if __name__ == "__main__":
                       "argv": sys.argv[1:], "probe": os.environ.get("PROBE"), "n_env": len(os.environ),
                       "torch_loaded": "torch" in sys.modules,
                       "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                      "caught": sorted(s.name for s in signal.valid_signals() if callable(signal.getsignal(s))
+                                       and signal.getsignal(s) is not signal.default_int_handler),
                       "recover_modules": sorted(m for m in sys.modules if m.startswith("recover"))}), flush=True)
     if action == "exit":
         sys.exit(int(sys.argv[2]))

@@ -134,6 +134,7 @@ def test_a_launcher_forked_from_a_server_forks_its_own_server_and_its_workers_st
         "import recover.experiments.cli  # the launcher's own imports\n"
         "from recover.core.launch import forkserver\n"
         "signal.signal(signal.SIGTERM, lambda *a: None)  # as a launcher's run() does\n"
+        "signal.signal(signal.SIGWINCH, lambda *a: None)  # any other handler in Python: reset as exec would\n"
         "server = forkserver.ForkServer()\n"
         "kind = type(server._proc).__name__\n"
         f"p = server.start([sys.executable, '-m', 'forkserver_child', 'exit', '5'], {{'PYTHONPATH': {HERE!r}}}, "
@@ -150,6 +151,7 @@ def test_a_launcher_forked_from_a_server_forks_its_own_server_and_its_workers_st
     assert r == {"kind": "_SelfForkedServer", "code": 5, "server_exit": 0}, r
     w = _report(tmp_path / "w.log")
     assert w["torch_loaded"] and w["sigterm_default"] and w["argv"] == ["exit", "5"]
+    assert w["caught"] == [], w["caught"]  # no handler of the launcher's survives into a worker
     assert w["recover_modules"] == [], w["recover_modules"]  # imported afresh by a worker, under its env
 
 

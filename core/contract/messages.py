@@ -130,6 +130,11 @@ MESSAGES: tuple[Message, ...] = (
     Message("launcher", "launcher", "the launcher says who it is", (Field("token", STR, "the run's join token"),)),
     Message("exited", "launcher", "that replica's process exited", (
         Field("replica", INT, "the replica"), Field("how", STR, "e.g. killed by SIGKILL"))),
+    Message("rank_lost", "launcher", "a rank other than the leader of that replica failed: the launcher is "
+                                     "killing the replica's other ranks, so the replica is lost now", (
+        Field("replica", INT, "the replica"), Field("rank", INT, "the rank that failed first"),
+        Field("pid", INT, "the replica's leader's pid (news of an earlier process set in that slot is dropped)"),
+        Field("how", STR, "e.g. killed by SIGKILL"))),
 )
 
 BY_TYPE: dict[str, Message] = {m.type: m for m in MESSAGES}

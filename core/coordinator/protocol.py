@@ -406,6 +406,16 @@ class ProtocolStateMachine(AdmissionMixin, ReadinessMixin, FencingMixin, Rebuild
             out += self._maybe_publish(now)
         return out
 
+    def on_rank_lost(self, r: int, rank: int, leader_pid: int, how: str, now: float) -> list[Out]:
+        """The launcher saw rank `rank` (not the leader) of replica r fail and is killing the others.
+
+        The replica is lost now: handled as its closed connection would be (`on_lost`), one
+        process exit sooner. Only for the process set whose leader said hello with
+        `leader_pid`: news of a slot's earlier processes never ends a replacement."""
+        if r not in self.alive or self.pids.get(r) != leader_pid:
+            return []
+        return self.on_lost(r, f"its rank {rank} failed ({how}); the launcher stops the replica's other ranks", now)
+
     def on_exit(self, r: int, how: str, now: float) -> list[Out]:
         """The launcher saw replica r's process exit (`how`: e.g. "killed by SIGKILL").
 

@@ -678,7 +678,7 @@ class CoordinatorService:
                 conn.progress = p
                 self.proto.on_progress(conn.replica, now)
             return
-        if kind in ("launcher", "exited"):
+        if kind in ("launcher", "exited", "rank_lost"):
             return self._from_launcher(conn, msg, now)
         if kind == "hello":
             if conn.replica is not None:
@@ -736,7 +736,9 @@ class CoordinatorService:
 
     def _from_launcher(self, conn: _Conn, msg: dict, now: float) -> None:
         """The launcher's line: it says who it is (with the join token), then which
-        worker processes exited, so a replica lost before its hello is known at once."""
+        worker processes exited, so a replica lost before its hello is known at once, and
+        which replica of many ranks lost a rank, so its loss is known before its leader's
+        connection closes (core/launch/exit_notices.py)."""
         if msg["t"] == "launcher":
             if conn.replica is not None or self.launcher is not None:
                 return self._refuse(conn, "a launcher hello on a replica's or a second connection", now)
@@ -747,11 +749,20 @@ class CoordinatorService:
             return
         if conn is not self.launcher:
             return self._refuse(conn, "exited from a connection that is not the launcher's", now)
+        r = msg["replica"]
+        if msg["t"] == "rank_lost":
+            if self.rebuilding:  # its processes are being killed: unless a later set's hello is in, it is gone
+                hello = self.rebuild_hellos.get(r)
+                if hello is None or hello.get("pid") == msg["pid"]:
+                    self.rebuild_exited.add(r)
+                    self.rebuild_hellos.pop(r, None)
+                return
+            return self._apply(self.proto.on_rank_lost(r, msg["rank"], msg["pid"], msg["how"], now))
         if self.rebuilding:
-            self.rebuild_exited.add(msg["replica"])
-            self.rebuild_hellos.pop(msg["replica"], None)
+            self.rebuild_exited.add(r)
+            self.rebuild_hellos.pop(r, None)
             return
-        self._apply(self.proto.on_exit(msg["replica"], msg["how"], now))
+        self._apply(self.proto.on_exit(r, msg["how"], now))
 
     # ---- actions ------------------------------------------------------------------------
     def _apply(self, actions: list[Out], origin: _Conn | None = None) -> None:

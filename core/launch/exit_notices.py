@@ -5,6 +5,13 @@ Contract:
   service) takes one connection from the launcher on its control port: first
   {"t": "launcher", "token"} with the run's join token, then one
   {"t": "exited", "replica", "how"} per worker process that exited.
+- {"t": "rank_lost", "replica", "rank", "pid", "how"} as soon as a rank other than the
+  leader of a replica of many ranks failed (the launcher then SIGKILLs the others,
+  core/launch/replica_processes.py). Why: without it the coordinator learns of the
+  loss from the leader's closed connection, and that closes only once the leader's
+  own exit is through: the kernel releases a process's memory before its sockets,
+  tens of milliseconds for a training process, paid after the failed rank's own.
+  `pid` is the leader's, so news of a slot's earlier process set cannot end a later one.
 - Why: a worker that dies before its hello has no control connection whose
   closing the coordinator could see, so without this the coordinator learns of it
   only at its start-up deadline (minutes) while the others wait for generation 0.
@@ -44,6 +51,9 @@ class ExitNotices:
 
     def exited(self, replica: int, how: str) -> None:
         self._send({"t": "exited", "replica": replica, "how": how})
+
+    def rank_lost(self, replica: int, rank: int, leader_pid: int, how: str) -> None:
+        self._send({"t": "rank_lost", "replica": replica, "rank": rank, "pid": leader_pid, "how": how})
 
     def silent_for(self) -> float:
         """Seconds since the coordinator last sent anything here (0 before its first beat, or once closed)."""

@@ -251,9 +251,11 @@ class _SelfForkedServer:
                 _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
                 if os.getppid() != parent:  # the launcher died before the prctl
                     os._exit(1)
-                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
-                            signal.SIGCHLD, signal.SIGQUIT):
-                    signal.signal(sig, signal.SIG_DFL)
+                # as exec would: every signal the launcher catches in Python goes back to its default
+                # (an ignored one stays ignored), and SIGINT to the KeyboardInterrupt a new Python sets
+                for sig in signal.valid_signals():
+                    if sig != signal.SIGINT and callable(signal.getsignal(sig)):
+                        signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 os.dup2(to_server_r, 0)
                 os.dup2(from_server_w, 1)

@@ -182,6 +182,7 @@ class Launcher:
         self._interrupted: str | None = None
         self._logs: list = []  # the coordinators' logs (their stdout is drained here); one per restart
         self._notices: ExitNotices | None = None
+        self._t0 = time.monotonic()  # run()'s start: the launcher's log lines count from it
         self.replace_after = replace_after
         self._replace_at: dict[int, float] = {}  # replica -> monotonic time its replacement starts
         self._replaced_at: dict[int, float] = {}  # replica -> monotonic start of its current replacement
@@ -248,7 +249,8 @@ class Launcher:
         # Each set of them counts (a replacement's groups must not meet its predecessor's store keys)
         n = self._incarnations[replica] = self._incarnations.get(replica, -1) + 1
         env = {**env, env_names.INCARNATION: str(n)}
-        return ReplicaProcesses([self._start_rank(replica, i, env) for i in range(self.ranks_per_replica)])
+        return ReplicaProcesses([self._start_rank(replica, i, env) for i in range(self.ranks_per_replica)],
+                                on_rank_failed=lambda p: self._tell_rank_lost(replica, p))
 
     def _start_rank(self, replica: int, rank: int, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
         argv = list(self.worker_argv(replica))
@@ -271,7 +273,7 @@ class Launcher:
     # ---- the watch loop ----------------------------------------------------------------
     def run(self) -> LaunchResult:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
+        t0 = self._t0 = time.monotonic()
         old_handlers = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -401,6 +403,20 @@ class Launcher:
             self._record("coordinator", -1, self.coordinator, t0, restarted=restart)
             if restart:
                 self._restart_coordinator(live, t0)
+
+    def _tell_rank_lost(self, r: int, p: ReplicaProcesses) -> None:
+        """A rank of replica r failed, and its others are about to be killed (`ReplicaProcesses.poll`):
+        when that rank is not the leader, tell the coordinator now that the replica is lost, one
+        process exit before its leader's connection closes (core/launch/exit_notices.py). A leader's
+        own death closes that connection as soon as a notice could come."""
+        rank = p.failed_rank
+        if rank is None or rank == 0:
+            return
+        how = describe_exit(p.procs[rank].returncode)
+        print(f"[launcher {time.monotonic() - self._t0:8.3f}s] replica {r}: rank {rank} {how}; stopping its other "
+              f"ranks", file=sys.stderr, flush=True)
+        if self._notices is not None:
+            self._notices.rank_lost(r, rank, p.pid, how)
 
     def _schedule_replacement(self, r: int, t0: float) -> None:
         """The slot's next replacement, later each time one died at once; none past MAX_QUICK_DEATHS."""

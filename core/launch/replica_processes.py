@@ -15,6 +15,11 @@ Contract:
 - The ranks it kills for their replica are named in `ENDED_WITH_THEIR_REPLICA` (their
   death by signal is the replica's end, not a fault of theirs) until it reaps them (a reaped
   PID may be reused).
+- `failed_rank` is that first failed rank (None while none failed), set in the same
+  `poll()` that kills the others, which first calls `on_rank_failed(self)` once: the
+  replica is lost from then on, and the launcher tells the coordinator there, when the
+  failed rank is not the leader (core/launch/exit_notices.py), before the kill, so the
+  word never trails a leader's closed connection.
 - `pids` lists every rank's PID, rank order (pids.json, and the fault injector's
   launcher-side faults, which address `rank` within `replica`); `pid` is the leader's.
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Sequence
+from typing import Callable, Sequence
 
 from recover.core.launch.forkserver import PolledProcess
 
@@ -37,12 +42,14 @@ ENDED_WITH_THEIR_REPLICA: set[int] = set()
 class ReplicaProcesses(PolledProcess):
     """A replica's rank processes, ended together (see the module docstring)."""
 
-    def __init__(self, procs: Sequence):
+    def __init__(self, procs: Sequence, on_rank_failed: Callable[["ReplicaProcesses"], None] | None = None):
         self.procs = list(procs)
+        self.on_rank_failed = on_rank_failed  # called once, before the others are killed (see the docstring)
         self.pid = self.procs[0].pid
         self.args = getattr(self.procs[0], "args", [])
         self.returncode: int | None = None
         self._first_failure: int | None = None
+        self.failed_rank: int | None = None  # the rank whose failure ended the replica (see the docstring)
         self._killed = False
 
     @property
@@ -59,11 +66,13 @@ class ReplicaProcesses(PolledProcess):
         if self._first_failure is None:
             # among failures first seen together, a death by signal is the cause and the others its
             # consequence (a rank killed, its leader then exiting on the lost rank): as the launcher's _reap
-            failed = sorted((c for c in codes if c not in (None, 0)), key=lambda c: c >= 0)
+            failed = sorted(((c, k) for k, c in enumerate(codes) if c not in (None, 0)), key=lambda ck: ck[0] >= 0)
             if failed:
-                self._first_failure = failed[0]
+                self._first_failure, self.failed_rank = failed[0]
         if any(c is not None for c in codes) and any(c is None for c in codes) and not self._killed:
             if self._first_failure is not None:  # a rank died: the replica dies with it
+                if self.on_rank_failed is not None:
+                    self.on_rank_failed(self)  # first: the others' deaths take a while to be seen
                 self._kill_running()
         if all(c is not None for c in codes):
             self.returncode = self._first_failure if self._first_failure is not None else 0
