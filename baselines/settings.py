@@ -68,7 +68,8 @@ class BaselineConfig:
         1000, "torchft: ms without a heartbeat after which the lighthouse drops a replica (default 5000)"
     )
     torchft_heartbeat_ms: int = _f(100, "torchft: ms between a manager's heartbeats to the lighthouse (default 100)")
-    torchft_timeout: float = _f(10.0, "torchft: seconds an all-reduce, commit vote or quorum may take before it fails")
+    torchft_timeout: float = _f(10.0, "torchft: seconds an all-reduce or a quorum may take before it fails (its commit "
+                                       "vote: twice that)")
 
     def validate(self, cfg: TrainConfig) -> None:
         """Raise ConfigError for the first bad value (before any process starts)."""

@@ -38,6 +38,9 @@ Contract:
   `append_step_once`: the first lands, the others find it there. (One writer was
   not enough: a replica SIGKILLed after its share of the all-reduce but before its
   write leaves the survivors with a step committed and no line for it.)
+- Deadlines: an all-reduce (torchft's ProcessGroupGloo), a quorum's pieces and the
+  connections take `--torchft-timeout`; the commit vote (`should_commit`) twice that, so
+  a rank whose all-reduce used up its deadline still meets its group's vote.
 - Replicas start together: each rank waits (up to --torchft-timeout x 3) until every
   rank's manager is up before its first quorum, as a scheduler gang-starts a
   job, so the first quorum has everyone and the short join timeout is for faults.
@@ -152,7 +155,13 @@ def main(argv: list[str] | None = None) -> int:
             handle.wait()
             hooks.at(step, "vote")
             hooks.at(step, "commit")
-            if not manager.should_commit():
+            # The vote's deadline is twice the collective's: a group's vote waits for each of its
+            # ranks, and a rank whose all-reduce waited out its whole deadline (gloo waits for a
+            # peer that left the ring rather than failing at once) must still meet it. With the
+            # two equal, a group whose other rank was already voting timed out just as the slow
+            # rank arrived, the exception reached this loop and a survivor exited (seen at
+            # 3 x S2 with the lighthouse at 250 ms: no group was left).
+            if not manager.should_commit(timeout=2 * timeout):
                 # torchft discards the whole step; the next quorum retries it.
                 record_detection(out, step, replica, t0, f"step {step} not committed: {manager.errored()}")
                 discarded.append({"participants": manager.num_participants()})
