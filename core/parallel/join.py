@@ -43,7 +43,7 @@ Contract:
 - With T > 1, `join` has the committed step clip with the accumulator's
   `clip_grad_norm_` (torch's refuses a model split over two meshes and plain tensors).
 - Bit-identical runs (what `recover train --exact` does at --shard, --tp and --pp): call
-  `core.worker.exact.deterministic_kernels()` and pass
+  `recover.core.deterministic_kernels()` and pass
   `ExactShardedAccumulator(model, M, range_bits, mesh=ctx.mesh)` (core/parallel/fsdp.py)
   instead; every rank must fold every id (its band is agreed over the replica in `fold`).
   With a pipeline (P > 1) it is `ExactPipelineAccumulator`, whose `take(id, loss)` every
