@@ -115,20 +115,28 @@ class ReplicaContext:
             This rank's context: its replica's groups and mesh built, its beats started.
 
         Raises:
-            ValueError: T x P does not divide the replica's RECOVER_RANKS_PER_REPLICA ranks.
+            ValueError: T or P below 1, a deadline or interval not above 0, or T x P not
+                dividing the replica's RECOVER_RANKS_PER_REPLICA ranks (before any group is built).
         """
         r = int(os.environ[env_names.REPLICA])
         local = int(os.environ.get(env_names.LOCAL_RANK, "0"))
         shard = int(os.environ.get(env_names.RANKS_PER_REPLICA, "1"))  # the replica's ranks
-        tp = tp or int(os.environ.get(env_names.TP, "1"))
-        pp = pp or int(os.environ.get(env_names.PP, "1"))
+        # (`is None`, not `or`: a 0 given is a mistake to name, not a wish for the default)
+        tp = int(os.environ.get(env_names.TP, "1")) if tp is None else tp
+        pp = int(os.environ.get(env_names.PP, "1")) if pp is None else pp
         pp_schedule = pp_schedule or os.environ.get(env_names.PP_SCHEDULE) or "1f1b"
+        collective = _env_float(env_names.COLLECTIVE_TIMEOUT, 30.0) if collective_timeout is None else collective_timeout
+        interval = _env_float(env_names.HEARTBEAT_INTERVAL, 0.1) if heartbeat_interval is None else heartbeat_interval
+        hb_timeout = _env_float(env_names.HEARTBEAT_TIMEOUT, 3.0) if heartbeat_timeout is None else heartbeat_timeout
+        if tp < 1 or pp < 1:
+            raise ValueError(f"tp and pp must be >= 1, got tp={tp}, pp={pp}")
+        for name, v in (("collective_timeout", collective), ("heartbeat_interval", interval),
+                        ("heartbeat_timeout", hb_timeout)):
+            if not v > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {v}")
         if shard % (tp * pp):
             raise ValueError(f"--tp {tp} x --pp {pp} does not divide the replica's {shard} ranks")
         replicas = int(os.environ.get(env_names.REPLICAS, r + 1))
-        collective = collective_timeout or _env_float(env_names.COLLECTIVE_TIMEOUT, 30.0)
-        interval = heartbeat_interval or _env_float(env_names.HEARTBEAT_INTERVAL, 0.1)
-        hb_timeout = heartbeat_timeout or _env_float(env_names.HEARTBEAT_TIMEOUT, 3.0)
         incarnation = int(os.environ.get(env_names.INCARNATION, "0"))  # a replacement's own store keys
         parallel = ParallelContext(connect_store(), r, local, ParallelismArgs(max(replicas, r + 1), shard // (tp * pp), tp, pp, pp_schedule),
                                    backend="gloo", timeout=LINK_TIMEOUT.total_seconds(), incarnation=incarnation)
