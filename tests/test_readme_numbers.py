@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -371,3 +372,27 @@ def test_the_headline_recovery_row_quotes_the_recovery_bench():
                         readme).groups()
     same(rec, _bench("recovery_recover.json")["kill_to_next_commit_s"]["p50"])
     same(ck, _bench("recovery_ckpt-restart.json")["kill_to_next_commit_s"]["p50"])
+
+
+def test_the_3xS2_sitting_beside_torchft_matches_its_kills():
+    """README's headline row and docs/experiments.md's table: kill -> next commit p50 per seed and over
+    both seeds' kills, from results/bench/hsdp_vs_torchft/seed<S>/*_kills.csv."""
+    folder = ROOT / "results" / "bench" / "hsdp_vs_torchft"
+    files = {"recover": "recovery_recover_s2", "torchft (lighthouse 1 s)": "recovery_torchft_s2",
+             "torchft (lighthouse 250 ms)": "recovery_torchft_s2_hb250_join250"}
+    pooled = {}
+    for label, name in files.items():
+        per_seed = [[float(r["kill_to_next_commit_s"]) for r in csv.DictReader(open(folder / f"seed{s}" / f"{name}_kills.csv"))]
+                    for s in (0, 1)]
+        s0, s1, both = found(rf"\| {re.escape(label)} \| ([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s")
+        same(s0, statistics.median(per_seed[0]))
+        same(s1, statistics.median(per_seed[1]))
+        same(both, statistics.median(per_seed[0] + per_seed[1]))
+        pooled[label] = statistics.median(per_seed[0] + per_seed[1])
+    rec, ft, x1, ft250, x250 = found(r"recover ([\d.]+) s, torchft ([\d.]+) s at 1 s \(([\d.]+)x\) and ([\d.]+) s at "
+                                     r"250 ms \(([\d.]+)x\)")
+    same(rec, pooled["recover"])
+    same(ft, pooled["torchft (lighthouse 1 s)"])
+    same(ft250, pooled["torchft (lighthouse 250 ms)"])
+    same(x1, pooled["torchft (lighthouse 1 s)"] / pooled["recover"])
+    same(x250, pooled["torchft (lighthouse 250 ms)"] / pooled["recover"])
