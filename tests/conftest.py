@@ -153,11 +153,14 @@ def assert_every_planned_fault_fired(out: Path) -> list[dict]:
 
 
 def run_recover_killing(args: list[str], out: Path, replica: int, after_commits: int,
-                        timeout: float = 180, rank: int = 0) -> tuple[subprocess.CompletedProcess, int]:
+                        timeout: float = 180, rank: int = 0,
+                        stop_first: tuple[int, ...] = ()) -> tuple[subprocess.CompletedProcess, int]:
     """`recover ARGS...` in the background; once `after_commits` steps are in
     out/metrics.jsonl, SIGKILL replica `replica`'s worker (its rank `rank`, for a
     replica of many) by its PID (pids.json; replica -1: the coordinator's); wait
-    for the run to end. Returns the finished process and the victim's PID."""
+    for the run to end. `stop_first`: ranks of that replica SIGSTOPped by their PIDs
+    just before the kill (a frozen leader can neither notice the loss nor exit).
+    Returns the finished process and the victim's PID."""
     from recover.core.storage.results import read_metrics
 
     proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", *args],
@@ -170,6 +173,8 @@ def run_recover_killing(args: list[str], out: Path, replica: int, after_commits:
             time.sleep(0.02)
         pids = json.loads((out / "pids.json").read_text())
         victim = pids["coordinator"] if replica < 0 else pids["replicas"][str(replica)][rank]
+        for k in stop_first:
+            os.kill(pids["replicas"][str(replica)][k], signal.SIGSTOP)
         os.kill(victim, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:

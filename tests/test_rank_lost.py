@@ -11,11 +11,9 @@ and the state machine treats the replica as its closed connection would
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -27,7 +25,7 @@ from recover.core.launch.launcher import Launcher
 from recover.core.launch.replica_processes import ReplicaProcesses
 from recover.core.storage.results import read_jsonl, read_metrics, reported_ids
 
-from conftest import run_recover  # noqa: F401 - the suite's helpers (sys.path)
+from conftest import pid_alive, run_recover_killing
 
 R, M = 3, 6
 
@@ -83,7 +81,7 @@ def test_the_launcher_tells_the_coordinator_before_it_kills_the_others_and_not_f
 
             def told(p: ReplicaProcesses) -> None:
                 others = [q for k, q in enumerate(p.procs) if k != p.failed_rank]
-                alive_when_told.append(all(q.poll() is None and not _zombie(q.pid) for q in others))
+                alive_when_told.append(all(pid_alive(q.pid) for q in others))
                 launcher._tell_rank_lost(r, p)
             return ReplicaProcesses(ranks, on_rank_failed=told)
 
@@ -107,13 +105,6 @@ def test_the_launcher_tells_the_coordinator_before_it_kills_the_others_and_not_f
         server.close()
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return False
-
 
 @pytest.mark.procs
 @pytest.mark.timeout(240)
@@ -128,23 +119,8 @@ def test_a_follower_killed_while_its_leader_is_frozen_is_a_lost_replica_on_the_l
                                             "seconds": 0.1} for r in range(R)]}))
     args = ["train", "--system", "recover", "--replicas", str(R), "--shard", "2", "--microbatches", str(M),
             "--steps", str(steps), "--faults", str(plan), "--no-progress", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "recover.experiments.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    leader = None
-    try:
-        deadline = time.monotonic() + 180
-        while len(read_metrics(out / "metrics.jsonl")) < 2 or not (out / "pids.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.02)
-        leader, rank1 = json.loads((out / "pids.json").read_text())["replicas"]["1"]
-        os.kill(leader, signal.SIGSTOP)
-        os.kill(rank1, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=200)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stdout + stderr
+    proc, _ = run_recover_killing(args, out, replica=1, after_commits=2, rank=1, stop_first=(0,), timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(steps))
     assert all(reported_ids(m) == iteration_ids(m["step"], M) for m in metrics)  # the ledgers, each id once
