@@ -52,6 +52,21 @@ def test_extremes_wrap_as_int64_does():
     assert _chunked_sum([[-1], [1]])[0] == 0
 
 
+def test_the_host_bit_sum_is_torchs_widening_sum():
+    """On the host the sums are NumPy's (faster): the same integers as torch's own
+    `sum(dtype=torch.int64)` over the bits, for every width, for views that are not
+    contiguous, for empty tensors, and where the int64 sum wraps."""
+    torch.manual_seed(1)
+    base = torch.randn(64, 33)
+    cases = [base, base.t(), base[:, ::3], base.to(torch.bfloat16), base.to(torch.float16),
+             base.to(torch.float64), torch.randn(0), torch.tensor(2.5)]
+    for t in cases:
+        bits = t.reshape(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+        assert weights_bit_sums([t]).tolist() == [int(bits.sum(dtype=torch.int64))], (t.dtype, t.shape)
+    top = torch.full((4,), 2 ** 62, dtype=torch.int64).view(torch.float64)  # 4 * 2^62 wraps to 0
+    assert weights_bit_sums([top]).tolist() == [int(top.view(torch.int64).sum())] == [0]
+
+
 def test_a_one_rank_fingerprint_is_unchanged():
     """sha256 of the stacked int64 per-tensor sums, exactly as before the sums were factored out."""
     torch.manual_seed(0)
