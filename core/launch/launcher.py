@@ -68,6 +68,7 @@ from typing import Callable, Protocol, Sequence
 from recover.core.launch import forkserver
 from recover.core.launch.end_policy import CoordinatorEnds, EndPolicy, JobView
 from recover.core.launch.exit_notices import ExitNotices
+from recover.core.launch.exit_wait import ExitWaiter
 from recover.core.launch.forkserver import ForkedProcess
 from recover.core.launch.replica_processes import ReplicaProcesses
 from recover.core.launch.startup import JOIN_TOKEN_ENV, new_join_token
@@ -193,6 +194,7 @@ class Launcher:
         self._coordinator_info: dict = {}
         self.ranks_per_replica = ranks_per_replica  # > 1: each replica is that many processes, ended together
         self._incarnations: dict[int, int] = {}  # replica -> the last of its process sets started (0: the first)
+        self._exit_waiter = ExitWaiter()  # the tick's sleep, cut short by an exit (core/launch/exit_wait.py)
 
     # ---- process start -------------------------------------------------------------
     def _start_coordinator(self, timeout: float = 60.0, argv: Sequence[str] | None = None) -> dict:
@@ -301,6 +303,7 @@ class Launcher:
             return self._watch(t0)
         finally:
             self._cleanup(t0)
+            self._exit_waiter.close()
             if self._notices is not None:
                 self._notices.close()
             for sig, h in old_handlers.items():
@@ -363,14 +366,23 @@ class Launcher:
                         self._reap(waiting, t0)
                         for h in self.hooks:  # e.g. a timed hang ends and its process leaves
                             h.on_tick(time.monotonic() - t0)
-                        time.sleep(self.tick_seconds)
+                        self._nap(waiting)
                 return LaunchResult(verdict.returncode, time.monotonic() - t0, self.exits, verdict.reason)
             if self._replace_at:
                 self._start_replacements(live, t0)
             self._kill_frozen_coordinator(t0)
             for h in self.hooks:
                 h.on_tick(time.monotonic() - t0)
-            time.sleep(self.tick_seconds)
+            self._nap(live)
+
+    def _nap(self, live: dict) -> None:
+        """One tick, or less: until a process of `live` or the coordinator exits. A dead rank of a
+        replica of many ranks is the coordinator's news through this launcher (`_tell_rank_lost`),
+        so its exit is looked at when it happens, not at the next tick."""
+        pids = [pid for p in live.values() for pid in getattr(p, "pids", [p.pid])]
+        if self.coordinator is not None and self.coordinator.returncode is None:
+            pids.append(self.coordinator.pid)
+        self._exit_waiter.wait(pids, self.tick_seconds)
 
     def _members_to_wait_for(self, live: dict[int, subprocess.Popen], t0: float) -> dict[int, subprocess.Popen]:
         """The live workers the ending coordinator named members (all of them if it named none)."""
