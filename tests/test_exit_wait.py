@@ -18,7 +18,7 @@ from recover.core.launch.exit_wait import ExitWaiter
 
 LONG = 60.0  # a tick no test outlives: a wait that returns woke on an exit
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(30)]
 
 
 @pytest.fixture
