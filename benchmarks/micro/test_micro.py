@@ -13,7 +13,9 @@ What each one times, and why it is on the hot path:
 - the state machine's commit at 4,096 replicas (every step: R votes to one commit);
 - the wire's parse of one vote: `parse_line` (the check alone, to a dict), and `read_line`,
   what the coordinator calls (R per step, on its one thread): the check and the read into its
-  typed class (core/contract/step_messages.py); a worker's build of a vote's line;
+  typed class (core/contract/step_messages.py); a worker's build of a vote's line, with its
+  class (`Vote(...).to_line()`, what a worker sends) and, beside it, as the dict literal and
+  orjson the code used before the classes (the plain version, so the two compare in one run);
 - the weights digest and fingerprint of the small model (every --digest-every steps);
 - one microbatch's forward/backward folded into the accumulator (every microbatch).
 """
@@ -90,9 +92,16 @@ _VOTE = Vote(3, 1200, True, [[4800, 4804]], 10.25, mb_seconds=0.031, progress_ga
 def test_build_of_a_vote_line(benchmark):
     """A worker's vote built with its class, as the line it sends (once per step per replica)."""
     def build():
-        return wire.dumps(Vote(3, 1200, True, [[4800, 4804]], 10.25, mb_seconds=0.031, progress_gap=0.01,
-                               lr=0.0006).to_wire())
+        return Vote(3, 1200, True, [[4800, 4804]], 10.25, mb_seconds=0.031, progress_gap=0.01, lr=0.0006).to_line()
     assert benchmark(build) == wire.dumps(_VOTE.to_wire())
+
+
+def test_build_of_a_vote_line_as_a_dict_literal(benchmark):
+    """The same line as the code built it before the typed classes: the reference for the one above."""
+    def build():
+        return wire.dumps({"t": "vote", "gen": 3, "step": 1200, "ok": True, "ledger": [[4800, 4804]],
+                           "loss_sum": 10.25, "mb_seconds": 0.031, "progress_gap": 0.01, "lr": 0.0006})
+    assert benchmark(build) == _VOTE.to_line()
 
 
 def test_parse_of_a_vote_line_to_message(benchmark):

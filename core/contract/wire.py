@@ -62,7 +62,6 @@ from recover.core.contract.messages import BOOL as _BOOL, IDS as _IDS, INT as _I
 from recover.core.contract.messages import OBJ as _OBJ, received_by_coordinator
 from recover.core.contract.step_messages import Ready, Vote
 
-_new = tuple.__new__  # a typed message built from its fields in one call (core/contract/step_messages.py)
 
 # A hello's report (core/worker/replica.py `_report`): where the worker stands, for `ProtocolStateMachine.rebuild`.
 # Every field is required; `awaiting` and `vote` may be null.
@@ -155,7 +154,7 @@ def _read_vote(msg: dict[str, Any]) -> Vote | None:
             and type(reason) in _STR_OR_NONE and type(fingerprint) in _STR_OR_NONE
             and get("nonfinite") is None):  # a vote naming non-finite losses (rare) goes through the tables
         # Vote's fields in the schema's order (tests/test_step_messages.py holds it), nonfinite None
-        return _new(Vote, (gen, step, ok, ledger, loss_sum, mb_seconds, progress_gap, lr, reason, fingerprint, None))
+        return Vote(gen, step, ok, ledger, loss_sum, mb_seconds, progress_gap, lr, reason, fingerprint, None)
     return None
 
 
@@ -221,7 +220,7 @@ def read_line(line: bytes) -> tuple[dict[str, Any] | Vote | Ready | None, str]:
         elif kind == "ready":
             gen, step = msg.get("gen"), msg.get("step")
             if type(gen) is int and type(step) is int:  # all the tables check of a ready
-                return _new(Ready, (gen, step)), ""
+                return Ready(gen, step), ""
     msg, why = _parsed(msg)
     if msg is None:
         return None, why

@@ -64,7 +64,9 @@ class WorkerHooks:
         """Called after the `microbatch`-th microbatch of `step` took `seconds`."""
 
     def outgoing_vote(self, vote: dict) -> dict:
-        """Called with each vote just before it is sent; returns the message to send."""
+        """Called with each vote just before it is sent; returns the message to send. Only a hooks
+        class that overrides it is called: without one, a vote goes as encoded from its class
+        (`Vote.to_line()`), with no dict built."""
         return vote
 
 

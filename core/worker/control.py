@@ -77,7 +77,12 @@ class ControlClient:
         threading.Thread(target=self._heartbeat_loop, name="control-heartbeat", daemon=True).start()
 
     def send(self, msg: dict[str, Any]) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+        self.send_line((json.dumps(msg) + "\n").encode())
+
+    def send_line(self, data: bytes) -> None:
+        """Send one encoded message (a step message's `to_line()`); the newline is added if missing."""
+        if not data.endswith(b"\n"):
+            data += b"\n"
         with self._send_lock:
             try:
                 self.sock.sendall(data)

@@ -312,6 +312,8 @@ class Replica:
         self.stepper = CommittedStep(optimizer, self.acc.params, lr_schedule, grad_clip)
         self.hooks = hooks or WorkerHooks()
         self.hooks.attach_weights(self.acc)
+        # hooks that may rewrite a vote get its dict; else the vote goes as encoded from its class
+        self._votes_rewritten = type(self.hooks).outgoing_vote is not WorkerHooks.outgoing_vote
         if digest_every < 0:
             raise ValueError(f"digest_every must be >= 0 (0: never), got {digest_every}")
         self.digest_every = digest_every
@@ -605,7 +607,7 @@ class Replica:
         collective alone, however long the peers' quotas take; the wait for `go` has no deadline of
         its own (a peer that dies is seen by the coordinator, whose abort ends it; a coordinator that
         dies, by its silence)."""
-        self.control.send(Ready(g, step).to_wire())
+        self.control.send_line(Ready(g, step).to_line())
 
     def _read_vote_weights(self, digest: bool) -> tuple[torch.Tensor | None, str | None]:
         """The weights this step's gradient came from, when the vote carries them (`digest`): this
@@ -701,8 +703,10 @@ class Replica:
         if digest:
             self._digest_next_vote = False
         self._last_vote = {"gen": g, "step": step, "ledger": vote.ledger, "loss_sum": vote.loss_sum, "lr": vote.lr}
-        # (a fault plan's bad_vote rewrites the wire dict: the hook sees what is sent)
-        self.control.send(self.hooks.outgoing_vote(vote.to_wire()))
+        if self._votes_rewritten:  # a fault plan's bad_vote rewrites the wire dict: the hook sees what is sent
+            self.control.send(self.hooks.outgoing_vote(vote.to_wire()))
+        else:
+            self.control.send_line(vote.to_line())
 
     def _wait_verdict(self, step: int) -> dict:
         """The coordinator's verdict on the votes: `commit` (every member voted for exactly the
