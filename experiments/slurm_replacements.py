@@ -14,8 +14,9 @@ Contract:
   transfer (rank to rank for a replica of many ranks).
 - A replica is lost when one of its ranks exited non-zero (its task's done marker), or its
   node left the run's job (squeue's node list: Slurm excised a failed node); a
-  replacement is lost when one of its ranks exited non-zero or its job ended while the run
-  goes on. Either is replaced `replace_after` seconds later, later each time a replacement
+  replacement is lost when one of its ranks exited non-zero, or its job ended while the run
+  goes on without a word from its ranks (ranks that all exited 0 saw the run end). Either
+  is replaced `replace_after` seconds later, later each time a replacement
   died at once (`replacement_delay`, as the local launcher), and not after
   MAX_QUICK_DEATHS such deaths in a row.
 - Every wait is bounded by Slurm's own account: a replacement job pending for a reason no
@@ -157,11 +158,14 @@ class SlurmReplacements:
         return ""
 
     def _replacement_lost(self, job: Replacement) -> str:
-        failed = {i: c for i, c in self._done_codes(self.replacement_dir(job.replica, job.incarnation)).items()
-                  if c != 0}
+        codes = self._done_codes(self.replacement_dir(job.replica, job.incarnation))
+        failed = {i: c for i, c in codes.items() if c != 0}
         if failed:
             return "; ".join(f"rank {i} exited {c}" for i, c in sorted(failed.items()))
-        if job.state not in SLURM_LIVE:
+        if job.state not in SLURM_LIVE and not codes:
+            # a job whose ranks all exited 0 is not lost: the run ended for them, and task 0's
+            # own rank may still be finishing (`close` records it as run to the end); seen on a
+            # loaded machine, where the replacement's job had ended before task 0 closed
             return f"its job ended {job.state}"
         return ""
 

@@ -225,6 +225,7 @@ def test_a_node_set_down_mid_step_recover_runs_on(cluster: SlurmCluster, local_r
     assert_close(losses(run), losses(local_runs / "trajectory" / "failure-free_s0"))
     # --replace-after: a replacement job was queued for replica 1, found no node before the run
     # ended, and was cancelled then: nothing left in the queue
+    assert len(summary["replacements"]) == 1, summary["replacements"]  # (what became of each, if not one)
     [record] = summary["replacements"]
     assert (record["replica"], record["started_at"]) == (1, None), record
     assert record["outcome"] == "cancelled: still pending when the run ended", record
@@ -311,6 +312,7 @@ def test_with_replace_after_a_replica_lost_with_its_node_is_replaced_when_the_no
     assert fired["kind"] == "node_down" and fired["step"] == 1
     # Slurm's account: the run's job lost n2, the replacement job ran there and has left the queue
     assert cluster.job_nodes(summary["slurm_job"]) == "n[1-2]"
+    assert len(summary["replacements"]) == 1, summary["replacements"]  # (what became of each, if not one)
     [record] = summary["replacements"]
     assert (record["replica"], record["incarnation"], record["job_id"]) == (1, 1, replacement), record
     assert record["started_at"] is not None and record["outcome"].startswith("ran to the run's end"), record
@@ -361,6 +363,7 @@ def test_with_replace_after_a_replica_whose_worker_was_killed_is_replaced_on_its
     config, metrics, summary = load_run(run)
     [fired] = assert_every_planned_fault_fired(run)
     assert fired["kind"] == "crash" and fired["step"] == 1
+    assert len(summary["replacements"]) == 1, summary["replacements"]  # (what became of each, if not one)
     [record] = summary["replacements"]
     assert (record["replica"], record["incarnation"]) == (1, 1) and record["started_at"] is not None, record
     assert cluster.job_nodes(record["job_id"]) == "n2" and record["job_id"] not in cluster.queue()
