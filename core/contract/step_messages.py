@@ -24,10 +24,9 @@ Contract:
   field of these messages gives null a meaning of its own.
 - Why msgspec Structs: typed, immutable and named, and built and encoded in C. A vote is
   built and turned into its line in less time than the dict literal and orjson this code
-  used before the classes (`make bench`, benchmarks/micro: about 370 ns against 410-430 ns
-  on this machine, measured with timeit; a NamedTuple's build alone cost what the whole
-  old build did, and its dict then had to be encoded). The coordinator builds R votes a
-  step on its one thread, and a worker sends one a step.
+  used before the classes (`make bench` times both, benchmarks/micro); a NamedTuple's build
+  alone cost what the whole old build did, and its dict then had to be encoded. The
+  coordinator builds R votes a step on its one thread, and a worker sends one a step.
 - Messages off the step's round (hello, join, healed, abort, gen, ...) stay dicts: they
   come once per recovery, not once per step.
 """
@@ -39,27 +38,13 @@ import msgspec
 
 from recover.core.contract.idranges import Ranges
 
-# A Struct's encoding: "t" (its tag) first, then its fields in order, each optional one only
-# when it is not None (omit_defaults: every optional field's default is None).
-_OPTIONS = dict(frozen=True, tag_field="t", omit_defaults=True, gc=False)
 _encode = msgspec.json.Encoder().encode
 
 
-def _to_wire(msg: msgspec.Struct, required: int) -> dict[str, Any]:
-    """The wire dict of a message: "t", its `required` first fields always, the others when not None."""
-    d: dict[str, Any] = {"t": msg.TYPE}
-    fields = msg.__struct_fields__
-    for name in fields[:required]:
-        d[name] = getattr(msg, name)
-    for name in fields[required:]:
-        v = getattr(msg, name)
-        if v is not None:
-            d[name] = v
-    return d
-
-
-class _StepMessage(msgspec.Struct, **_OPTIONS):
-    """What the four classes share: `to_line()` (see the module docstring)."""
+class _StepMessage(msgspec.Struct, frozen=True, tag_field="t", omit_defaults=True, gc=False):
+    """What the four classes share: `to_line()` and `to_wire()` (see the module docstring), and how they encode,
+    which each inherits: "t" (its tag) first, then its fields in order, each optional one only
+    when it is not None (omit_defaults: every optional field's default is None)."""
 
     TYPE: ClassVar[str]
 
@@ -67,8 +52,21 @@ class _StepMessage(msgspec.Struct, **_OPTIONS):
         """The message as the control connection's line carries it (without the newline)."""
         return _encode(self)
 
+    def to_wire(self) -> dict[str, Any]:
+        """The message as a dict: "t", its required fields always, its optional ones when not None."""
+        d: dict[str, Any] = {"t": self.TYPE}
+        fields = self.__struct_fields__
+        required = len(fields) - len(self.__struct_defaults__)  # the optional ones come last, with defaults
+        for name in fields[:required]:
+            d[name] = getattr(self, name)
+        for name in fields[required:]:
+            v = getattr(self, name)
+            if v is not None:
+                d[name] = v
+        return d
 
-class Ready(_StepMessage, tag="ready", **_OPTIONS):
+
+class Ready(_StepMessage, tag="ready"):
     """worker -> coordinator: my quota of `step` is folded; I can start the all-reduce."""
 
     TYPE: ClassVar[str] = "ready"  # (a class attribute, not a field)
@@ -76,17 +74,13 @@ class Ready(_StepMessage, tag="ready", **_OPTIONS):
     gen: int  # the generation
     step: int  # the step
 
-    def to_wire(self) -> dict[str, Any]:
-        """The message as the control connection carries it."""
-        return {"t": "ready", "gen": self.gen, "step": self.step}
-
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Ready:
         """A ready message the wire accepted."""
         return cls(d["gen"], d["step"])
 
 
-class Go(_StepMessage, tag="go", **_OPTIONS):
+class Go(_StepMessage, tag="go"):
     """coordinator -> worker: every member is ready for step's all-reduce: start it."""
 
     TYPE: ClassVar[str] = "go"
@@ -94,17 +88,13 @@ class Go(_StepMessage, tag="go", **_OPTIONS):
     gen: int  # the generation
     step: int  # the step
 
-    def to_wire(self) -> dict[str, Any]:
-        """The message as the control connection carries it."""
-        return {"t": "go", "gen": self.gen, "step": self.step}
-
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Go:
         """A go message as the worker received it."""
         return cls(d["gen"], d["step"])
 
 
-class Vote(_StepMessage, tag="vote", **_OPTIONS):
+class Vote(_StepMessage, tag="vote"):
     """worker -> coordinator: my all-reduce of `step` is done (ok) or failed."""
 
     TYPE: ClassVar[str] = "vote"
@@ -121,27 +111,6 @@ class Vote(_StepMessage, tag="vote", **_OPTIONS):
     weights_fingerprint: str | None = None  # every --digest-every steps: off the majority is fenced
     nonfinite: Ranges | None = None  # ids of its ledger whose own loss was not finite
 
-    def to_wire(self) -> dict[str, Any]:
-        """The message as the control connection carries it."""
-        # written out, not a loop over the fields: a worker sends one a step, and this is half its build
-        gen, step, ok, ledger, loss_sum = self.gen, self.step, self.ok, self.ledger, self.loss_sum
-        mb_seconds, progress_gap, lr, reason = self.mb_seconds, self.progress_gap, self.lr, self.reason
-        fingerprint, nonfinite = self.weights_fingerprint, self.nonfinite
-        d: dict[str, Any] = {"t": "vote", "gen": gen, "step": step, "ok": ok, "ledger": ledger, "loss_sum": loss_sum}
-        if mb_seconds is not None:
-            d["mb_seconds"] = mb_seconds
-        if progress_gap is not None:
-            d["progress_gap"] = progress_gap
-        if lr is not None:
-            d["lr"] = lr
-        if reason is not None:
-            d["reason"] = reason
-        if fingerprint is not None:
-            d["weights_fingerprint"] = fingerprint
-        if nonfinite is not None:
-            d["nonfinite"] = nonfinite
-        return d
-
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Vote:
         """A vote the wire accepted (`loss_sum` is there: the wire requires it)."""
@@ -150,7 +119,7 @@ class Vote(_StepMessage, tag="vote", **_OPTIONS):
                    get("progress_gap"), get("lr"), get("reason"), get("weights_fingerprint"), get("nonfinite"))
 
 
-class Commit(_StepMessage, tag="commit", **_OPTIONS):
+class Commit(_StepMessage, tag="commit"):
     """coordinator -> worker: the step is committed; the quota is for step+1."""
 
     TYPE: ClassVar[str] = "commit"
@@ -162,10 +131,6 @@ class Commit(_StepMessage, tag="commit", **_OPTIONS):
     quota: Ranges | None = None  # step+1's own ids of this member, while speeds differ
     next: int | None = None  # step+1 is generation `next`'s: its gen message follows
     skipped: bool | None = None  # the loss was not finite and --on-nonfinite is skip: no optimizer step
-
-    def to_wire(self) -> dict[str, Any]:
-        """The message as the control connection carries it."""
-        return _to_wire(self, 3)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Commit:

@@ -77,7 +77,7 @@ class ControlClient:
         threading.Thread(target=self._heartbeat_loop, name="control-heartbeat", daemon=True).start()
 
     def send(self, msg: dict[str, Any]) -> None:
-        self.send_line((json.dumps(msg) + "\n").encode())
+        self.send_line(json.dumps(msg).encode())
 
     def send_line(self, data: bytes) -> None:
         """Send one encoded message (a step message's `to_line()`); the newline is added if missing."""
