@@ -376,13 +376,17 @@ class Launcher:
             self._nap(live)
 
     def _nap(self, live: dict) -> None:
-        """One tick, or less: until a process of `live` or the coordinator exits. A dead rank of a
-        replica of many ranks is the coordinator's news through this launcher (`_tell_rank_lost`),
-        so its exit is looked at when it happens, not at the next tick."""
-        pids = [pid for p in live.values() for pid in getattr(p, "pids", [p.pid])]
-        if self.coordinator is not None and self.coordinator.returncode is None:
-            pids.append(self.coordinator.pid)
-        self._exit_waiter.wait(pids, self.tick_seconds)
+        """One tick, or less: until a worker process of `live` exits. A dead rank of a replica of
+        many ranks is the coordinator's news through this launcher (`_tell_rank_lost`), so its exit
+        is looked at when it happens, not at the next tick.
+
+        The coordinator's own exit is still seen on the tick. Why: when a run ends, the launcher
+        stops at once the workers the coordinator did not name members (a replica fenced for a
+        stall would never exit by itself), and a worker told the end needs a moment to say why
+        it ends. Woken by the coordinator's exit, the launcher killed such workers before they
+        had (a fresh-clone CI run: a start-up refusal's replicas left no reason in their logs)."""
+        self._exit_waiter.wait([pid for p in live.values() for pid in getattr(p, "pids", [p.pid])],
+                               self.tick_seconds)
 
     def _members_to_wait_for(self, live: dict[int, subprocess.Popen], t0: float) -> dict[int, subprocess.Popen]:
         """The live workers the ending coordinator named members (all of them if it named none)."""
